@@ -1,0 +1,89 @@
+"""Loads the plugin library into TensorFlow, or explains why it cannot.
+
+Two facts decide the order (DESIGN.md):
+* the allocator factory must be registered before TensorFlow builds its CPU
+  device, or TensorFlow dies on a fatal CHECK, so "too late" is detected here
+  first and raised as a Python error;
+* TF_CPU_ALLOCATOR_USE_BFC makes TensorFlow bypass the allocator registry.
+The same .so is then imported as a Python module (pybind11 bindings): the
+dynamic loader hands back the already loaded library, so TensorFlow and Python
+share one device pool.
+"""
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+LIBRARY_NAME = "_tensile_plugin"
+
+
+class PluginLoadError(ImportError):
+    """The plugin library cannot be loaded into this process."""
+
+
+class PluginLoadedTooLateError(PluginLoadError):
+    """TensorFlow created its devices before the plugin could register."""
+
+
+def _library_path() -> Path:
+    here = Path(__file__).resolve().parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        candidate = here / f"{LIBRARY_NAME}{suffix}"
+        if candidate.exists():
+            return candidate
+    raise PluginLoadError(
+        f"tf_plugin: the compiled library {LIBRARY_NAME}*.so is missing from {here}. "
+        "Build it with `pip install -e .` (or `python setup.py build_ext --inplace`) "
+        "from the repository root."
+    )
+
+
+def _tensorflow_devices_exist(tf) -> bool:
+    from tensorflow.python.eager import context
+
+    ctx = context.context_safe()
+    return ctx is not None and ctx._context_handle is not None  # noqa: SLF001
+
+
+def load_plugin():
+    """Imports TensorFlow, registers the pool allocator and ops, returns the module."""
+    already = sys.modules.get(f"tf_plugin.{LIBRARY_NAME}")
+    if already is not None:
+        return already
+    if os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower() in ("1", "true", "yes"):
+        raise PluginLoadError(
+            "tf_plugin: TF_CPU_ALLOCATOR_USE_BFC is set, which makes TensorFlow build its own "
+            "BFC allocator and bypass the tensile device pool. Unset it (e.g. `unset "
+            "TF_CPU_ALLOCATOR_USE_BFC`) before importing tensile_tf."
+        )
+    import tensorflow as tf
+
+    if _tensorflow_devices_exist(tf):
+        raise PluginLoadedTooLateError(
+            "tf_plugin: TensorFlow already created its devices, so the tensile device pool can no "
+            "longer become their allocator. Import tensile_tf (or tf_plugin) right after "
+            "`import tensorflow`, before any op, variable, list_logical_devices() or tf.function "
+            "call."
+        )
+    path = _library_path()
+    try:
+        tf.load_op_library(str(path))
+    except tf.errors.NotFoundError as e:
+        raise PluginLoadError(
+            f"tf_plugin: {path.name} does not load into TensorFlow {tf.__version__} ({e}). "
+            "It was probably built against another TensorFlow: rebuild with `pip install -e .`."
+        ) from e
+    spec = importlib.util.spec_from_file_location(f"tf_plugin.{LIBRARY_NAME}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[spec.name] = module
+    built = getattr(module, "BUILT_AGAINST_TF", None)
+    if built is not None and built != tf.__version__:
+        raise PluginLoadError(
+            f"tf_plugin: the library was built against TensorFlow {built} but TensorFlow "
+            f"{tf.__version__} is running; rebuild with `pip install -e .`."
+        )
+    return module

@@ -1,0 +1,94 @@
+#include "tf_plugin/allocator/device_pool.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <limits>
+#include <mutex>
+#include <stdexcept>
+
+namespace tensile {
+namespace {
+
+std::mutex g_config_mu;
+size_t g_configured_capacity = 0;  // 0 = not configured
+std::atomic<StreamAwarePool*> g_device_pool{nullptr};
+
+constexpr int64_t kUnboundStep = std::numeric_limits<int64_t>::min();
+std::atomic<int64_t> g_step_by_stream[kMaxStreams];
+std::atomic<StreamId> g_bound_stream_limit{0};  // streams < this may be bound
+
+struct StepTableInit {
+  StepTableInit() {
+    for (auto& s : g_step_by_stream) s.store(kUnboundStep);
+  }
+} g_step_table_init;
+
+size_t CapacityLocked() {
+  if (g_configured_capacity != 0) return g_configured_capacity;
+  if (const char* env = std::getenv("TENSILE_POOL_BYTES")) {
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(env, &end, 10);
+    if (end != env && *end == '\0' && v > 0) return static_cast<size_t>(v);
+    // The Python layer validates the variable (and accepts "8GiB"); a bad
+    // value reaching here falls back to the default rather than crash TF.
+  }
+  return kDefaultDevicePoolBytes;
+}
+
+}  // namespace
+
+void ConfigureDevicePool(size_t capacity_bytes) {
+  std::lock_guard<std::mutex> lock(g_config_mu);
+  if (g_device_pool.load() != nullptr) {
+    throw std::logic_error(
+        "the device pool already exists (TensorFlow created its CPU device); "
+        "set its capacity before the first TensorFlow op, right after "
+        "`import tensile_tf`, or with TENSILE_POOL_BYTES");
+  }
+  g_configured_capacity = capacity_bytes;
+}
+
+size_t DevicePoolCapacity() {
+  std::lock_guard<std::mutex> lock(g_config_mu);
+  if (StreamAwarePool* pool = g_device_pool.load()) return pool->capacity();
+  return CapacityLocked();
+}
+
+StreamAwarePool& GetOrCreateDevicePool() {
+  if (StreamAwarePool* pool = g_device_pool.load()) return *pool;
+  std::lock_guard<std::mutex> lock(g_config_mu);
+  if (StreamAwarePool* pool = g_device_pool.load()) return *pool;
+  // Never destroyed: TensorFlow frees tensors during process exit.
+  auto* pool = new StreamAwarePool("device", CapacityLocked(),
+                                   std::make_unique<HostBackend>());
+  g_device_pool.store(pool);
+  return *pool;
+}
+
+StreamAwarePool* DevicePoolIfCreated() { return g_device_pool.load(); }
+
+void BindStepToStream(int64_t step_id, StreamId stream) {
+  if (stream <= kDefaultStream || stream >= kMaxStreams) return;
+  g_step_by_stream[stream].store(step_id, std::memory_order_release);
+  StreamId limit = g_bound_stream_limit.load();
+  while (limit <= stream &&
+         !g_bound_stream_limit.compare_exchange_weak(limit, stream + 1)) {
+  }
+}
+
+void UnbindStream(StreamId stream) {
+  if (stream <= kDefaultStream || stream >= kMaxStreams) return;
+  g_step_by_stream[stream].store(kUnboundStep, std::memory_order_release);
+}
+
+StreamId StreamForStep(int64_t step_id) {
+  const StreamId limit = g_bound_stream_limit.load(std::memory_order_acquire);
+  for (StreamId s = 1; s < limit; ++s) {
+    if (g_step_by_stream[s].load(std::memory_order_acquire) == step_id) {
+      return s;
+    }
+  }
+  return kDefaultStream;
+}
+
+}  // namespace tensile

@@ -1,0 +1,44 @@
+// The process-wide device pool: the one StreamAwarePool that serves every
+// tensor of TensorFlow's CPU device (our emulated accelerator, DESIGN.md),
+// and the map from TensorFlow step ids to pool streams (jobs).
+//
+// No TensorFlow in this file: the TF adapter, the custom ops and the Python
+// bindings all reach the device pool through it.
+#ifndef TF_PLUGIN_ALLOCATOR_DEVICE_POOL_H_
+#define TF_PLUGIN_ALLOCATOR_DEVICE_POOL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "tf_plugin/allocator/stream_aware_pool.h"
+
+namespace tensile {
+
+// Capacity used when neither TENSILE_POOL_BYTES nor ConfigureDevicePool says.
+constexpr size_t kDefaultDevicePoolBytes = size_t{4} << 30;  // 4 GiB
+
+// Sets the capacity of the device pool. Only before the pool exists (before
+// TensorFlow creates its CPU device); afterwards throws std::logic_error.
+void ConfigureDevicePool(size_t capacity_bytes);
+// The capacity the pool has or will be created with: ConfigureDevicePool's,
+// else TENSILE_POOL_BYTES (a byte count), else kDefaultDevicePoolBytes.
+size_t DevicePoolCapacity();
+// The pool, creating it on first call. TensorFlow's allocator factory calls
+// this when it builds the CPU device.
+StreamAwarePool& GetOrCreateDevicePool();
+// The pool if TensorFlow has created it, else nullptr.
+StreamAwarePool* DevicePoolIfCreated();
+
+// Step attribution: a job's train step runs the TensileBindStep op first,
+// which binds the step's TensorFlow step id to the job's stream. The
+// allocator maps each allocation's step id back to its stream; allocations of
+// unbound steps go to kDefaultStream. One binding per stream (a job runs one
+// step at a time), so lookups scan a short array without locks.
+void BindStepToStream(int64_t step_id, StreamId stream);
+void UnbindStream(StreamId stream);
+StreamId StreamForStep(int64_t step_id);
+
+}  // namespace tensile
+
+#endif  // TF_PLUGIN_ALLOCATOR_DEVICE_POOL_H_

@@ -1,0 +1,544 @@
+#include "tf_plugin/allocator/stream_aware_pool.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <stdexcept>
+
+namespace tensile {
+
+// ---------------------------------------------------------------- backends
+
+void* HostBackend::Reserve(size_t bytes) {
+  // MAP_NORESERVE: a large pool is address space until touched.
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  return p == MAP_FAILED ? nullptr : p;
+}
+
+void HostBackend::Release(void* base, size_t bytes) { munmap(base, bytes); }
+
+std::unique_ptr<PoolBackend> MakeBackend(const std::string& name) {
+  if (name == "host") return std::make_unique<HostBackend>();
+  throw std::invalid_argument("unknown pool backend '" + name +
+                              "': the backends built in are: host");
+}
+
+std::string HumanBytes(int64_t bytes) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int unit = 0;
+  while (std::abs(v) >= 1024.0 && unit < 4) {
+    v /= 1024.0;
+    ++unit;
+  }
+  char buf[32];
+  if (unit == 0) {
+    std::snprintf(buf, sizeof(buf), "%lld B", static_cast<long long>(bytes));
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.1f %s", v, kUnits[unit]);
+  }
+  return buf;
+}
+
+// -------------------------------------------------------------------- pool
+
+StreamAwarePool::StreamAwarePool(std::string name, size_t capacity,
+                                 std::unique_ptr<PoolBackend> backend,
+                                 size_t trace_capacity)
+    : name_(std::move(name)),
+      backend_(std::move(backend)),
+      capacity_(capacity / kMinChunkBytes * kMinChunkBytes),
+      synced_(&chunks_),
+      trace_(trace_capacity) {
+  if (capacity_ == 0) {
+    throw std::invalid_argument("pool '" + name_ + "': capacity " +
+                                std::to_string(capacity) +
+                                " bytes is below the minimum of " +
+                                std::to_string(kMinChunkBytes));
+  }
+  base_ = static_cast<char*>(backend_->Reserve(capacity_));
+  if (base_ == nullptr) {
+    throw std::runtime_error("pool '" + name_ + "': backend '" +
+                             backend_->Name() + "' could not reserve " +
+                             HumanBytes(capacity_) +
+                             "; choose a smaller pool capacity");
+  }
+  handle_by_slot_ = static_cast<int32_t*>(
+      std::calloc(capacity_ / kMinChunkBytes, sizeof(int32_t)));
+  if (handle_by_slot_ == nullptr) {
+    backend_->Release(base_, capacity_);
+    throw std::runtime_error("pool '" + name_ + "': out of host memory for "
+                             "its chunk index");
+  }
+  stream_counters_.resize(1);
+  stream_names_.push_back("default");
+  unsynced_.push_back(std::make_unique<FreeChunkSet>(&chunks_));
+
+  ChunkHandle h = NewChunk();
+  chunks_[h].offset = 0;
+  chunks_[h].size = capacity_;
+  InsertFree(h, kSyncedOwner);
+}
+
+StreamAwarePool::~StreamAwarePool() {
+  std::free(handle_by_slot_);
+  if (base_ != nullptr) backend_->Release(base_, capacity_);
+}
+
+StreamAwarePool::ChunkHandle StreamAwarePool::NewChunk() {
+  if (!free_handles_.empty()) {
+    ChunkHandle h = free_handles_.back();
+    free_handles_.pop_back();
+    chunks_[h] = Chunk();
+    return h;
+  }
+  chunks_.emplace_back();
+  return static_cast<ChunkHandle>(chunks_.size() - 1);
+}
+
+StreamAwarePool::FreeChunkSet& StreamAwarePool::SetFor(StreamId owner) {
+  if (owner == kSyncedOwner) return synced_;
+  return *unsynced_[owner];
+}
+
+StreamAwarePool::ChunkHandle StreamAwarePool::BestFit(const FreeChunkSet& set,
+                                                      size_t bytes) const {
+  if (set.bytes < static_cast<int64_t>(bytes)) return kNoChunk;
+  auto it = set.by_size.lower_bound(SizeProbe{bytes});
+  return it == set.by_size.end() ? kNoChunk : *it;
+}
+
+void StreamAwarePool::InsertFree(ChunkHandle h, StreamId owner) {
+  Chunk& c = chunks_[h];
+  c.in_use = false;
+  c.requested = 0;
+  c.owner = owner;
+  FreeChunkSet& set = SetFor(owner);
+  set.by_size.insert(h);
+  set.bytes += c.size;
+  if (owner != kSyncedOwner) unsynced_bytes_ += c.size;
+}
+
+void StreamAwarePool::RemoveFree(ChunkHandle h) {
+  Chunk& c = chunks_[h];
+  FreeChunkSet& set = SetFor(c.owner);
+  set.by_size.erase(h);
+  set.bytes -= c.size;
+  if (c.owner != kSyncedOwner) unsynced_bytes_ -= c.size;
+}
+
+void StreamAwarePool::Merge(ChunkHandle a, ChunkHandle b) {
+  Chunk& ca = chunks_[a];
+  Chunk& cb = chunks_[b];
+  ca.size += cb.size;
+  ca.next = cb.next;
+  if (cb.next != kNoChunk) chunks_[cb.next].prev = a;
+  free_handles_.push_back(b);
+}
+
+MemoryCounters& StreamAwarePool::CountersFor(StreamId stream) {
+  return stream_counters_[stream];
+}
+
+void* StreamAwarePool::Carve(ChunkHandle h, size_t bytes, size_t requested,
+                             StreamId stream, std::string_view op) {
+  RemoveFree(h);
+  const StreamId set_owner = chunks_[h].owner;
+  if (chunks_[h].size - bytes >= kMinChunkBytes) {
+    ChunkHandle rest = NewChunk();  // may reallocate chunks_
+    Chunk& c = chunks_[h];
+    Chunk& r = chunks_[rest];
+    r.offset = c.offset + bytes;
+    r.size = c.size - bytes;
+    r.prev = h;
+    r.next = c.next;
+    if (c.next != kNoChunk) chunks_[c.next].prev = rest;
+    c.next = rest;
+    c.size = bytes;
+    InsertFree(rest, set_owner);
+  }
+  Chunk& c = chunks_[h];
+  c.in_use = true;
+  c.owner = stream;
+  c.requested = requested;
+  c.allocation_id = next_allocation_id_++;
+  handle_by_slot_[c.offset / kMinChunkBytes] = h + 1;
+
+  const int64_t size = static_cast<int64_t>(c.size);
+  for (MemoryCounters* m : {&counters_, &CountersFor(stream)}) {
+    m->current += size;
+    m->peak = std::max(m->peak, m->current);
+    m->allocated += size;
+    m->num_allocs += 1;
+    m->largest_alloc = std::max(m->largest_alloc, size);
+  }
+  requested_current_ += static_cast<int64_t>(requested);
+  trace_.Record(PoolEventKind::kAlloc, stream, size,
+                static_cast<int64_t>(c.offset), counters_.current, op);
+  return base_ + c.offset;
+}
+
+void* StreamAwarePool::Allocate(size_t bytes, StreamId stream,
+                                std::string_view op) {
+  const size_t rounded =
+      std::max<size_t>(1, (bytes + kMinChunkBytes - 1) / kMinChunkBytes) *
+      kMinChunkBytes;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stream < 0 || stream >= static_cast<StreamId>(unsynced_.size()) ||
+      stream_names_[stream].empty()) {
+    stream = kDefaultStream;  // unknown streams are attributed to default
+  }
+  if (rounded <= capacity_) {
+    // 1. The stream's own unsynced chunks: safe without a sync.
+    ChunkHandle h = BestFit(*unsynced_[stream], rounded);
+    // 2. Synced chunks.
+    if (h == kNoChunk) h = BestFit(synced_, rounded);
+    // 3. Other streams' unsynced chunks, which need a sync first. The sync
+    //    also coalesces, so it can help even when only this stream's
+    //    unsynced chunks sit next to synced ones.
+    if (h == kNoChunk && unsynced_bytes_ > 0) {
+      SyncAndCoalesceLocked(/*forced_by_allocate=*/true);
+      h = BestFit(synced_, rounded);
+    }
+    if (h != kNoChunk) return Carve(h, rounded, bytes, stream, op);
+  }
+  counters_.num_ooms += 1;
+  CountersFor(stream).num_ooms += 1;
+  trace_.Record(PoolEventKind::kOom, stream, static_cast<int64_t>(bytes), -1,
+                counters_.current, op);
+  return nullptr;
+}
+
+StreamAwarePool::ChunkHandle StreamAwarePool::HandleFor(
+    const void* ptr) const {
+  const char* p = static_cast<const char*>(ptr);
+  if (p < base_ || p >= base_ + capacity_) return kNoChunk;
+  const size_t offset = static_cast<size_t>(p - base_);
+  if (offset % kMinChunkBytes != 0) return kNoChunk;
+  return handle_by_slot_[offset / kMinChunkBytes] - 1;
+}
+
+void StreamAwarePool::Deallocate(void* ptr, std::string_view op) {
+  if (ptr == nullptr) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  ChunkHandle h = HandleFor(ptr);
+  if (h == kNoChunk || !chunks_[h].in_use) {
+    std::fprintf(stderr,
+                 "tensile pool '%s': Deallocate(%p) of a pointer it did not "
+                 "hand out (double free or foreign pointer); aborting\n",
+                 name_.c_str(), ptr);
+    std::abort();
+  }
+  Chunk& c = chunks_[h];
+  const StreamId stream = c.owner;
+  const int64_t size = static_cast<int64_t>(c.size);
+  handle_by_slot_[c.offset / kMinChunkBytes] = 0;
+  for (MemoryCounters* m : {&counters_, &CountersFor(stream)}) {
+    m->current -= size;
+    m->freed += size;
+    m->num_frees += 1;
+  }
+  requested_current_ -= static_cast<int64_t>(c.requested);
+  trace_.Record(PoolEventKind::kFree, stream, size,
+                static_cast<int64_t>(c.offset), counters_.current, op);
+
+  // Coalesce only with neighbours in this stream's own unsynced set.
+  ChunkHandle prev = c.prev;
+  ChunkHandle next = c.next;
+  if (next != kNoChunk && !chunks_[next].in_use &&
+      chunks_[next].owner == stream) {
+    RemoveFree(next);
+    Merge(h, next);
+  }
+  if (prev != kNoChunk && !chunks_[prev].in_use &&
+      chunks_[prev].owner == stream) {
+    RemoveFree(prev);
+    Merge(prev, h);
+    h = prev;
+  }
+  InsertFree(h, stream);
+}
+
+void StreamAwarePool::SyncAndCoalesce() {
+  std::lock_guard<std::mutex> lock(mu_);
+  SyncAndCoalesceLocked(/*forced_by_allocate=*/false);
+}
+
+void StreamAwarePool::SyncAndCoalesceLocked(bool forced_by_allocate) {
+  backend_->SynchronizeAllStreams();
+  ++num_syncs_;
+  if (forced_by_allocate) ++num_allocator_syncs_;
+  trace_.Record(PoolEventKind::kSync, kSyncedOwner, 0, -1,
+                counters_.current, forced_by_allocate ? "allocate" : "explicit");
+  // Every free chunk becomes synced; then one pass in address order merges
+  // runs of free neighbours.
+  for (auto& set : unsynced_) {
+    set->by_size.clear();
+    set->bytes = 0;
+  }
+  unsynced_bytes_ = 0;
+  synced_.by_size.clear();
+  synced_.bytes = 0;
+  // Handle 0 is the chunk at offset 0 forever: Merge only retires the later
+  // of two neighbours.
+  for (ChunkHandle h = 0; h != kNoChunk; h = chunks_[h].next) {
+    if (chunks_[h].in_use) continue;
+    while (chunks_[h].next != kNoChunk && !chunks_[chunks_[h].next].in_use) {
+      Merge(h, chunks_[h].next);
+    }
+    InsertFree(h, kSyncedOwner);
+  }
+}
+
+StreamId StreamAwarePool::RegisterStream(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (StreamId s = 1; s < static_cast<StreamId>(stream_names_.size()); ++s) {
+    // Reuse a released id only once nothing of its old job is live.
+    if (stream_names_[s].empty() && stream_counters_[s].current == 0) {
+      stream_names_[s] = name.empty() ? "stream-" + std::to_string(s) : name;
+      stream_counters_[s] = MemoryCounters();
+      return s;
+    }
+  }
+  const StreamId s = static_cast<StreamId>(stream_names_.size());
+  if (s >= kMaxStreams) {
+    throw std::runtime_error("pool '" + name_ + "': more than " +
+                             std::to_string(kMaxStreams) +
+                             " streams registered at once; release finished "
+                             "jobs' streams");
+  }
+  stream_names_.push_back(name.empty() ? "stream-" + std::to_string(s) : name);
+  stream_counters_.emplace_back();
+  unsynced_.push_back(std::make_unique<FreeChunkSet>(&chunks_));
+  return s;
+}
+
+void StreamAwarePool::ReleaseStream(StreamId stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stream <= kDefaultStream ||
+      stream >= static_cast<StreamId>(stream_names_.size())) {
+    return;
+  }
+  // The job is gone, so nothing can still be using its freed chunks.
+  FreeChunkSet& set = *unsynced_[stream];
+  std::vector<ChunkHandle> handles(set.by_size.begin(), set.by_size.end());
+  for (ChunkHandle h : handles) {
+    RemoveFree(h);
+    InsertFree(h, kSyncedOwner);
+  }
+  stream_names_[stream].clear();
+}
+
+bool StreamAwarePool::Owns(const void* ptr) const {
+  const char* p = static_cast<const char*>(ptr);
+  return p >= base_ && p < base_ + capacity_;
+}
+
+size_t StreamAwarePool::RequestedSize(const void* ptr) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  ChunkHandle h = HandleFor(ptr);
+  return h == kNoChunk ? 0 : chunks_[h].requested;
+}
+
+size_t StreamAwarePool::AllocatedSize(const void* ptr) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  ChunkHandle h = HandleFor(ptr);
+  return h == kNoChunk ? 0 : chunks_[h].size;
+}
+
+int64_t StreamAwarePool::AllocationId(const void* ptr) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  ChunkHandle h = HandleFor(ptr);
+  return h == kNoChunk ? 0 : chunks_[h].allocation_id;
+}
+
+int64_t StreamAwarePool::LargestFreeChunkLocked() const {
+  int64_t largest = 0;
+  if (!synced_.by_size.empty()) {
+    largest = chunks_[*synced_.by_size.rbegin()].size;
+  }
+  for (const auto& set : unsynced_) {
+    if (!set->by_size.empty()) {
+      largest = std::max<int64_t>(largest, chunks_[*set->by_size.rbegin()].size);
+    }
+  }
+  return largest;
+}
+
+PoolStats StreamAwarePool::Stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  PoolStats s;
+  s.name = name_;
+  s.backend = backend_->Name();
+  s.capacity = static_cast<int64_t>(capacity_);
+  s.counters = counters_;
+  s.requested_current = requested_current_;
+  s.free_bytes = s.capacity - counters_.current;
+  s.synced_free_bytes = synced_.bytes;
+  s.unsynced_free_bytes = unsynced_bytes_;
+  s.largest_free_chunk = LargestFreeChunkLocked();
+  s.num_free_chunks = static_cast<int64_t>(synced_.by_size.size());
+  for (const auto& set : unsynced_) {
+    s.num_free_chunks += static_cast<int64_t>(set->by_size.size());
+  }
+  s.num_live_chunks = static_cast<int64_t>(chunks_.size() -
+                                           free_handles_.size()) -
+                      s.num_free_chunks;
+  s.fragmentation =
+      s.free_bytes > 0
+          ? 1.0 - static_cast<double>(s.largest_free_chunk) / s.free_bytes
+          : 0.0;
+  s.num_syncs = num_syncs_;
+  s.num_allocator_syncs = num_allocator_syncs_;
+  s.trace_recorded = trace_.recorded();
+  s.trace_dropped = trace_.dropped();
+  return s;
+}
+
+std::vector<StreamStats> StreamAwarePool::AllStreamStats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<StreamStats> out;
+  for (StreamId s = 0; s < static_cast<StreamId>(stream_names_.size()); ++s) {
+    const MemoryCounters& m = stream_counters_[s];
+    if (stream_names_[s].empty() && m.current == 0) continue;
+    StreamStats st;
+    st.stream = s;
+    st.name = stream_names_[s].empty() ? "released-" + std::to_string(s)
+                                       : stream_names_[s];
+    st.counters = m;
+    st.unsynced_free_bytes = unsynced_[s]->bytes;
+    out.push_back(std::move(st));
+  }
+  return out;
+}
+
+void StreamAwarePool::ResetPeak() {
+  std::lock_guard<std::mutex> lock(mu_);
+  counters_.peak = counters_.current;
+  for (auto& m : stream_counters_) m.peak = m.current;
+}
+
+std::vector<ChunkInfo> StreamAwarePool::Chunks() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<ChunkInfo> out;
+  for (ChunkHandle h = 0; h != kNoChunk; h = chunks_[h].next) {
+    const Chunk& c = chunks_[h];
+    out.push_back(ChunkInfo{static_cast<int64_t>(c.offset),
+                            static_cast<int64_t>(c.size),
+                            static_cast<int64_t>(c.requested), c.in_use,
+                            c.owner});
+  }
+  return out;
+}
+
+std::vector<PoolEvent> StreamAwarePool::Trace() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return trace_.Snapshot();
+}
+
+void StreamAwarePool::ClearTrace() {
+  std::lock_guard<std::mutex> lock(mu_);
+  trace_.Clear();
+}
+
+void StreamAwarePool::SetTraceEnabled(bool enabled) {
+  std::lock_guard<std::mutex> lock(mu_);
+  trace_.set_enabled(enabled);
+}
+
+std::string StreamAwarePool::DescribeOom(size_t bytes, StreamId stream,
+                                         std::string_view op) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const bool known = stream >= 0 &&
+                     stream < static_cast<StreamId>(stream_names_.size()) &&
+                     !stream_names_[stream].empty();
+  const std::string job = known ? stream_names_[stream] : "default";
+  size_t free_chunks = synced_.by_size.size();
+  for (const auto& set : unsynced_) free_chunks += set->by_size.size();
+  std::ostringstream msg;
+  msg << "pool '" << name_ << "' out of memory: job '" << job << "' op '"
+      << (op.empty() ? "<unknown>" : std::string(op)) << "' asked "
+      << HumanBytes(static_cast<int64_t>(bytes)) << ", "
+      << HumanBytes(static_cast<int64_t>(capacity_) - counters_.current)
+      << " free of " << HumanBytes(static_cast<int64_t>(capacity_)) << " in "
+      << free_chunks << " chunks (largest " << HumanBytes(LargestFreeChunkLocked())
+      << "); raise the pool capacity (TENSILE_POOL_BYTES or "
+         "tensile_tf.configure_pool), lower the batch size, or enable a "
+         "memory plan (swapping / recomputation)";
+  return msg.str();
+}
+
+std::string StreamAwarePool::CheckInvariants() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::ostringstream err;
+  ChunkHandle h = 0;
+  size_t expect_offset = 0;
+  int64_t live = 0, synced = 0, unsynced = 0;
+  std::vector<int64_t> per_stream(unsynced_.size(), 0);
+  ChunkHandle prev = kNoChunk;
+  for (; h != kNoChunk; prev = h, h = chunks_[h].next) {
+    const Chunk& c = chunks_[h];
+    if (c.prev != prev) err << "chunk at " << c.offset << ": bad prev link; ";
+    if (c.offset != expect_offset) {
+      err << "chunk at " << c.offset << ": expected offset " << expect_offset
+          << " (gap or overlap); ";
+    }
+    if (c.size == 0 || c.size % kMinChunkBytes != 0) {
+      err << "chunk at " << c.offset << ": bad size " << c.size << "; ";
+    }
+    expect_offset = c.offset + c.size;
+    if (c.in_use) {
+      live += c.size;
+      if (handle_by_slot_[c.offset / kMinChunkBytes] != h + 1) {
+        err << "live chunk at " << c.offset << " missing from index; ";
+      }
+    } else {
+      const FreeChunkSet& set =
+          c.owner == kSyncedOwner ? synced_ : *unsynced_[c.owner];
+      if (set.by_size.count(h) != 1) {
+        err << "free chunk at " << c.offset << " missing from its set; ";
+      }
+      if (c.owner == kSyncedOwner) {
+        synced += c.size;
+      } else {
+        unsynced += c.size;
+        per_stream[c.owner] += c.size;
+      }
+      // Neighbours in the same unsynced set must have been coalesced.
+      if (prev != kNoChunk && !chunks_[prev].in_use &&
+          chunks_[prev].owner == c.owner && c.owner != kSyncedOwner) {
+        err << "free chunks at " << chunks_[prev].offset << " and "
+            << c.offset << " of stream " << c.owner << " not coalesced; ";
+      }
+    }
+  }
+  if (expect_offset != capacity_) {
+    err << "chunks end at " << expect_offset << ", capacity " << capacity_
+        << "; ";
+  }
+  if (live != counters_.current) {
+    err << "live bytes " << live << " != current " << counters_.current << "; ";
+  }
+  if (live + synced + unsynced != static_cast<int64_t>(capacity_)) {
+    err << "bytes not conserved; ";
+  }
+  if (synced != synced_.bytes) err << "synced byte count drifted; ";
+  if (unsynced != unsynced_bytes_) err << "unsynced byte count drifted; ";
+  for (size_t s = 0; s < unsynced_.size(); ++s) {
+    if (per_stream[s] != unsynced_[s]->bytes) {
+      err << "stream " << s << " unsynced byte count drifted; ";
+    }
+  }
+  int64_t stream_current = 0;
+  for (const auto& m : stream_counters_) stream_current += m.current;
+  if (stream_current != counters_.current) {
+    err << "per-stream current does not add up to pool current; ";
+  }
+  return err.str();
+}
+
+}  // namespace tensile

@@ -1,0 +1,259 @@
+// StreamAwarePool: a fixed-capacity, best-fit allocator with splitting and
+// coalescing whose free chunks are kept per stream (Waterwave, seed 004 §4.2,
+// Listing 1). Here a "stream" is a training job: every allocation carries the
+// stream of the op that asked for it.
+//
+// Policy, in order:
+//  1. One arena of `capacity` bytes is reserved up front from a PoolBackend.
+//     It is the device memory: nothing is ever allocated outside it, and a
+//     request that does not fit fails (the caller turns that into an OOM).
+//  2. Every chunk's offset and size are multiples of kMinChunkBytes.
+//  3. Free chunks live in exactly one FreeChunkSet: the unsynced set of the
+//     stream that freed them, or the one synced set. At start the whole
+//     arena is one synced free chunk.
+//  4. Allocate(bytes, stream) takes the best fit (smallest chunk that fits,
+//     lowest offset on ties) from, in order: the stream's own unsynced set;
+//     the synced set; and only then, after SyncAndCoalesce(), the synced set
+//     again, which now also holds every other stream's former unsynced
+//     chunks. A chunk is split when the remainder is at least kMinChunkBytes;
+//     the remainder stays in the set it came from.
+//  5. Deallocate puts the chunk in its stream's unsynced set and coalesces it
+//     only with address neighbours in that same set. Coalescing with a synced
+//     neighbour is deferred: it would turn synced bytes into unsynced bytes
+//     that other streams can no longer take (Listing 1, Deallocate).
+//  6. SyncAndCoalesce() synchronizes all streams through the backend, moves
+//     every unsynced chunk to the synced set and coalesces all free
+//     neighbours.
+//
+// Invariant relied on by the TF adapter and checked by CheckInvariants():
+// a chunk freed by stream A is never handed to stream B != A before a sync.
+//
+// Thread safe: one mutex guards all state (as TF's BFCAllocator).
+// No TensorFlow in this file.
+#ifndef TF_PLUGIN_ALLOCATOR_STREAM_AWARE_POOL_H_
+#define TF_PLUGIN_ALLOCATOR_STREAM_AWARE_POOL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tf_plugin/allocator/event_trace.h"
+#include "tf_plugin/allocator/pool_backend.h"
+
+namespace tensile {
+
+using StreamId = int32_t;
+// Allocations made outside any registered job (eager ops, variable creation,
+// input conversion) belong to this stream.
+constexpr StreamId kDefaultStream = 0;
+constexpr StreamId kMaxStreams = 1024;
+
+// Byte counters, one vocabulary for the pool and for each stream.
+struct MemoryCounters {
+  int64_t current = 0;          // bytes in live chunks now
+  int64_t peak = 0;             // max of current since creation / ResetPeak
+  int64_t allocated = 0;        // bytes handed out, cumulative
+  int64_t freed = 0;            // bytes given back, cumulative
+  int64_t num_allocs = 0;
+  int64_t num_frees = 0;
+  int64_t num_ooms = 0;
+  int64_t largest_alloc = 0;    // largest single chunk handed out
+};
+
+struct StreamStats {
+  StreamId stream = 0;
+  std::string name;
+  MemoryCounters counters;
+  int64_t unsynced_free_bytes = 0;  // bytes in this stream's unsynced set
+};
+
+struct PoolStats {
+  std::string name;
+  std::string backend;
+  int64_t capacity = 0;
+  MemoryCounters counters;
+  int64_t requested_current = 0;   // bytes asked for by live allocations
+  int64_t free_bytes = 0;          // capacity - current
+  int64_t synced_free_bytes = 0;
+  int64_t unsynced_free_bytes = 0;
+  int64_t largest_free_chunk = 0;  // largest chunk an allocation could get
+                                   // after a sync (synced or unsynced)
+  int64_t num_free_chunks = 0;
+  int64_t num_live_chunks = 0;
+  double fragmentation = 0.0;      // 1 - largest_free_chunk / free_bytes
+  int64_t num_syncs = 0;           // SyncAndCoalesce calls, all causes
+  int64_t num_allocator_syncs = 0; // syncs forced by Allocate (step 4)
+  uint64_t trace_recorded = 0;
+  uint64_t trace_dropped = 0;
+};
+
+// A chunk as seen from outside, for tests and snapshots.
+struct ChunkInfo {
+  int64_t offset = 0;
+  int64_t size = 0;
+  int64_t requested = 0;  // 0 for free chunks
+  bool in_use = false;
+  // For a live chunk: the stream that allocated it. For a free chunk: the
+  // stream whose unsynced set holds it, or kSyncedOwner.
+  StreamId owner = 0;
+};
+constexpr StreamId kSyncedOwner = -1;
+
+class StreamAwarePool {
+ public:
+  static constexpr size_t kMinChunkBytes = 256;
+
+  // Reserves `capacity` bytes (rounded down to kMinChunkBytes) from
+  // `backend`. Throws std::runtime_error if the backend cannot reserve it.
+  StreamAwarePool(std::string name, size_t capacity,
+                  std::unique_ptr<PoolBackend> backend,
+                  size_t trace_capacity = 1 << 16);
+  ~StreamAwarePool();
+  StreamAwarePool(const StreamAwarePool&) = delete;
+  StreamAwarePool& operator=(const StreamAwarePool&) = delete;
+
+  // Returns a pointer into the arena of at least `bytes` bytes, aligned to
+  // kMinChunkBytes, or nullptr when no chunk can be found even after a sync
+  // (an OOM: counted and traced; DescribeOom() says why).
+  void* Allocate(size_t bytes, StreamId stream, std::string_view op = {});
+  // Frees a pointer returned by Allocate. The chunk joins the unsynced set of
+  // the stream that allocated it. Unknown pointers abort (memory corruption).
+  void Deallocate(void* ptr, std::string_view op = {});
+  // Waterwave's SyncAndCoalesce: every free chunk becomes synced and all free
+  // neighbours coalesce.
+  void SyncAndCoalesce();
+
+  // Streams. Names are for reports; ids are small and reused after release.
+  StreamId RegisterStream(const std::string& name);
+  // Forgets a stream's name; its live chunks stay attributed to it. Its
+  // unsynced free chunks become synced (the job is gone, nothing can race).
+  void ReleaseStream(StreamId stream);
+
+  bool Owns(const void* ptr) const;
+  size_t RequestedSize(const void* ptr) const;
+  size_t AllocatedSize(const void* ptr) const;
+  int64_t AllocationId(const void* ptr) const;
+
+  PoolStats Stats() const;
+  std::vector<StreamStats> AllStreamStats() const;
+  // Sets peak := current for the pool and every stream.
+  void ResetPeak();
+  std::vector<ChunkInfo> Chunks() const;
+  std::vector<PoolEvent> Trace() const;
+  void ClearTrace();
+  void SetTraceEnabled(bool enabled);
+  // Human-readable reason the last Allocate of `bytes` for `stream` failed,
+  // in the form of STYLE.md rule 6.
+  std::string DescribeOom(size_t bytes, StreamId stream,
+                          std::string_view op) const;
+  // Empty if every invariant holds, else a description of the first broken.
+  std::string CheckInvariants() const;
+
+  const std::string& name() const { return name_; }
+  size_t capacity() const { return capacity_; }
+  char* base() const { return base_; }
+
+ private:
+  using ChunkHandle = int32_t;
+  static constexpr ChunkHandle kNoChunk = -1;
+
+  // A contiguous piece of the arena, live or free. Chunks form a doubly
+  // linked list in address order (prev/next), as in BFC's Chunk.
+  struct Chunk {
+    size_t offset = 0;
+    size_t size = 0;
+    size_t requested = 0;  // 0 when free
+    bool in_use = false;
+    StreamId owner = kSyncedOwner;  // see ChunkInfo::owner
+    int64_t allocation_id = 0;
+    ChunkHandle prev = kNoChunk;
+    ChunkHandle next = kNoChunk;
+  };
+
+  // A lookup key that sorts before every chunk of at least `size` bytes.
+  struct SizeProbe {
+    size_t size;
+  };
+  // Orders free chunks by (size, offset): lower_bound(SizeProbe{n}) is the
+  // best fit for n bytes.
+  struct BySizeThenOffset {
+    using is_transparent = void;
+    const std::vector<Chunk>* chunks;
+    bool operator()(ChunkHandle a, ChunkHandle b) const {
+      const Chunk& ca = (*chunks)[a];
+      const Chunk& cb = (*chunks)[b];
+      if (ca.size != cb.size) return ca.size < cb.size;
+      return ca.offset < cb.offset;
+    }
+    bool operator()(ChunkHandle a, SizeProbe p) const {
+      return (*chunks)[a].size < p.size;
+    }
+    bool operator()(SizeProbe p, ChunkHandle b) const {
+      return p.size <= (*chunks)[b].size;
+    }
+  };
+  // A set of free chunks that can be handed out together: one stream's
+  // unsynced chunks, or the synced chunks.
+  struct FreeChunkSet {
+    explicit FreeChunkSet(const std::vector<Chunk>* chunks)
+        : by_size(BySizeThenOffset{chunks}) {}
+    std::set<ChunkHandle, BySizeThenOffset> by_size;
+    int64_t bytes = 0;
+  };
+
+  // All private methods require mu_ held.
+  FreeChunkSet& SetFor(StreamId owner);
+  // Best-fit chunk of at least `bytes` in `set`, or kNoChunk.
+  ChunkHandle BestFit(const FreeChunkSet& set, size_t bytes) const;
+  void InsertFree(ChunkHandle h, StreamId owner);
+  void RemoveFree(ChunkHandle h);
+  // Hands `bytes` of free chunk h to `stream`, splitting off the rest.
+  void* Carve(ChunkHandle h, size_t bytes, size_t requested, StreamId stream,
+              std::string_view op);
+  // Merges free chunk `b` (the next neighbour of `a`) into `a`; neither may
+  // be in a FreeChunkSet.
+  void Merge(ChunkHandle a, ChunkHandle b);
+  ChunkHandle NewChunk();
+  void SyncAndCoalesceLocked(bool forced_by_allocate);
+  ChunkHandle HandleFor(const void* ptr) const;
+  MemoryCounters& CountersFor(StreamId stream);
+  int64_t LargestFreeChunkLocked() const;
+
+  const std::string name_;
+  std::unique_ptr<PoolBackend> backend_;
+  size_t capacity_ = 0;
+  char* base_ = nullptr;
+
+  mutable std::mutex mu_;
+  std::vector<Chunk> chunks_;
+  std::vector<ChunkHandle> free_handles_;
+  // Live chunk lookup by address: index (offset / kMinChunkBytes) holds
+  // handle + 1 (0 = none). Allocated with calloc so untouched pages cost
+  // nothing, as BFC's RegionManager.
+  int32_t* handle_by_slot_ = nullptr;
+  FreeChunkSet synced_;
+  std::vector<std::unique_ptr<FreeChunkSet>> unsynced_;  // by stream id
+  int64_t unsynced_bytes_ = 0;  // sum over unsynced_
+
+  MemoryCounters counters_;
+  int64_t requested_current_ = 0;
+  std::vector<MemoryCounters> stream_counters_;  // by stream id
+  std::vector<std::string> stream_names_;        // "" = free id
+  int64_t num_syncs_ = 0;
+  int64_t num_allocator_syncs_ = 0;
+  int64_t next_allocation_id_ = 1;
+  EventTrace trace_;
+};
+
+// "64.0 MiB": human-readable bytes for messages.
+std::string HumanBytes(int64_t bytes);
+
+}  // namespace tensile
+
+#endif  // TF_PLUGIN_ALLOCATOR_STREAM_AWARE_POOL_H_

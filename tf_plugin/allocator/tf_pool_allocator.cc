@@ -1,0 +1,146 @@
+// TensorFlow adapter: makes the device StreamAwarePool the allocator of
+// TensorFlow's CPU device.
+//
+// Note [Becoming TensorFlow's CPU allocator]
+// ProcessState asks AllocatorFactoryRegistry for the highest-priority factory
+// when it first builds the CPU device. TF's own CPU allocator registers at
+// priority 100 and oneDNN's at 200; ours registers at 300 when this library
+// is loaded. That only works if the library is loaded before TensorFlow
+// creates its context (tf_plugin/__init__.py checks and refuses otherwise:
+// registering after the first allocator was handed out is a fatal CHECK).
+// TF_CPU_ALLOCATOR_USE_BFC=1 makes TensorFlow build its own BFC allocator
+// and bypass the registry, so the Python loader refuses that setting.
+//
+// Attribution: the executor wraps every kernel in a
+// ScopedMemoryDebugAnnotation holding the op name and the step id. The step
+// id maps to a job's stream (device_pool.h); the op name is copied into the
+// pool's event trace.
+//
+// OOM message: TensorFlow's ResourceExhaustedError reads "OOM when allocating
+// tensor ... by allocator <Name()>". After a failed allocation, Name()
+// returns the pool's own explanation for the failing thread (what, where and
+// what to do), so the error the user sees says why.
+#include <string>
+
+#include "tf_plugin/allocator/device_pool.h"
+#include "tsl/profiler/lib/scoped_memory_debug_annotation.h"
+#include "xla/tsl/framework/allocator.h"
+#include "xla/tsl/framework/allocator_registry.h"
+
+namespace tensile {
+namespace {
+
+constexpr char kAllocatorName[] = "tensile_pool";
+thread_local std::string t_last_oom_message;
+
+class TensilePoolAllocator : public tsl::Allocator {
+ public:
+  explicit TensilePoolAllocator(StreamAwarePool* pool) : pool_(pool) {}
+
+  std::string Name() override {
+    if (t_last_oom_message.empty()) return kAllocatorName;
+    return std::string(kAllocatorName) + " (" + t_last_oom_message + ")";
+  }
+
+  void* AllocateRaw(size_t alignment, size_t num_bytes) override {
+    if (alignment > StreamAwarePool::kMinChunkBytes) {
+      t_last_oom_message = "alignment " + std::to_string(alignment) +
+                           " above the pool's " +
+                           std::to_string(StreamAwarePool::kMinChunkBytes);
+      return nullptr;
+    }
+    const auto& annotation =
+        tsl::profiler::ScopedMemoryDebugAnnotation::CurrentAnnotation();
+    const StreamId stream = StreamForStep(annotation.pending_step_id);
+    void* p = pool_->Allocate(num_bytes, stream, annotation.pending_op_name);
+    if (p == nullptr) {
+      t_last_oom_message = pool_->DescribeOom(num_bytes, stream,
+                                              annotation.pending_op_name);
+    } else if (!t_last_oom_message.empty()) {
+      t_last_oom_message.clear();
+    }
+    return p;
+  }
+
+  void DeallocateRaw(void* ptr) override {
+    const auto& annotation =
+        tsl::profiler::ScopedMemoryDebugAnnotation::CurrentAnnotation();
+    pool_->Deallocate(ptr, annotation.pending_op_name);
+  }
+
+  bool TracksAllocationSizes() const override { return true; }
+  size_t RequestedSize(const void* ptr) const override {
+    return pool_->RequestedSize(ptr);
+  }
+  size_t AllocatedSize(const void* ptr) const override {
+    return pool_->AllocatedSize(ptr);
+  }
+  int64_t AllocationId(const void* ptr) const override {
+    return pool_->AllocationId(ptr);
+  }
+
+  std::optional<tsl::AllocatorStats> GetStats() override {
+    const PoolStats s = pool_->Stats();
+    tsl::AllocatorStats out;
+    out.num_allocs = s.counters.num_allocs;
+    out.bytes_in_use = s.counters.current;
+    out.peak_bytes_in_use = s.counters.peak;
+    out.largest_alloc_size = s.counters.largest_alloc;
+    out.bytes_limit = s.capacity;
+    out.bytes_reserved = 0;
+    out.peak_bytes_reserved = 0;
+    out.largest_free_block_bytes = s.largest_free_chunk;
+    out.pool_bytes = s.capacity;
+    out.peak_pool_bytes = s.capacity;
+    return out;
+  }
+
+  bool ClearStats() override {
+    pool_->ResetPeak();
+    return true;
+  }
+
+  tsl::AllocatorMemoryType GetMemoryType() const override {
+    return tsl::AllocatorMemoryType::kHostPageable;
+  }
+
+ private:
+  StreamAwarePool* pool_;
+};
+
+// Hands out pool memory to TensorFlow code that asks the registry for a
+// SubAllocator (NUMA-aware BFC paths); attributed to the default stream.
+class TensilePoolSubAllocator : public tsl::SubAllocator {
+ public:
+  TensilePoolSubAllocator() : tsl::SubAllocator({}, {}) {}
+  void* Alloc(size_t alignment, size_t num_bytes,
+              size_t* bytes_received) override {
+    void* p = GetOrCreateDevicePool().Allocate(num_bytes, kDefaultStream,
+                                               "sub_allocator");
+    *bytes_received = p == nullptr ? 0 : num_bytes;
+    return p;
+  }
+  void Free(void* ptr, size_t num_bytes) override {
+    GetOrCreateDevicePool().Deallocate(ptr, "sub_allocator");
+  }
+  bool SupportsCoalescing() const override { return false; }
+};
+
+class TensilePoolAllocatorFactory : public tsl::AllocatorFactory {
+ public:
+  tsl::Allocator* CreateAllocator() override {
+    return new TensilePoolAllocator(&GetOrCreateDevicePool());
+  }
+  tsl::SubAllocator* CreateSubAllocator(int numa_node) override {
+    return new TensilePoolSubAllocator();
+  }
+};
+
+}  // namespace
+}  // namespace tensile
+
+namespace tsl {
+// Priority 300: above TF's default (100) and oneDNN's (200) CPU allocators.
+REGISTER_MEM_ALLOCATOR("TensilePoolAllocator", 300,
+                       ::tensile::TensilePoolAllocatorFactory);
+}  // namespace tsl

@@ -1,0 +1,46 @@
+"""The device pool as seen from Python: capacity, the pool object, and the op
+that attributes a job's step to its stream."""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tf_plugin._loader import load_plugin
+
+_plugin = load_plugin()
+_ops = tf.load_op_library(str(_plugin.__file__))
+
+
+def configure_device_pool(capacity_bytes: int) -> None:
+    """Sets the device pool's capacity; only before TensorFlow's first op."""
+    try:
+        _plugin.configure_device_pool(int(capacity_bytes))
+    except RuntimeError as e:  # std::logic_error from C++
+        raise RuntimeError(f"tf_plugin: {e}") from None
+
+
+def device_pool_capacity() -> int:
+    """Capacity in bytes the device pool has, or will be created with."""
+    return _plugin.device_pool_capacity()
+
+
+def device_pool():
+    """The StreamAwarePool serving TensorFlow's CPU device.
+
+    Creating the first tensor creates the pool; this forces that if needed.
+    """
+    pool = _plugin.device_pool()
+    if pool is None:
+        # Building the context builds the CPU device, whose allocator is ours.
+        tf.constant(0)
+        pool = _plugin.device_pool()
+    if pool is None:
+        raise RuntimeError(
+            "tf_plugin: TensorFlow did not take the tensile pool as its CPU allocator; "
+            "is TF_CPU_ALLOCATOR_USE_BFC set, or was a GPU allocator visitor installed?"
+        )
+    return pool
+
+
+def bind_step_op(stream: int):
+    """Runs the TensileBindStep op: inside a tf.function, binds the step to `stream`."""
+    return _ops.tensile_bind_step(stream=int(stream))
