@@ -1,0 +1,113 @@
+"""The device pool from the user's side: capacity, stats, trace, and the
+attribution of a job's steps to its own pool stream.
+
+Stats use one vocabulary everywhere (bytes): ``capacity``, ``current``,
+``peak``, ``allocated``, ``freed``, ``num_allocs``, ``num_frees``,
+``num_ooms``, ``largest_alloc``, ``largest_free_chunk``, ``fragmentation``,
+``num_syncs``; ``jobs`` maps each job (stream) name to its own counters.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import tensorflow as tf
+from pydantic import ByteSize, TypeAdapter, ValidationError
+
+import tf_plugin
+from tf_plugin import bind_step_op, device_pool
+
+_BYTES = TypeAdapter(ByteSize)
+
+
+def parse_bytes(value: int | str, *, what: str = "size") -> int:
+    """'8GiB', '512MB', '1_000_000' or an int -> bytes; ValueError says what is wrong."""
+    try:
+        n = int(_BYTES.validate_python(value))
+    except ValidationError:
+        raise ValueError(
+            f"{what}: cannot read {value!r} as a byte size; write an integer number of bytes "
+            "or a number with a unit such as '512MiB' or '8GiB'"
+        ) from None
+    if n <= 0:
+        raise ValueError(f"{what}: {value!r} must be a positive number of bytes")
+    return n
+
+
+def configure_pool(capacity: int | str) -> None:
+    """Sets the device pool's capacity ('8GiB' or bytes) before the first TF op."""
+    tf_plugin.configure_device_pool(parse_bytes(capacity, what="pool capacity"))
+
+
+def _configure_from_environment() -> None:
+    raw = os.environ.get("TENSILE_POOL_BYTES")
+    if raw and tf_plugin._plugin.device_pool() is None:  # noqa: SLF001
+        configure_pool(parse_bytes(raw, what="TENSILE_POOL_BYTES"))
+
+
+_configure_from_environment()
+
+
+def pool_stats() -> dict[str, Any]:
+    """The device pool's stats as a plain dict (see module docstring)."""
+    return device_pool().stats()
+
+
+def reset_pool_peak() -> None:
+    """Sets the pool's and every job's peak to their current bytes."""
+    device_pool().reset_peak()
+
+
+def sync_pool() -> None:
+    """Waterwave SyncAndCoalesce on the device pool."""
+    device_pool().sync_and_coalesce()
+
+
+def pool_trace() -> list[dict[str, Any]]:
+    """The pool's event trace (oldest first): alloc, free, sync and oom events."""
+    return device_pool().trace()
+
+
+class JobStream:
+    """A job's stream in the device pool.
+
+    Every allocation made by a step function built with :meth:`step_function`
+    is attributed to this job: the step first runs the TensileBindStep op,
+    which binds the step's TensorFlow step id to the stream.
+    """
+
+    def __init__(self, name: str):
+        self.name = name
+        self._pool = device_pool()
+        self.stream: int = self._pool.register_stream(name)
+        self._released = False
+
+    def step_function(self, fn: Callable, **tf_function_kwargs) -> Callable:
+        """Wraps ``fn`` (plain or tf.function) in a tf.function attributed to this job."""
+        stream = self.stream
+
+        def attributed_step(*args, **kwargs):
+            bind = bind_step_op(stream)
+            with tf.control_dependencies([bind]):
+                return fn(*args, **kwargs)
+
+        attributed_step.__name__ = f"{getattr(fn, '__name__', 'step')}_{self.name}"
+        tf_function_kwargs.setdefault("jit_compile", False)
+        return tf.function(attributed_step, **tf_function_kwargs)
+
+    def stats(self) -> dict[str, Any]:
+        """This job's counters (current, peak, allocated, freed, ...)."""
+        return self._pool.stats()["jobs"].get(self.name, {})
+
+    def release(self) -> None:
+        """Forgets the stream; its freed chunks become available to every job."""
+        if not self._released:
+            tf_plugin._plugin.unbind_stream(self.stream)  # noqa: SLF001
+            self._pool.release_stream(self.stream)
+            self._released = True
+
+    def __enter__(self) -> "JobStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()

@@ -1,0 +1,53 @@
+"""Test tiers: tests/pool (standalone StreamAwarePool, no TF graph work),
+tests/tf (TensorFlow integration), tests/e2e (CLI). The device pool of the
+test process is created once, so tensile_tf is imported here, first, with a
+capacity large enough for every in-process test; tests that need their own
+capacity run in a subprocess (see run_python)."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("TENSILE_POOL_BYTES", "3GiB")
+
+import tensile_tf  # noqa: E402,F401  (must precede every TensorFlow op)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true", help="run tests marked slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--run-slow"):
+        return
+    skip = pytest.mark.skip(reason="slow: pass --run-slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+def run_python(code: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Runs `code` in a fresh interpreter (own device pool) from the repo root."""
+    full_env = {k: v for k, v in os.environ.items() if k != "TENSILE_POOL_BYTES"}
+    full_env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=REPO_ROOT, env=full_env, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def last_json_line(proc: subprocess.CompletedProcess):
+    """The last stdout line that parses as JSON (scripts print results last)."""
+    for line in reversed(proc.stdout.strip().splitlines()):
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError:
+            continue
+    raise AssertionError(f"no JSON result; rc={proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}")

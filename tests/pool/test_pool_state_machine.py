@@ -1,0 +1,94 @@
+"""Property-based state-machine test of the StreamAwarePool: random allocate /
+free / sync / release across streams, checked against a model after every
+step. Arena bytes are filled per allocation, so overlapping chunks would be
+caught by their contents too, not only by the pool's own bookkeeping."""
+import hypothesis.strategies as st
+from hypothesis import settings
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, precondition, rule
+
+from tf_plugin import MIN_CHUNK_BYTES, SYNCED, PoolOutOfMemory, StreamAwarePool
+
+CAPACITY = 64 * 1024
+STREAMS = 3
+
+
+class PoolMachine(RuleBasedStateMachine):
+    live = Bundle("live")
+
+    def __init__(self):
+        super().__init__()
+        self.pool = StreamAwarePool(CAPACITY, name="prop")
+        self.streams = [self.pool.register_stream(f"job{i}") for i in range(STREAMS)]
+        self.allocs = {}  # offset -> (stream, rounded size, fill byte)
+        self.freed_by = {}  # offset of a freed chunk -> stream, until the next sync
+        self.next_fill = 1
+
+    @rule(target=live, stream=st.integers(0, STREAMS - 1), nbytes=st.integers(0, 12 * 1024))
+    def allocate(self, stream, nbytes):
+        sid = self.streams[stream]
+        syncs_before = self.pool.stats()["num_syncs"]
+        try:
+            off = self.pool.allocate(nbytes, sid)
+        except PoolOutOfMemory:
+            s = self.pool.stats()
+            # An OOM is honest: no free chunk of the rounded size exists even after the sync it did.
+            rounded = max(1, -(-nbytes // MIN_CHUNK_BYTES)) * MIN_CHUNK_BYTES
+            assert s["largest_free_chunk"] < rounded
+            return None
+        rounded = max(1, -(-nbytes // MIN_CHUNK_BYTES)) * MIN_CHUNK_BYTES
+        synced_now = self.pool.stats()["num_syncs"] > syncs_before
+        if synced_now:
+            self.freed_by.clear()
+        # Never hand a chunk freed by another stream before a sync.
+        for freed_off, by in self.freed_by.items():
+            if by != sid:
+                assert not (off <= freed_off < off + rounded), "unsynced chunk of another stream reused"
+        fill = self.next_fill % 251 + 1
+        self.next_fill += 1
+        self.pool.fill(off, rounded, fill)
+        self.allocs[off] = (sid, rounded, fill)
+        return off
+
+    @rule(off=consumes(live))
+    def free(self, off):
+        if off is None:
+            return
+        sid, rounded, fill = self.allocs.pop(off)
+        assert self.pool.holds(off, rounded, fill), "chunk contents overwritten: chunks overlap"
+        self.pool.deallocate(off)
+        for o in range(off, off + rounded, MIN_CHUNK_BYTES):
+            self.freed_by[o] = sid
+
+    @rule()
+    def sync(self):
+        self.pool.sync_and_coalesce()
+        self.freed_by.clear()
+        assert all(c["owner"] == SYNCED for c in self.pool.chunks() if not c["in_use"])
+
+    @invariant()
+    def bookkeeping_holds(self):
+        self.pool.check_invariants()
+        chunks = self.pool.chunks()
+        # No two live chunks overlap, chunks tile the arena, bytes are conserved.
+        end = 0
+        for c in chunks:
+            assert c["offset"] == end
+            end += c["size"]
+        assert end == CAPACITY
+        live = {c["offset"]: c["size"] for c in chunks if c["in_use"]}
+        assert live == {o: r for o, (_, r, _) in self.allocs.items()}
+        s = self.pool.stats()
+        assert s["current"] == sum(live.values())
+        assert s["current"] + s["synced_free"] + s["unsynced_free"] == CAPACITY
+        assert s["allocated"] - s["freed"] == s["current"]
+
+    def teardown(self):
+        for off in list(self.allocs):
+            self.pool.deallocate(off)
+        self.pool.sync_and_coalesce()
+        # Everything freed and synced: one free chunk again.
+        assert self.pool.chunks() == [dict(offset=0, size=CAPACITY, requested=0, in_use=False, owner=SYNCED)]
+
+
+PoolMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
+TestPoolStateMachine = PoolMachine.TestCase
