@@ -8,8 +8,9 @@ Stats use one vocabulary everywhere (bytes): ``capacity``, ``current``,
 """
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import tensorflow as tf
 from pydantic import ByteSize, TypeAdapter, ValidationError
@@ -94,6 +95,16 @@ class JobStream:
         attributed_step.__name__ = f"{getattr(fn, '__name__', 'step')}_{self.name}"
         tf_function_kwargs.setdefault("jit_compile", False)
         return tf.function(attributed_step, **tf_function_kwargs)
+
+    @contextlib.contextmanager
+    def eager_scope(self) -> Iterator["JobStream"]:
+        """Attributes eager allocations of this thread (model building,
+        variable creation, tf.data iteration) to this job while inside."""
+        previous = tf_plugin._plugin.set_thread_stream(self.stream)  # noqa: SLF001
+        try:
+            yield self
+        finally:
+            tf_plugin._plugin.set_thread_stream(previous)  # noqa: SLF001
 
     def stats(self) -> dict[str, Any]:
         """This job's counters (current, peak, allocated, freed, ...)."""

@@ -141,3 +141,12 @@ def test_capacity_cannot_change_once_the_pool_exists():
 def test_bad_capacity_string_is_explained():
     with pytest.raises(ValueError, match="cannot read 'lots' as a byte size"):
         tensile_tf.parse_bytes("lots", what="pool capacity")
+
+
+def test_eager_allocations_inside_a_job_scope_are_attributed_to_the_job():
+    with tensile_tf.JobStream("eager-job") as job:
+        with job.eager_scope():
+            v = tf.Variable(tf.zeros([128, 128]))
+        assert job.stats()["current"] >= 128 * 128 * 4
+        del v
+        assert job.stats()["current"] == 0

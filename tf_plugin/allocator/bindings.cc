@@ -216,5 +216,9 @@ Streams are jobs; allocate() returns an arena offset.)doc")
       "created the device.");
   m.def("unbind_stream", &tensile::UnbindStream, py::arg("stream"));
   m.def("stream_for_step", &tensile::StreamForStep, py::arg("step_id"));
+  m.def("set_thread_stream", &tensile::SetThreadStream, py::arg("stream"),
+        "Attributes this thread's eager allocations to `stream`; returns the "
+        "previous stream.");
+  m.def("thread_stream", &tensile::ThreadStream);
   m.def("human_bytes", &tensile::HumanBytes, py::arg("nbytes"));
 }

@@ -91,4 +91,21 @@ StreamId StreamForStep(int64_t step_id) {
   return kDefaultStream;
 }
 
+namespace {
+thread_local StreamId t_thread_stream = kDefaultStream;
+}  // namespace
+
+StreamId SetThreadStream(StreamId stream) {
+  const StreamId previous = t_thread_stream;
+  t_thread_stream = stream;
+  return previous;
+}
+
+StreamId ThreadStream() { return t_thread_stream; }
+
+StreamId StreamForAllocation(int64_t step_id) {
+  const StreamId s = StreamForStep(step_id);
+  return s != kDefaultStream ? s : t_thread_stream;
+}
+
 }  // namespace tensile

@@ -39,6 +39,15 @@ void BindStepToStream(int64_t step_id, StreamId stream);
 void UnbindStream(StreamId stream);
 StreamId StreamForStep(int64_t step_id);
 
+// Eager attribution: ops TensorFlow runs inline on the calling thread (eager
+// ops, variable creation, tf.data iteration) carry no bound step id. A job's
+// thread names its stream here; such allocations are attributed to it.
+// Returns the previous value.
+StreamId SetThreadStream(StreamId stream);
+StreamId ThreadStream();
+// StreamForStep(step_id), else the calling thread's stream.
+StreamId StreamForAllocation(int64_t step_id);
+
 }  // namespace tensile
 
 #endif  // TF_PLUGIN_ALLOCATOR_DEVICE_POOL_H_

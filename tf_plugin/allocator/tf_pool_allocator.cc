@@ -51,7 +51,7 @@ class TensilePoolAllocator : public tsl::Allocator {
     }
     const auto& annotation =
         tsl::profiler::ScopedMemoryDebugAnnotation::CurrentAnnotation();
-    const StreamId stream = StreamForStep(annotation.pending_step_id);
+    const StreamId stream = StreamForAllocation(annotation.pending_step_id);
     void* p = pool_->Allocate(num_bytes, stream, annotation.pending_op_name);
     if (p == nullptr) {
       t_last_oom_message = pool_->DescribeOom(num_bytes, stream,

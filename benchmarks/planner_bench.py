@@ -1,0 +1,152 @@
+"""Planner benchmark (issue 4): planning time for 1, 2 and 4 jobs of real model
+graphs at batch 16, and the predicted MSR = (vanilla peak - planned peak) / vanilla peak.
+
+    PYTHONPATH=. python benchmarks/planner_bench.py [--models resnet50,vgg16,...] [--json OUT]
+
+Each model's Keras train step (Adam, jit_compile=False) is traced and captured
+once, its op latencies are profiled once; the jobs of a run are copies of that
+graph. Two budgets: "minimise" (no budget: swap until nothing more fits, the
+seed's behaviour) and "60%" (pool budget = 60% of the vanilla pool peak: swap,
+then recompute). Re-plan: every op latency scaled by a random factor in
+[0.9, 1.1] (a §IV-E drift), then Planner.replan.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TENSILE_POOL_BYTES", "8GiB")
+
+import tensile_tf  # noqa: E402,F401  (before any TF op)
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from tensile_tf.capture import capture_job_graph, measure_op_latencies  # noqa: E402
+from tensile_tf.scheduler import JobGraph, LatencyTable, Planner, PlannerJob  # noqa: E402
+
+BATCH = 16
+
+
+def transformer_encoder(seq=128, d=256, heads=4, layers=4, vocab=8000, classes=10, classifier_activation=None):
+    inp = keras.Input((seq,), dtype="int32")
+    x = keras.layers.Embedding(vocab, d)(inp)
+    for _ in range(layers):
+        a = keras.layers.MultiHeadAttention(heads, d // heads)(x, x)
+        x = keras.layers.LayerNormalization()(x + a)
+        f = keras.layers.Dense(4 * d, activation="gelu")(x)
+        x = keras.layers.LayerNormalization()(x + keras.layers.Dense(d)(f))
+    out = keras.layers.Dense(classes)(keras.layers.GlobalAveragePooling1D()(x))
+    return keras.Model(inp, out)
+
+
+MODELS = {
+    "vgg16": lambda: (keras.applications.VGG16(weights=None, input_shape=(64, 64, 3), classes=10, classifier_activation=None), (64, 64, 3)),
+    "resnet50": lambda: (keras.applications.ResNet50(weights=None, input_shape=(64, 64, 3), classes=10, classifier_activation=None), (64, 64, 3)),
+    "inceptionv3": lambda: (keras.applications.InceptionV3(weights=None, input_shape=(75, 75, 3), classes=10, classifier_activation=None),
+                            (75, 75, 3)),
+    "densenet121": lambda: (keras.applications.DenseNet121(weights=None, input_shape=(64, 64, 3), classes=10, classifier_activation=None),
+                            (64, 64, 3)),
+    "transformer": lambda: (transformer_encoder(), None),
+}
+
+
+def capture(name: str):
+    keras.utils.set_random_seed(0)
+    model, shape = MODELS[name]()
+    opt = keras.optimizers.Adam(1e-3)
+    lossf = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function(jit_compile=False)
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = lossf(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    if shape is None:
+        x = tf.random.uniform([BATCH, 128], 0, 8000, dtype=tf.int32)
+    else:
+        x = tf.random.normal([BATCH, *shape])
+    y = tf.zeros([BATCH], tf.int32)
+    t0 = time.perf_counter()
+    graph = capture_job_graph(name, step, (x, y), optimizer=opt)
+    t1 = time.perf_counter()
+    lat = measure_op_latencies(step, (x, y), graph=graph, repeats=2)
+    t2 = time.perf_counter()
+    return graph, lat, t1 - t0, t2 - t1
+
+
+def copies(graph: JobGraph, k: int) -> list[JobGraph]:
+    return [graph] if k == 1 else [JobGraph(f"{graph.name}-{i}", graph.ops, graph.tensors) for i in range(k)]
+
+
+def perturbed(lat: LatencyTable, seed: int) -> LatencyTable:
+    rng = np.random.default_rng(seed)
+    return LatencyTable({k: v * rng.uniform(0.9, 1.1) for k, v in lat.seconds.items()}, dict(lat.by_type),
+                        lat.default_s, "perturbed")
+
+
+def bench(graph, lat, k: int, budget_frac: float | None, repeats: int = 3):
+    best, best_re = float("inf"), float("inf")
+    plan = replan = None
+    for r in range(repeats):
+        jobs = [PlannerJob(g, lat) for g in copies(graph, k)]
+        budget = None
+        if budget_frac is not None:
+            vanilla = Planner(jobs, pool_bytes=None, max_iterations=0).plan().pool_vanilla_peak_bytes
+            budget = int(vanilla * budget_frac)
+        planner = Planner(jobs, pool_bytes=budget)
+        t0 = time.perf_counter()
+        plan = planner.plan()
+        best = min(best, time.perf_counter() - t0)
+        new = {jp.graph.name: perturbed(lat, 100 + r + i) for i, jp in enumerate(jobs)}
+        t0 = time.perf_counter()
+        replan = planner.replan(new)
+        best_re = min(best_re, time.perf_counter() - t0)
+    return {
+        "jobs": k, "budget": "minimise" if budget_frac is None else f"{int(budget_frac * 100)}%",
+        "plan_s": best, "replan_s": best_re, "iterations": plan.iterations,
+        "vanilla_pool_peak_MiB": plan.pool_vanilla_peak_bytes / 2**20,
+        "planned_pool_peak_MiB": plan.pool_planned_peak_bytes / 2**20,
+        "msr": plan.msr, "replan_msr": replan.msr, "budget_met": plan.budget_met,
+        "swaps": sum(len(j.swap_ins) for j in plan.jobs.values()),
+        "recomputes": sum(len(j.recomputes) for j in plan.jobs.values()),
+        "stop": plan.stop_reason,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--jobs", default="1,2,4")
+    ap.add_argument("--json", default=None, help="write all rows as JSON here")
+    a = ap.parse_args()
+    rows = []
+    for name in a.models.split(","):
+        graph, lat, cap_s, lat_s = capture(name)
+        n_act = sum(t.kind == "activation" for t in graph.tensors.values())
+        print(f"## {name}: {len(graph.ops)} ops, {n_act} activations, {len(graph.updated_variables)} updated "
+              f"variables; capture {cap_s:.2f} s, profile {lat_s:.2f} s, step {lat.total_s(graph) * 1e3:.1f} ms, "
+              f"latency coverage {lat.covered(graph):.0%}", flush=True)
+        for k in (int(x) for x in a.jobs.split(",")):
+            for frac in (None, 0.6):
+                row = {"model": name, "ops": len(graph.ops), **bench(graph, lat, k, frac)}
+                rows.append(row)
+                print(f"  {k} job(s) budget={row['budget']:<8} plan {row['plan_s'] * 1e3:8.1f} ms  "
+                      f"replan {row['replan_s'] * 1e3:8.1f} ms  iters {row['iterations']:4d}  "
+                      f"pool {row['vanilla_pool_peak_MiB']:8.1f} -> {row['planned_pool_peak_MiB']:8.1f} MiB  "
+                      f"MSR {row['msr']:6.1%}  swaps {row['swaps']:4d} recomputes {row['recomputes']:3d}  "
+                      f"met={row['budget_met']}  ({row['stop']})", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,323 @@
+"""Job graph capture and op latency measurement: the TensorFlow adapter of the
+planner (seed 000 §III-A job graph, §IV-A measured latencies).
+
+``capture_job_graph`` reads the FuncGraph of a traced train step: ops in
+creation order (a topological order of the graph, which is the order TENSILE
+assumes), tensors with byte sizes from static shapes (measured from the pool
+trace where a shape is dynamic), producers and consumers, the model inputs, and
+the resource variables the step reads and writes in place. Variables become
+persistent tensors: ``ReadVariableOp`` outputs alias the variable's buffer on
+the CPU device, so their readers read the variable itself. Function calls
+(``StatefulPartitionedCall`` / ``PartitionedCall``) are inlined; control flow
+(``While``, ``If``, ``Case``) stays one op.
+
+``measure_op_latencies`` profiles real steps with ``tf.profiler`` (TF 2.21 no
+longer fills RunMetadata step stats for functions) and reads per-op durations
+from the XSpace; the variables are restored afterwards, so measuring does not
+train the model.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import tempfile
+from collections import defaultdict
+from typing import Any, Callable, Sequence
+
+import tensorflow as tf
+
+import tensile_tf
+from tensile_tf.scheduler.job_graph import JobGraph, OpNode, TensorInfo
+from tensile_tf.scheduler.latency import LatencyTable
+
+CALL_OPS = frozenset({"StatefulPartitionedCall", "PartitionedCall"})
+SKIP_OPS = frozenset({"NoOp", "Placeholder", "Const", "VarHandleOp"})
+ALIAS_OPS = frozenset({"ReadVariableOp", "Identity", "IdentityN"})
+_UPDATE_PREFIXES = ("ResourceApply", "ResourceSparseApply", "ResourceScatter", "Assign")
+_SLOT_HINTS = ("momentum", "velocity", "moment", "accumulator", "_m:", "_v:", "slot")
+
+
+def _is_update_op(op_type: str) -> bool:
+    """Ops that write their resource inputs in place (the optimizer's updates)."""
+    return op_type.startswith(_UPDATE_PREFIXES[:3]) or op_type in (
+        "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")
+
+
+def _static_bytes(t: tf.Tensor) -> int | None:
+    if t.dtype in (tf.resource, tf.variant):
+        return 0
+    if t.dtype == tf.string:
+        return None
+    shape = t.shape
+    if shape.rank is None or not shape.is_fully_defined():
+        return None
+    return int(shape.num_elements()) * t.dtype.size
+
+
+def _var_key(v) -> str:
+    return "var:" + v.name.split(":")[0]
+
+
+class _Capture:
+    def __init__(self, name: str, optimizer: Any | None):
+        self.name = name
+        self.ops: list[OpNode] = []
+        self.tensors: dict[str, TensorInfo] = {}
+        self.alias: dict[str, str | None] = {}      # graph tensor name (with prefix) -> canonical tensor
+        self.unknown: dict[str, tuple[str, int]] = {}  # canonical tensor -> (op, output index) with dynamic shape
+        self.opt_ids: set[int] = set()
+        self.opt_names: set[str] = set()
+        for ov in getattr(optimizer, "variables", None) or []:
+            tv = getattr(ov, "value", ov)
+            for obj in (ov, tv):
+                h = getattr(obj, "handle", None)
+                if h is not None:
+                    self.opt_ids.add(id(h))
+            self.opt_names.add(getattr(tv, "name", "").split(":")[0])
+            self.opt_names.add(getattr(ov, "path", ""))
+        self.var_meta: dict[str, dict] = {}
+
+    def add_tensor(self, key: str, size: int, kind: str, producer: str | None) -> None:
+        if key not in self.tensors:
+            self.tensors[key] = TensorInfo(key, size, kind, producer)
+
+    def walk(self, graph, prefix: str, input_map: dict[str, str | None]) -> None:
+        for op in graph.get_operations():
+            opname = prefix + op.name
+            if op.type == "Placeholder":
+                t = op.outputs[0]
+                self.alias[prefix + t.name] = input_map.get(t.name, None)
+                continue
+            if op.type in ("Const", "VarHandleOp"):
+                for t in op.outputs:
+                    size = _static_bytes(t) or 0
+                    key = prefix + t.name
+                    if size and op.type == "Const":
+                        self.add_tensor(key, size, "state", None)
+                        self.alias[key] = key
+                    else:
+                        self.alias[key] = None
+                continue
+            if op.type == "NoOp":
+                continue
+            ins = [self.alias.get(prefix + t.name) for t in op.inputs]
+            if op.type in ALIAS_OPS:
+                for t, src in zip(op.outputs, ins if op.type == "IdentityN" else ins[:1] * len(op.outputs)):
+                    self.alias[prefix + t.name] = src
+                if op.type == "ReadVariableOp" and ins and ins[0] is not None:
+                    self.ops.append(OpNode(opname, op.type, inputs=[ins[0]]))
+                continue
+            if op.type in CALL_OPS and self._inline(op, prefix, ins):
+                continue
+            update = _is_update_op(op.type)
+            reads, writes = [], []
+            for t, src in zip(op.inputs, ins):
+                if src is None:
+                    continue
+                if update and t.dtype == tf.resource:
+                    writes.append(src)
+                else:
+                    reads.append(src)
+            outs = []
+            for t in op.outputs:
+                key = prefix + t.name
+                size = _static_bytes(t)
+                if t.dtype in (tf.resource, tf.variant):
+                    self.alias[key] = None
+                    continue
+                self.add_tensor(key, size or 0, "activation", opname)
+                if size is None:
+                    self.unknown[key] = (opname, t.value_index)
+                self.alias[key] = key
+                outs.append(key)
+            try:
+                stateful = bool(op.op_def.is_stateful)
+            except Exception:  # noqa: BLE001 - ops without an OpDef are treated as stateful
+                stateful = True
+            self.ops.append(OpNode(opname, op.type, list(dict.fromkeys(reads)), outs,
+                                   list(dict.fromkeys(writes)), 0, stateful))
+
+    def _inline(self, op, prefix: str, ins: list) -> bool:
+        try:
+            fname = op.get_attr("f").name
+            fn = op.graph._get_function(fname)  # noqa: SLF001
+            fgraph = getattr(fn, "graph", None)
+            if fgraph is None:
+                from tensorflow.python.framework.function_def_to_graph import function_def_to_graph
+                fdef = getattr(fn, "cached_definition", None) or fn.definition
+                fgraph = function_def_to_graph(fdef)
+        except Exception:  # noqa: BLE001 - unknown call: keep it as one op
+            return False
+        inner = prefix + op.name + "/"
+        input_map = {ph.name: src for ph, src in zip(fgraph.inputs, ins)}
+        self.walk(fgraph, inner, input_map)
+        for t, inner_out in zip(op.outputs, fgraph.outputs):
+            self.alias[prefix + t.name] = self.alias.get(inner + inner_out.name)
+        return True
+
+
+def capture_job_graph(name: str, step_fn: Callable, args: Sequence, *, optimizer: Any | None = None,
+                      measure_dynamic: bool = True) -> JobGraph:
+    """The JobGraph of ``step_fn`` (a ``tf.function``) traced with ``args``.
+
+    ``optimizer`` (a Keras optimizer) tells slots (its variables) from state;
+    without it, updated non-trainable variables whose names look like slots
+    ("momentum", "velocity", ...) are slots. Dynamic-shape tensors get their
+    sizes from one measured step's pool trace (``measure_dynamic``); otherwise 0.
+    """
+    if not hasattr(step_fn, "get_concrete_function"):
+        raise TypeError(f"job '{name}': step_fn must be a tf.function (has no get_concrete_function); "
+                        "wrap it with tf.function(fn, jit_compile=False)")
+    cf = step_fn.get_concrete_function(*args)
+    fg = cf.graph
+    cap = _Capture(name, optimizer)
+    vars_by_handle = {id(v.handle): v for v in fg.variables}
+    input_map: dict[str, str | None] = {}
+    captured_internal = set()
+    for ext, internal in fg.captures:
+        captured_internal.add(internal.name)
+        v = vars_by_handle.get(id(ext))
+        if v is not None:
+            key = _var_key(v)
+            cap.add_tensor(key, int(v.shape.num_elements() or 0) * v.dtype.size, "state", None)
+            cap.var_meta[key] = {"trainable": bool(v.trainable), "name": v.name,
+                                 "slot": id(ext) in cap.opt_ids or v.name.split(":")[0] in cap.opt_names}
+            input_map[internal.name] = key
+        elif ext.dtype != tf.resource:
+            key = "captured:" + internal.name
+            cap.add_tensor(key, _static_bytes(internal) or 0, "state", None)
+            input_map[internal.name] = key
+        else:
+            input_map[internal.name] = None
+    for ph in fg.inputs:
+        if ph.name in captured_internal:
+            continue
+        key = "input:" + ph.name
+        cap.add_tensor(key, _static_bytes(ph) or 0, "input", None)
+        if _static_bytes(ph) is None:
+            cap.unknown[key] = ("", -1)
+        input_map[ph.name] = key
+    cap.walk(fg, "", input_map)
+
+    # consumers / updaters, variable kinds
+    for op in cap.ops:
+        for t in op.inputs:
+            if op.name not in cap.tensors[t].consumers:
+                cap.tensors[t].consumers.append(op.name)
+        for t in op.updates:
+            cap.tensors[t].updated_by.append(op.name)
+    for key, meta in cap.var_meta.items():
+        info = cap.tensors[key]
+        if not info.updated_by:
+            info.kind = "state"
+        elif meta["trainable"]:
+            info.kind = "parameter"
+        elif info.size_bytes > 4 * 8 and (meta["slot"] if optimizer is not None
+                                          else any(h in meta["name"].lower() for h in _SLOT_HINTS)):
+            info.kind = "slot"
+        else:
+            info.kind = "state"
+    if cap.unknown and measure_dynamic:
+        _fill_dynamic_sizes(cap, step_fn, args, fg)
+    # drop tensors nobody touches (e.g. unused captured constants)
+    used = {t for o in cap.ops for t in (*o.inputs, *o.outputs, *o.updates)}
+    tensors = {k: v for k, v in cap.tensors.items() if k in used or v.kind == "input"}
+    return JobGraph(name, cap.ops, tensors)
+
+
+def _restore_variables(fg) -> Callable[[], None]:
+    saved = [(v, tf.identity(v)) for v in fg.variables]
+
+    def restore() -> None:
+        for v, val in saved:
+            v.assign(val)
+    return restore
+
+
+def _fill_dynamic_sizes(cap: _Capture, step_fn, args, fg) -> None:
+    """Sizes of dynamic-shape outputs from the pool trace of one step (bytes the
+    op allocated, split evenly over its dynamic outputs)."""
+    restore = _restore_variables(fg)
+    n0 = len(tensile_tf.pool_trace())
+    step_fn(*args)
+    trace = tensile_tf.pool_trace()[n0:]
+    restore()
+    by_op: dict[str, int] = defaultdict(int)
+    for ev in trace:
+        if ev.get("kind") == "alloc" and ev.get("op"):
+            by_op[ev["op"]] += int(ev["bytes"])
+    per_op: dict[str, list[str]] = defaultdict(list)
+    for key, (opname, _) in cap.unknown.items():
+        per_op[opname].append(key)
+    for opname, keys in per_op.items():
+        total = by_op.get(opname, 0)
+        for key in keys:
+            cap.tensors[key].size_bytes = total // max(1, len(keys))
+
+
+def _load_xspace(logdir: str):
+    try:
+        from tsl.profiler.protobuf import xplane_pb2
+    except ImportError:  # pragma: no cover - layout of older TF wheels
+        from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    files = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
+    if not files:
+        raise RuntimeError(f"tf.profiler wrote no .xplane.pb under {logdir}; cannot measure op latencies")
+    xs = xplane_pb2.XSpace()
+    with open(files[0], "rb") as f:
+        xs.ParseFromString(f.read())
+    return xs
+
+
+def measure_op_latencies(step_fn: Callable, args: Sequence, *, graph: JobGraph | None = None,
+                         repeats: int = 3, warmup: int = 1) -> LatencyTable:
+    """Per-op seconds (mean over ``repeats`` profiled steps) as a LatencyTable.
+
+    Op names are the graph's node names; ops fused or removed by Grappler are not
+    in the profile and fall back to their op type's median (see LatencyTable).
+    """
+    cf = step_fn.get_concrete_function(*args)
+    restore = _restore_variables(cf.graph)
+    for _ in range(warmup):
+        step_fn(*args)
+    logdir = tempfile.mkdtemp(prefix="tensile_profile_")
+    try:
+        tf.profiler.experimental.start(logdir)
+        try:
+            for _ in range(repeats):
+                step_fn(*args)
+        finally:
+            tf.profiler.experimental.stop()
+        xs = _load_xspace(logdir)
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)
+        restore()
+    total_ps: dict[str, int] = defaultdict(int)
+    for plane in xs.planes:
+        if not plane.name.startswith("/host:CPU"):
+            continue
+        for line in plane.lines:
+            if not line.name.startswith("tf_"):
+                continue
+            for ev in line.events:
+                md = plane.event_metadata[ev.metadata_id]
+                node, sep, _ = md.name.rpartition(":")
+                if sep:
+                    total_ps[node] += ev.duration_ps
+    seconds = {k: v * 1e-12 / repeats for k, v in total_ps.items()}
+    op_types = {}
+    if graph is not None:
+        op_types = {o.name: o.op_type for o in graph.ops}
+        by_suffix = {}
+        for prof_name in seconds:
+            by_suffix.setdefault(prof_name.rsplit("/", 1)[-1], []).append(prof_name)
+        for o in graph.ops:  # inlined function bodies may carry a different prefix
+            if o.name not in seconds:
+                cands = [c for c in by_suffix.get(o.name.rsplit("/", 1)[-1], []) if o.name.endswith(c) or c.endswith(o.name)]
+                if len(cands) == 1:
+                    seconds[o.name] = seconds[cands[0]]
+    if not seconds:
+        raise RuntimeError("profiling recorded no TensorFlow ops; is step_fn a tf.function that runs ops?")
+    known = {k: v for k, v in seconds.items() if not op_types or k in op_types}
+    return LatencyTable.from_measurements(known or seconds, op_types, default_s=1e-6, source="tf.profiler")

@@ -1,0 +1,136 @@
+"""The ``tensile`` command (also ``python -m tensile_tf``).
+
+    tensile run CONFIG [--out DIR]      train the config's jobs concurrently
+    tensile validate CONFIG             check a config without running it
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _cmd_validate(args) -> int:
+    from tensile_tf.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return 2
+    from tensile_tf.memory import parse_bytes  # noqa: F401  (keeps import order uniform)
+
+    print(f"{args.config}: valid: pool {cfg.pool} bytes, {len(cfg.jobs)} jobs "
+          f"({', '.join(j.name for j in cfg.jobs)})")
+    return 0
+
+
+class RichProgress:
+    """One bar per job: steps, loss, steps/s, the job's pool bytes, status."""
+
+    def __init__(self, console):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(
+            TextColumn("[bold]{task.description:<16}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]:>8}"), TextColumn("{task.fields[rate]:>6} st/s"),
+            TextColumn("{task.fields[mem]:>10}"), TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(), console=console, transient=False)
+        self.tasks: dict[str, Any] = {}
+
+    def __enter__(self):
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.progress.__exit__(*exc)
+
+    def update(self, state, pool: dict[str, Any]) -> None:
+        from tf_plugin import human_bytes
+
+        if state.name not in self.tasks:
+            self.tasks[state.name] = self.progress.add_task(
+                state.name, total=state.job.steps, loss="-", rate="-", mem="-", status="")
+        job_mem = pool["jobs"].get(state.name, {}).get("current", 0)
+        median = state.median_step_s
+        self.progress.update(
+            self.tasks[state.name], completed=state.steps_done,
+            loss=f"{state.last_loss:.4f}" if state.last_loss is not None else "-",
+            rate=f"{1 / median:.1f}" if median else "-", mem=human_bytes(job_mem),
+            status=state.status.value)
+
+
+def _summary_table(result, console) -> None:
+    from rich.table import Table
+
+    from tf_plugin import human_bytes
+
+    table = Table(title=f"pool {human_bytes(result.capacity)}: peak {human_bytes(result.pool['peak'])}, "
+                        f"{result.pool['num_ooms']} OOMs, wall {result.wall_s:.1f} s")
+    for col in ("job", "status", "steps", "median step", "peak pool", "persistent", "temporary", "final loss"):
+        table.add_column(col, no_wrap=True)
+    for s in result.jobs:
+        table.add_row(
+            s.name, s.status.value, f"{s.steps_done}/{s.job.steps}",
+            f"{s.median_step_s * 1e3:.1f} ms" if s.median_step_s else "-", human_bytes(s.peak_bytes),
+            human_bytes(s.persistent_bytes) if s.persistent_bytes is not None else "-",
+            human_bytes(s.temporary_bytes) if s.temporary_bytes is not None else "-",
+            f"{s.last_loss:.4f}" if s.last_loss is not None else "-")
+    console.print(table)
+    for s in result.jobs:
+        if s.error:
+            console.print(f"[red]{s.name} {s.status.value}[/red]: {s.error}", soft_wrap=True)
+
+
+def _cmd_run(args) -> int:
+    from tensile_tf.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return 2
+    import tensile_tf  # noqa: F401  (installs the pool before any TF op)
+    from rich.console import Console
+
+    from tensile_tf.host import JobHost, JobStatus
+    from tensile_tf.jobs import Job
+    from tensile_tf.reports import write_outputs
+
+    console = Console(width=max(Console().width, 120))
+    out_dir = Path(args.out or cfg.run.out_dir)
+    with RichProgress(console) as progress:
+        host = JobHost(cfg.pool, concurrency=cfg.run.concurrency, admission=cfg.run.admission,
+                       progress=progress)
+        for spec in cfg.jobs:
+            host.submit(Job.from_spec(spec))
+        result = host.run()
+    _summary_table(result, console)
+    paths = write_outputs(result, out_dir)
+    console.print(f"wrote {paths['results']}, {paths['trace']}, {paths['memory']}")
+    failed = [s for s in result.jobs if s.status != JobStatus.finished]
+    return 1 if failed and len(failed) == len(result.jobs) else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tensile", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="train the jobs of a YAML config concurrently in one process")
+    run.add_argument("config")
+    run.add_argument("--out", help="output directory (default: the config's run.out_dir)")
+    run.set_defaults(func=_cmd_run)
+    validate = sub.add_parser("validate", help="check a YAML config without running it")
+    validate.add_argument("config")
+    validate.set_defaults(func=_cmd_validate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,231 @@
+"""The YAML run configuration: schema, validation, and errors that point at
+the file, line and column.
+
+A configuration names the pool, the run settings and the jobs::
+
+    pool: 2GiB
+    run: {concurrency: 4, out_dir: runs/quickstart, admission: salus}
+    jobs:
+      - name: cnn-a
+        model: {builder: "tensile_tf.zoo:small_cnn", args: {classes: 10}}
+        input_shape: [32, 32, 3]
+        classes: 10
+        batch_size: 64
+        optimizer: {name: adam, learning_rate: 0.001}
+        loss: sparse_categorical_crossentropy
+        steps: 40
+        seed: 1
+
+Unknown keys are rejected. ``load_config(path)`` raises ``ConfigError`` whose
+message lists every problem as ``file:line:column: jobs[0].batch_size: ...``.
+"""
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tensile_tf.memory import parse_bytes
+
+
+class ConfigError(ValueError):
+    """A configuration file is unreadable or invalid; the message says where and why."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _size(value: Any, what: str) -> int:
+    return parse_bytes(value, what=what)
+
+
+class ModelSpec(_Strict):
+    """Exactly one of: a keras.applications name, a model builder, or a whole
+    train-step factory ("module:function"). ``args`` go to it as keywords."""
+
+    application: str | None = Field(None, description="keras.applications name, e.g. ResNet50")
+    builder: str | None = Field(
+        None, description="'module:function' returning a keras.Model or a dict with model, "
+        "optimizer, loss and/or dataset")
+    train_step_factory: str | None = Field(
+        None, description="'module:function' returning a tensile_tf.TrainStep")
+    args: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "ModelSpec":
+        given = [k for k in ("application", "builder", "train_step_factory") if getattr(self, k)]
+        if len(given) != 1:
+            raise ValueError(
+                "give exactly one of 'application', 'builder' or 'train_step_factory' "
+                f"(got {', '.join(given) if given else 'none'})")
+        for key in ("builder", "train_step_factory"):
+            ref = getattr(self, key)
+            if ref is not None and (ref.count(":") != 1 or not all(ref.split(":"))):
+                raise ValueError(f"{key} must look like 'package.module:function', got {ref!r}")
+        return self
+
+
+class OptimizerSpec(_Strict):
+    name: str = "adam"
+    learning_rate: float = Field(1e-3, gt=0)
+    args: dict[str, Any] = Field(default_factory=dict, description="other keras optimizer keywords")
+
+
+class DataSpec(_Strict):
+    """``synthetic`` (default): fixed random batches made once per job.
+    ``function``: 'module:function' returning a tf.data.Dataset of (x, y) batches."""
+
+    kind: Literal["synthetic", "function"] = "synthetic"
+    function: str | None = None
+    args: dict[str, Any] = Field(default_factory=dict)
+    num_batches: int = Field(4, ge=1, description="distinct synthetic batches cycled through")
+
+    @model_validator(mode="after")
+    def _function_given(self) -> "DataSpec":
+        if self.kind == "function" and not self.function:
+            raise ValueError("data kind 'function' needs function: 'module:function'")
+        return self
+
+
+class JobSpec(_Strict):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
+    model: ModelSpec
+    input_shape: tuple[int, ...] | None = Field(None, description="per-example input shape")
+    classes: int = Field(10, ge=2)
+    data: DataSpec = Field(default_factory=DataSpec)
+    batch_size: int = Field(32, ge=1)
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    loss: str = "sparse_categorical_crossentropy"
+    steps: int | None = Field(None, ge=1)
+    epochs: int | None = Field(None, ge=1)
+    steps_per_epoch: int | None = Field(None, ge=1)
+    seed: int = 0
+    stop_on_nan: bool = True
+
+    @model_validator(mode="after")
+    def _length(self) -> "JobSpec":
+        if self.steps is None and self.epochs is None:
+            raise ValueError("give 'steps', or 'epochs' with 'steps_per_epoch'")
+        if self.epochs is not None and self.steps_per_epoch is None:
+            raise ValueError("'epochs' needs 'steps_per_epoch' (steps in one epoch)")
+        if self.model.application and self.input_shape is None:
+            raise ValueError("a keras.applications model needs 'input_shape', e.g. [64, 64, 3]")
+        return self
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps if self.steps is not None else self.epochs * self.steps_per_epoch
+
+
+class Admission(str, Enum):
+    salus = "salus"            # persistent of all + largest temporary (seed 002 §2.2)
+    sum = "sum"                # persistent of all + every temporary (free-running safe)
+    none = "none"              # admit up to the concurrency limit
+
+
+class RunSpec(_Strict):
+    concurrency: int | None = Field(None, ge=1, description="most jobs running at once")
+    out_dir: str = "runs/latest"
+    admission: Admission = Admission.salus
+    planner: Literal["none", "tensile"] = "none"
+    pipeline: Literal["none", "nodegroup"] = "none"
+
+
+class RunConfig(_Strict):
+    pool: int = Field(description="device pool capacity, e.g. 2GiB")
+    run: RunSpec = Field(default_factory=RunSpec)
+    jobs: list[JobSpec] = Field(min_length=1)
+
+    @field_validator("pool", mode="before")
+    @classmethod
+    def _pool_size(cls, v: Any) -> int:
+        return _size(v, "pool")
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> "RunConfig":
+        seen: set[str] = set()
+        for job in self.jobs:
+            if job.name in seen:
+                raise ValueError(f"job name {job.name!r} is used twice; job names must be unique")
+            seen.add(job.name)
+        return self
+
+
+# ----------------------------------------------------------- YAML locations
+
+def _mark_map(node: yaml.Node, path: tuple = ()) -> dict[tuple, yaml.Mark]:
+    """Maps each path (keys and list indexes) in a YAML node tree to where it
+    starts: a mapping entry to its key, a list item to the item."""
+    marks = {path: node.start_mark}
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            marks.update(_mark_map(value_node, path + (key_node.value,)))
+            marks[path + (key_node.value,)] = key_node.start_mark
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            marks.update(_mark_map(item, path + (i,)))
+    return marks
+
+
+def _format_loc(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _clean_loc(loc: tuple) -> tuple:
+    # pydantic inserts validator names ("function-after[...]") into some locations.
+    return tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p.startswith("function-"))))
+
+
+def _locate(marks: dict[tuple, yaml.Mark], loc: tuple) -> yaml.Mark | None:
+    loc = tuple(loc)
+    while loc:
+        if loc in marks:
+            return marks[loc]
+        loc = loc[:-1]
+    return marks.get(())
+
+
+def config_from_data(data: Any, *, source: str = "<config>", marks: dict | None = None) -> RunConfig:
+    """Validates already-parsed YAML/JSON data."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping with 'pool' and 'jobs'")
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            loc = _clean_loc(err["loc"])
+            mark = _locate(marks or {}, loc)
+            where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key; check its spelling and indentation"
+            elif err["type"] == "missing":
+                msg = "required key is missing"
+            lines.append(f"{where}: {_format_loc(loc)}: {msg}")
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from None
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """Reads and validates a YAML run configuration; ConfigError says what and where."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the configuration ({e.strerror})") from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    marks = _mark_map(node) if node is not None else {}
+    return config_from_data(data, source=str(path), marks=marks)

@@ -1,0 +1,427 @@
+"""JobHost: runs many training jobs at once in one process on the device pool.
+
+Lifecycle, in order (the main thread does every step but the training loops):
+
+1. ``submit(job)`` queues jobs; nothing runs yet.
+2. ``run()`` first *probes* each job in submit order, serially, with no job
+   thread running: build it (its variables land in its own pool stream),
+   trace its step once (``jit_compile=False``) and run its first step. The
+   step measures the job's persistent bytes P (variables, optimizer slots)
+   and temporary peak T (activations; seed 002 calls these persistent and
+   ephemeral memory).
+3. Admission control (seed 002 §2.2, the Salus safety condition): a job runs
+   only if, with it, sum(P) + max(T) over running jobs fits the pool
+   (``admission="sum"`` uses sum(T), safe for free-running jobs; ``"none"``
+   admits up to the concurrency limit). A probed job that does not fit yet is
+   torn down (if it can be rebuilt) and queued with its measurement; a job
+   whose P + T exceeds the pool, or whose first step runs out of memory with
+   the pool otherwise empty, is rejected with the reason.
+4. Admitted jobs train in their own threads, all at once (TensorFlow
+   releases the GIL); each step is attributed to the job's stream.
+5. When a job ends (finished, failed, NaN loss), the main thread tears it
+   down: drops every reference, collects garbage, checks that its stream's
+   bytes went back to zero, releases the stream, and admits queued jobs.
+
+Failure isolation: an exception in one job (OOM included) marks that job
+failed with its error; the others go on.
+"""
+from __future__ import annotations
+
+import gc
+import math
+import queue
+import threading
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Callable, Protocol
+
+import tensorflow as tf
+
+import tf_plugin
+from tensile_tf.config import Admission
+from tensile_tf.jobs import Job, TrainStep
+from tensile_tf.memory import JobStream, configure_pool, parse_bytes, pool_stats
+from tensile_tf.tf_internals import custom_gradient_names, forget_custom_gradients
+
+
+class JobStatus(str, Enum):
+    pending = "pending"      # submitted, not probed yet
+    queued = "queued"        # waiting for memory
+    running = "running"
+    finished = "finished"
+    failed = "failed"
+    rejected = "rejected"    # can never fit the pool
+
+
+class NonFiniteLoss(RuntimeError):
+    """A job's loss became NaN or infinite and the job is configured to stop."""
+
+
+@dataclass
+class StepRecord:
+    index: int
+    start_s: float       # seconds since the run started
+    duration_s: float
+    loss: float
+
+
+@dataclass
+class JobState:
+    """Everything the host knows about one job; plain data for reports."""
+
+    job: Job
+    status: JobStatus = JobStatus.pending
+    error: str | None = None
+    error_type: str | None = None
+    traceback: str | None = None
+    steps_done: int = 0
+    records: list[StepRecord] = field(default_factory=list)
+    persistent_bytes: int | None = None
+    temporary_bytes: int | None = None
+    peak_bytes: int = 0              # the job's own peak pool bytes
+    leaked_bytes: int = 0            # bytes still attributed to it after teardown
+    stream: int | None = None
+    attempts: int = 0                # probes / builds
+    admitted_at_s: float | None = None
+    ended_at_s: float | None = None
+    # Runtime objects, dropped at teardown.
+    train: TrainStep | None = field(default=None, repr=False)
+    step_fn: Callable | None = field(default=None, repr=False)
+    job_stream: JobStream | None = field(default=None, repr=False)
+    first_batch: tuple | None = field(default=None, repr=False)
+    custom_gradients: set[str] = field(default_factory=set, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.job.name
+
+    @property
+    def last_loss(self) -> float | None:
+        return self.records[-1].loss if self.records else None
+
+    @property
+    def median_step_s(self) -> float | None:
+        # Step 0 includes one-time work (first-call overheads); leave it out when we can.
+        times = sorted(r.duration_s for r in self.records[1:] or self.records)
+        return times[len(times) // 2] if times else None
+
+    @property
+    def measured(self) -> bool:
+        return self.persistent_bytes is not None
+
+
+class ProgressSink(Protocol):
+    def update(self, state: JobState, pool: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class MemorySample:
+    t_s: float
+    pool_current: int
+    jobs: dict[str, int]
+
+
+@dataclass
+class RunResult:
+    capacity: int
+    pool: dict[str, Any]
+    jobs: list[JobState]
+    samples: list[MemorySample]
+    pool_events: list[dict[str, Any]]
+    started_at: float  # time.time() at start
+    wall_s: float
+    trace_origin_ns: int  # steady-clock ns at the run's start (pool event times)
+
+
+class JobHost:
+    """Runs jobs concurrently in one process on the shared device pool.
+
+    >>> host = JobHost(pool_bytes="2GiB")
+    >>> host.submit(Job.from_train_step("mine", TrainStep(step_fn, batches), steps=100))
+    >>> result = host.run()
+    """
+
+    def __init__(self, pool_bytes: int | str | None = None, *, concurrency: int | None = None,
+                 admission: Admission | str = Admission.salus, sample_interval_s: float = 0.05,
+                 progress: ProgressSink | None = None):
+        self._ensure_pool(pool_bytes)
+        self.capacity = tf_plugin.device_pool().capacity
+        self.concurrency = concurrency
+        self.admission = Admission(admission)
+        self.sample_interval_s = sample_interval_s
+        self.progress = progress
+        self.states: list[JobState] = []
+        self._events: queue.Queue[JobState] = queue.Queue()
+        self._t0 = time.perf_counter()
+
+    @staticmethod
+    def _ensure_pool(pool_bytes: int | str | None) -> None:
+        if pool_bytes is None:
+            return
+        want = parse_bytes(pool_bytes, what="pool_bytes")
+        pool = tf_plugin._plugin.device_pool()  # noqa: SLF001
+        if pool is None:
+            configure_pool(want)
+        elif abs(pool.capacity - want) >= tf_plugin.MIN_CHUNK_BYTES:
+            raise RuntimeError(
+                f"JobHost: the device pool already exists with {tf_plugin.human_bytes(pool.capacity)}, "
+                f"not the {tf_plugin.human_bytes(want)} asked for. A process has one pool: "
+                "create the JobHost (or call tensile_tf.configure_pool) before the first TensorFlow op.")
+
+    def submit(self, job: Job) -> JobState:
+        if any(s.name == job.name for s in self.states):
+            raise ValueError(f"JobHost: a job named {job.name!r} was already submitted")
+        state = JobState(job=job)
+        self.states.append(state)
+        return state
+
+    # ----------------------------------------------------------- main loop
+
+    def run(self) -> RunResult:
+        started_at = time.time()
+        self._t0 = time.perf_counter()
+        origin_ns = time.monotonic_ns()
+        samples: list[MemorySample] = []
+        stop_sampling = threading.Event()
+        sampler = threading.Thread(target=self._sample, args=(samples, stop_sampling),
+                                   name="tensile-memory-sampler", daemon=True)
+        sampler.start()
+        running: dict[str, threading.Thread] = {}
+        waiting: deque[JobState] = deque(self.states)
+        try:
+            # Probe every job serially before any job thread starts.
+            admitted: list[JobState] = []
+            for state in list(waiting):
+                waiting.popleft()
+                self._probe(state, admitted)
+                if state.status == JobStatus.running:
+                    admitted.append(state)
+                elif state.status == JobStatus.queued:
+                    waiting.append(state)
+                self._report(state)
+            for state in admitted:
+                self._start_thread(state, running)
+            while running or waiting:
+                if not running and waiting:
+                    self._admit_waiting(waiting, running, idle=True)
+                    if not running:
+                        break
+                try:
+                    ended = self._events.get(timeout=0.25)
+                except queue.Empty:
+                    for state in self.states:
+                        if state.status == JobStatus.running:
+                            self._report(state)
+                    continue
+                running.pop(ended.name).join()
+                self._teardown(ended)
+                self._report(ended)
+                self._admit_waiting(waiting, running, idle=not running)
+        finally:
+            stop_sampling.set()
+            sampler.join()
+        for state in waiting:  # could not be admitted even when alone
+            state.status = JobStatus.rejected
+            state.error = state.error or "never fit the pool"
+        wall = time.perf_counter() - self._t0
+        return RunResult(capacity=self.capacity, pool=pool_stats(), jobs=list(self.states),
+                         samples=samples, pool_events=tf_plugin.device_pool().trace(),
+                         started_at=started_at, wall_s=wall, trace_origin_ns=origin_ns)
+
+    def _now(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def _report(self, state: JobState) -> None:
+        if self.progress is not None:
+            self.progress.update(state, pool_stats())
+
+    def _sample(self, samples: list[MemorySample], stop: threading.Event) -> None:
+        pool = tf_plugin.device_pool()
+        while True:
+            s = pool.stats()
+            samples.append(MemorySample(self._now(), s["current"],
+                                        {name: j["current"] for name, j in s["jobs"].items()}))
+            if stop.wait(self.sample_interval_s):
+                return
+
+    # ---------------------------------------------------------- admission
+
+    def _reserved_by_others(self) -> int:
+        """Pool bytes held outside every job (eager tensors, stray state)."""
+        return pool_stats()["jobs"].get("default", {}).get("current", 0)
+
+    def _fits(self, state: JobState, alongside: list[JobState]) -> bool:
+        group = [s for s in alongside if s is not state] + [state]
+        if self.concurrency is not None and len(group) > self.concurrency:
+            return False
+        if self.admission == Admission.none:
+            return True
+        persistent = sum(s.persistent_bytes or 0 for s in group)
+        temps = [s.temporary_bytes or 0 for s in group]
+        temporary = max(temps) if self.admission == Admission.salus else sum(temps)
+        return persistent + temporary <= self.capacity - self._reserved_by_others()
+
+    def _never_fits(self, state: JobState) -> bool:
+        return (state.persistent_bytes or 0) + (state.temporary_bytes or 0) > self.capacity
+
+    def _admit_waiting(self, waiting: deque, running: dict, *, idle: bool) -> None:
+        """Starts queued jobs that fit now, in submit order (later small jobs may pass)."""
+        for state in list(waiting):
+            active = [s for s in self.states if s.status == JobStatus.running]
+            if self.concurrency is not None and len(active) >= self.concurrency:
+                return
+            if not state.measured:
+                # Probing runs a step; do it only when no job can be disturbed.
+                if not idle or running:
+                    continue
+                waiting.remove(state)
+                self._probe(state, [])
+                if state.status == JobStatus.running:
+                    self._start_thread(state, running)
+                elif state.status == JobStatus.queued:
+                    waiting.append(state)
+                self._report(state)
+                idle = not running
+                continue
+            if not self._fits(state, active):
+                continue
+            waiting.remove(state)
+            if state.train is None and not self._build(state):
+                self._report(state)
+                continue
+            self._start_thread(state, running)
+
+    # ------------------------------------------------- probe, build, teardown
+
+    def _build(self, state: JobState) -> bool:
+        """Builds and traces the job under its own stream. False if it failed."""
+        state.attempts += 1
+        state.job_stream = JobStream(state.name)
+        state.stream = state.job_stream.stream
+        state.records.clear()
+        state.steps_done = 0
+        registered_before = custom_gradient_names()
+        try:
+            with state.job_stream.eager_scope():
+                state.train = state.job.build()
+                state.step_fn = state.job_stream.step_function(state.train.step_fn)
+                state.first_batch = state.train.next_batch()
+                state.step_fn.get_concrete_function(*state.first_batch)  # trace once, here, serially
+            return True
+        except Exception as e:  # noqa: BLE001 - a bad job must not stop the host
+            state.custom_gradients = custom_gradient_names() - registered_before
+            self._fail(state, e)
+            self._teardown(state)
+            return False
+        finally:
+            # See Note [Custom gradients keep traced jobs alive] in tf_internals.
+            state.custom_gradients |= custom_gradient_names() - registered_before
+
+    def _probe(self, state: JobState, alongside: list[JobState]) -> None:
+        """Build, trace, run step 1 measuring P and T; then admit, queue or reject."""
+        if not self._build(state):
+            return
+        stream = state.job_stream
+        pool = tf_plugin.device_pool()
+        before = stream.stats()["current"]
+        pool.reset_peak()
+        try:
+            with stream.eager_scope():
+                self._run_step(state, state.first_batch)
+        except tf.errors.ResourceExhaustedError as e:
+            others = any(s.train is not None and s is not state for s in self.states)
+            if others:
+                state.status = JobStatus.queued  # try again when the pool is emptier
+                self._teardown(state, keep_status=True)
+            else:
+                self._fail(state, e, status=JobStatus.rejected)
+                self._teardown(state, keep_status=True)
+            return
+        except Exception as e:  # noqa: BLE001
+            self._fail(state, e)
+            self._teardown(state)
+            return
+        after = stream.stats()
+        state.persistent_bytes = after["current"]
+        state.temporary_bytes = max(0, after["peak"] - max(before, after["current"]))
+        if self._never_fits(state):
+            self._fail(state, RuntimeError(
+                f"needs {tf_plugin.human_bytes(state.persistent_bytes)} persistent + "
+                f"{tf_plugin.human_bytes(state.temporary_bytes)} temporary, more than the pool's "
+                f"{tf_plugin.human_bytes(self.capacity)}; raise the pool or lower the batch size"),
+                status=JobStatus.rejected)
+            self._teardown(state, keep_status=True)
+            return
+        if state.steps_done >= state.job.steps:
+            state.status = JobStatus.finished
+            self._teardown(state, keep_status=True)
+            return
+        if self._fits(state, alongside):
+            state.status = JobStatus.running
+            return
+        state.status = JobStatus.queued
+        if state.job.rebuildable:
+            self._teardown(state, keep_status=True)
+
+    def _run_step(self, state: JobState, batch: tuple) -> None:
+        start = self._now()
+        t = time.perf_counter()
+        loss = state.step_fn(*batch)
+        value = float(tf.reduce_mean(loss)) if loss is not None else math.nan
+        duration = time.perf_counter() - t
+        state.records.append(StepRecord(state.steps_done, start, duration, value))
+        state.steps_done += 1
+        stats = state.job_stream.stats()
+        state.peak_bytes = max(state.peak_bytes, stats.get("peak", 0))
+        if state.job.stop_on_nan and not math.isfinite(value):
+            raise NonFiniteLoss(f"job {state.name!r}: loss became {value} at step {state.steps_done - 1}; "
+                                "lower the learning rate, or set stop_on_nan: false")
+
+    def _start_thread(self, state: JobState, running: dict) -> None:
+        state.status = JobStatus.running
+        state.admitted_at_s = self._now()
+        thread = threading.Thread(target=self._train, args=(state,), name=f"job-{state.name}", daemon=True)
+        running[state.name] = thread
+        thread.start()
+
+    def _train(self, state: JobState) -> None:
+        """A job's thread: its remaining steps. Never raises."""
+        try:
+            with state.job_stream.eager_scope():
+                while state.steps_done < state.job.steps:
+                    first = state.steps_done == 0 and state.first_batch is not None
+                    self._run_step(state, state.first_batch if first else state.train.next_batch())
+            state.status = JobStatus.finished
+        except BaseException as e:  # noqa: BLE001 - isolate the failure to this job
+            self._fail(state, e)
+        finally:
+            state.ended_at_s = self._now()
+            self._events.put(state)
+
+    def _fail(self, state: JobState, error: BaseException, status: JobStatus = JobStatus.failed) -> None:
+        state.status = status
+        state.error_type = type(error).__name__
+        message = getattr(error, "message", None) or str(error)
+        state.error = message.strip().splitlines()[0][:2000] if message.strip() else state.error_type
+        state.traceback = "".join(traceback.format_exception(type(error), error, error.__traceback__))[-8000:]
+        state.ended_at_s = self._now()
+
+    def _teardown(self, state: JobState, keep_status: bool = True) -> None:
+        """Drops the job's objects; its pool bytes must return to zero."""
+        stream = state.job_stream
+        state.train = None
+        state.step_fn = None
+        state.first_batch = None
+        forget_custom_gradients(state.custom_gradients)
+        state.custom_gradients = set()
+        if stream is None:
+            return
+        gc.collect()
+        stats = stream.stats()
+        state.peak_bytes = max(state.peak_bytes, stats.get("peak", 0))
+        state.leaked_bytes = stats.get("current", 0)
+        stream.release()
+        state.job_stream = None

@@ -1,0 +1,219 @@
+"""What a job runs: a ``TrainStep`` (a train-step function, its batches, its
+variables), and how one is built from a YAML ``JobSpec``.
+
+A ``Job`` is what the host schedules: a name, a step count and a way to get a
+``TrainStep``: either a builder the host may call again (YAML jobs, which the
+host can tear down and rebuild when it must queue them) or a ready TrainStep
+handed over from Python (which the host keeps as it is).
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from tensile_tf.config import JobSpec
+
+
+class JobBuildError(RuntimeError):
+    """A job's model, data or train step could not be built."""
+
+
+@dataclass
+class TrainStep:
+    """One job's training step and its inputs.
+
+    ``step_fn(*batch)`` runs one step and returns the loss (a scalar tensor);
+    plain Python or a ``tf.function``: the host wraps it in its own
+    ``tf.function`` attributed to the job. ``batches`` is an iterable of
+    tuples (re-iterated when exhausted) or a zero-argument callable returning
+    the next tuple.
+    """
+
+    step_fn: Callable[..., Any]
+    batches: Iterable[tuple] | Callable[[], tuple]
+    variables: Sequence[tf.Variable] = ()
+    model: Any = None
+    optimizer: Any = None
+    _iterator: Any = field(default=None, repr=False)
+
+    def next_batch(self) -> tuple:
+        if callable(self.batches) and not isinstance(self.batches, tf.data.Dataset):
+            batch = self.batches()
+        else:
+            if self._iterator is None:
+                self._iterator = iter(self.batches)
+            try:
+                batch = next(self._iterator)
+            except StopIteration:
+                self._iterator = iter(self.batches)
+                batch = next(self._iterator)
+        return tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
+
+
+@dataclass
+class Job:
+    """A training job for the JobHost.
+
+    ``build()`` returns the job's TrainStep; ``rebuildable`` says whether the
+    host may call it again after tearing the job down (to queue it).
+    """
+
+    name: str
+    build: Callable[[], TrainStep]
+    steps: int
+    stop_on_nan: bool = True
+    rebuildable: bool = True
+    spec: JobSpec | None = None
+
+    @classmethod
+    def from_train_step(cls, name: str, train_step: TrainStep, *, steps: int,
+                        stop_on_nan: bool = True) -> "Job":
+        """A job from a user's own TrainStep (built already; never rebuilt)."""
+        return cls(name=name, build=lambda: train_step, steps=steps, stop_on_nan=stop_on_nan,
+                   rebuildable=False)
+
+    @classmethod
+    def from_spec(cls, spec: JobSpec) -> "Job":
+        return cls(name=spec.name, build=lambda: build_train_step(spec), steps=spec.total_steps,
+                   stop_on_nan=spec.stop_on_nan, rebuildable=True, spec=spec)
+
+
+# ------------------------------------------------------------ from a JobSpec
+
+def import_reference(ref: str, *, what: str) -> Callable:
+    """'package.module:function' -> the function; JobBuildError says what failed."""
+    module_name, _, attr = ref.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise JobBuildError(f"{what} {ref!r}: cannot import module {module_name!r} ({e})") from None
+    fn = getattr(module, attr, None)
+    if fn is None or not callable(fn):
+        raise JobBuildError(f"{what} {ref!r}: module {module_name!r} has no function {attr!r}")
+    return fn
+
+
+def _call_with_known_args(fn: Callable, args: dict, **offered: Any) -> Any:
+    """Calls fn(**args), adding each `offered` keyword that fn accepts and args lacks."""
+    params = inspect.signature(fn).parameters
+    takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in params.values())
+    kwargs = dict(args)
+    for key, value in offered.items():
+        if key not in kwargs and value is not None and (key in params or takes_kwargs):
+            kwargs[key] = value
+    return fn(**kwargs)
+
+
+def _make_optimizer(spec: JobSpec):
+    import keras
+
+    try:
+        return keras.optimizers.get({"class_name": spec.optimizer.name,
+                                     "config": {"learning_rate": spec.optimizer.learning_rate,
+                                                **spec.optimizer.args}})
+    except (ValueError, TypeError) as e:
+        raise JobBuildError(f"job {spec.name!r}: optimizer {spec.optimizer.name!r}: {e}") from None
+
+
+def _make_loss(spec: JobSpec):
+    import keras
+
+    try:
+        return keras.losses.get(spec.loss)
+    except (ValueError, TypeError) as e:
+        raise JobBuildError(f"job {spec.name!r}: loss {spec.loss!r}: {e}") from None
+
+
+def synthetic_batches(spec: JobSpec, input_shape: Sequence[int], classes: int) -> list[tuple]:
+    """spec.data.num_batches fixed random (x, y) batches, reproducible from the seed."""
+    rng = np.random.default_rng(spec.seed)
+    out = []
+    for _ in range(spec.data.num_batches):
+        x = rng.standard_normal((spec.batch_size, *input_shape), dtype=np.float32)
+        y = rng.integers(0, classes, spec.batch_size).astype(np.int32)
+        out.append((tf.constant(x), tf.constant(y)))
+    return out
+
+
+def supervised_train_step(model, optimizer, loss_fn) -> Callable:
+    """The standard step: forward, loss, gradients, optimizer update."""
+
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    return train_step
+
+
+def build_train_step(spec: JobSpec) -> TrainStep:
+    """Builds model, optimizer, loss and data for a YAML job."""
+    import keras
+
+    keras.utils.set_random_seed(spec.seed)
+    model_spec = spec.model
+    if model_spec.train_step_factory:
+        factory = import_reference(model_spec.train_step_factory, what="train_step_factory")
+        made = _call_with_known_args(factory, model_spec.args, input_shape=spec.input_shape,
+                                     classes=spec.classes, batch_size=spec.batch_size, seed=spec.seed)
+        if not isinstance(made, TrainStep):
+            raise JobBuildError(f"job {spec.name!r}: train_step_factory {model_spec.train_step_factory!r} "
+                                f"returned {type(made).__name__}, expected tensile_tf.TrainStep")
+        return made
+
+    parts: dict[str, Any] = {}
+    if model_spec.application:
+        app = getattr(keras.applications, model_spec.application, None)
+        if app is None:
+            raise JobBuildError(f"job {spec.name!r}: keras.applications has no model "
+                                f"{model_spec.application!r}")
+        kwargs = {"weights": None, "input_shape": tuple(spec.input_shape), "classes": spec.classes,
+                  **model_spec.args}
+        try:
+            parts["model"] = app(**kwargs)
+        except (ValueError, TypeError) as e:
+            raise JobBuildError(f"job {spec.name!r}: {model_spec.application}({kwargs}): {e}") from None
+    else:
+        builder = import_reference(model_spec.builder, what="builder")
+        made = _call_with_known_args(builder, model_spec.args,
+                                     input_shape=tuple(spec.input_shape) if spec.input_shape else None,
+                                     classes=spec.classes)
+        if isinstance(made, dict):
+            unknown = set(made) - {"model", "optimizer", "loss", "dataset"}
+            if unknown or "model" not in made:
+                raise JobBuildError(f"job {spec.name!r}: builder {model_spec.builder!r} must return a "
+                                    "keras.Model or a dict with 'model' and optionally 'optimizer', "
+                                    f"'loss', 'dataset' (got keys {sorted(made)})")
+            parts.update(made)
+        else:
+            parts["model"] = made
+    model = parts["model"]
+    optimizer = parts.get("optimizer") or _make_optimizer(spec)
+    loss_fn = parts.get("loss") or _make_loss(spec)
+
+    if "dataset" in parts:
+        batches = parts["dataset"]
+    elif spec.data.kind == "function":
+        fn = import_reference(spec.data.function, what="data function")
+        batches = _call_with_known_args(fn, spec.data.args, batch_size=spec.batch_size, seed=spec.seed)
+    else:
+        input_shape = spec.input_shape or tuple(model.input_shape[1:])
+        batches = synthetic_batches(spec, input_shape, spec.classes)
+    if isinstance(batches, tf.data.Dataset):
+        batches = batches.repeat()
+    return TrainStep(step_fn=supervised_train_step(model, optimizer, loss_fn), batches=batches,
+                     variables=model.variables, model=model, optimizer=optimizer)
+
+
+def cycle(items: Sequence[tuple]) -> Callable[[], tuple]:
+    """A batches callable that cycles through a fixed list."""
+    it = itertools.cycle(items)
+    return lambda: next(it)

@@ -1,0 +1,251 @@
+"""Tensor Access Sequence generation (seed 000 §IV-A, §III-A "Workload").
+
+A workload W_j is the sequence of tensor accesses <a_j^1, a_j^2, ...> in the
+topological (execution) order of its graph; each access has the latency of its
+operator, so every access gets a predicted start and end time within one
+iteration. An op's execution is the TGA of its outputs and a TUA of its inputs
+(an in-place optimizer update is a TUA that writes a new version).
+
+Recomputation (§IV-D) adds re-run ops to the sequence. They are inserted as
+extra *steps* right before the op they serve, so a sequence is a list of steps:
+the graph's ops plus recompute steps. Step indices, not op indices, are what the
+rest of the planner uses; ``step_index`` maps names back.
+
+Times are seconds from the start of the iteration; the sequence repeats with
+period ``period_s``. "Unrolled" step indices k (possibly negative or >= n) mean
+step k mod n of iteration floor(k / n), which is how cross-iteration intervals
+(after the optimizer's update, before the next iteration's first use) are written.
+"""
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from tensile_tf.scheduler.job_graph import JobGraph
+from tensile_tf.scheduler.latency import LatencyModel
+
+
+@dataclass(frozen=True)
+class TensorAccess:
+    """One access of a tensor: its TGA ("TGA"), a read ("TUA"), or an in-place update ("UPDATE")."""
+
+    job: str
+    tensor: str
+    step: int
+    op: str
+    kind: str
+    start_s: float
+    end_s: float
+
+
+def recompute_step_name(op: str, target: str) -> str:
+    return f"{op}@recompute[{target}]"
+
+
+class TensorAccessSequence:
+    """The Tensor Access Sequence of one job, stored as flat arrays for speed.
+
+    Per step: ``step_names``, ``step_op`` (the graph op it runs), ``latency``,
+    ``start``, ``end`` (seconds), ``temp`` (scratch bytes while it runs).
+    Per tensor (index i into ``tensor_names``): ``size``, ``kind``, ``acc[i]``
+    (sorted steps that access it), ``writes[i]`` (steps that create a new
+    version: TGA or update), ``first``/``last`` (vanilla residency, inclusive
+    steps; whole iteration for persistent tensors).
+    """
+
+    def __init__(self, graph: JobGraph, latencies: LatencyModel, recomputes: Sequence = ()):
+        self.job = graph.name
+        self.graph = graph
+        inserts: dict[str, list] = {}
+        for ev in recomputes:
+            inserts.setdefault(ev.before_op, []).append(ev)
+
+        names = list(graph.tensors)
+        self.tensor_names = names
+        self.tindex = {t: i for i, t in enumerate(names)}
+        nt = len(names)
+        infos = [graph.tensors[t] for t in names]
+        self.size = np.fromiter((t.size_bytes for t in infos), dtype=np.int64, count=nt)
+        self.kind = [t.kind for t in infos]
+        self.persistent = np.fromiter((t.persistent for t in infos), dtype=bool, count=nt)
+        self.producer_of = {t.name: t.producer for t in infos}
+        self.ops_by_name = {o.name: o for o in graph.ops}
+
+        step_names: list[str] = []
+        step_op: list[str] = []
+        lat: list[float] = []
+        temp: list[float] = []
+        acc: list[list[int]] = [[] for _ in range(nt)]
+        writes: list[list[int]] = [[] for _ in range(nt)]
+        acc_kind: list[list[str]] = [[] for _ in range(nt)]
+        ti = self.tindex
+        self.recompute_target_step: dict[str, int] = {}
+
+        def touch(i: int, k: int, kind: str) -> None:
+            if acc[i] and acc[i][-1] == k:
+                if kind != "TUA":
+                    acc_kind[i][-1] = kind
+            else:
+                acc[i].append(k)
+                acc_kind[i].append(kind)
+            if kind != "TUA" and (not writes[i] or writes[i][-1] != k):
+                writes[i].append(k)
+
+        for op in graph.ops:
+            for ev in inserts.get(op.name, ()):
+                chain_out: set[str] = set()
+                transient = 0
+                for rop_name in ev.ops:
+                    rop = self.ops_by_name[rop_name]
+                    for o in rop.outputs:
+                        if o != ev.target:
+                            transient += graph.tensors[o].size_bytes
+                    chain_out.update(rop.outputs)
+                first_chain = len(step_names)
+                for rop_name in ev.ops:
+                    rop = self.ops_by_name[rop_name]
+                    k = len(step_names)
+                    step_names.append(recompute_step_name(rop_name, ev.target))
+                    step_op.append(rop_name)
+                    lat.append(max(0.0, float(latencies.latency_s(rop))))
+                    temp.append(rop.temp_bytes)
+                    for t in rop.inputs:
+                        if t not in chain_out:
+                            touch(ti[t], k, "TUA")
+                    if ev.target in rop.outputs:
+                        touch(ti[ev.target], k, "TGA")
+                        self.recompute_target_step[ev.target + "@" + op.name] = k
+                # intermediates and side outputs of the chain live while the chain runs
+                for k in range(first_chain, len(step_names)):
+                    temp[k] += transient
+            k = len(step_names)
+            step_names.append(op.name)
+            step_op.append(op.name)
+            lat.append(max(0.0, float(latencies.latency_s(op))))
+            temp.append(op.temp_bytes)
+            for t in op.inputs:
+                touch(ti[t], k, "TUA")
+            for t in op.updates:
+                touch(ti[t], k, "UPDATE")
+            for t in op.outputs:
+                touch(ti[t], k, "TGA")
+
+        n = len(step_names)
+        self.n = n
+        self.step_names = step_names
+        self.step_op = step_op
+        self.step_index = {s: k for k, s in enumerate(step_names)}
+        self.is_original = np.array([s == o for s, o in zip(step_names, step_op)], dtype=bool)
+        self.latency = np.asarray(lat, dtype=np.float64)
+        self.end = np.cumsum(self.latency) if n else np.zeros(0)
+        self.start = self.end - self.latency
+        self.period_s = float(self.end[-1]) if n else 0.0
+        self.temp = np.asarray(temp, dtype=np.int64)
+        self.acc = acc
+        self.acc_kind = acc_kind
+        self.writes = writes
+        first = np.zeros(nt, dtype=np.int64)
+        last = np.full(nt, -1, dtype=np.int64)
+        for i in range(nt):
+            if self.persistent[i]:
+                first[i], last[i] = 0, n - 1
+            elif acc[i]:
+                first[i], last[i] = writes[i][0] if writes[i] else acc[i][0], acc[i][-1]
+        self.first, self.last = first, last
+        self._start_l = self.start.tolist()
+        self._end_l = self.end.tolist()
+
+    # -- access view (§III-C) -------------------------------------------------
+    def accesses(self) -> list[TensorAccess]:
+        """All accesses in execution order (built on demand; the arrays are the fast path)."""
+        out = []
+        for i, t in enumerate(self.tensor_names):
+            for k, kind in zip(self.acc[i], self.acc_kind[i]):
+                out.append(TensorAccess(self.job, t, k, self.step_names[k], kind,
+                                        self._start_l[k], self._end_l[k]))
+        out.sort(key=lambda a: (a.step, a.kind != "TUA"))
+        return out
+
+    def accesses_of(self, tensor: str) -> list[TensorAccess]:
+        """TAT[tensor] of Algorithm 2: one tensor's accesses sorted by time."""
+        i = self.tindex[tensor]
+        return [TensorAccess(self.job, tensor, k, self.step_names[k], kind, self._start_l[k], self._end_l[k])
+                for k, kind in zip(self.acc[i], self.acc_kind[i])]
+
+    # -- unrolled time helpers ------------------------------------------------
+    def unrolled_name(self, k: int) -> tuple[str, int]:
+        q, r = divmod(k, self.n)
+        return self.step_names[r], q
+
+    def unrolled_index(self, name: tuple[str, int]) -> int:
+        return self.step_index[name[0]] + name[1] * self.n
+
+    def retimed(self, latencies: LatencyModel) -> "TensorAccessSequence":
+        """The same sequence with new latencies (§IV-E re-planning): structure shared, times rebuilt."""
+        new = object.__new__(TensorAccessSequence)
+        new.__dict__.update(self.__dict__)
+        lat = np.fromiter((max(0.0, float(latencies.latency_s(self.ops_by_name[o]))) for o in self.step_op),
+                          dtype=np.float64, count=self.n)
+        new.latency = lat
+        new.end = np.cumsum(lat)
+        new.start = new.end - lat
+        new.period_s = float(new.end[-1]) if self.n else 0.0
+        new._start_l = new.start.tolist()
+        new._end_l = new.end.tolist()
+        return new
+
+    def start_u(self, k: int) -> float:
+        q, r = divmod(k, self.n)
+        return self._start_l[r] + q * self.period_s
+
+    def end_u(self, k: int) -> float:
+        q, r = divmod(k, self.n)
+        return self._end_l[r] + q * self.period_s
+
+    def step_at_u(self, t: float) -> int:
+        """The unrolled step running at time t (the last one started at or before t)."""
+        T = self.period_s
+        q = math.floor(t / T) if T > 0 else 0
+        r = bisect_right(self._start_l, t - q * T) - 1
+        return max(r, 0) + q * self.n
+
+    def step_done_by_u(self, t: float) -> int:
+        """The first unrolled step whose end is at or after t (a transfer ending at t is complete after it)."""
+        T = self.period_s
+        q = math.floor(t / T) if T > 0 else 0
+        r = bisect_left(self._end_l, t - q * T - 1e-12)
+        if r >= self.n:
+            r, q = 0, q + 1
+        return r + q * self.n
+
+    def trigger_of(self, t: float) -> tuple[str | None, float, int]:
+        """(trigger op, delta t, iteration shift) of an event starting at unrolled time t (§III-D):
+        the last graph op that ends at or before t, and the seconds after its end."""
+        T = self.period_s
+        q = math.floor(t / T) if T > 0 else 0
+        tl = t - q * T
+        k = bisect_right(self._end_l, tl + 1e-12) - 1
+        while k >= 0 and not self.is_original[k]:
+            k -= 1
+        if k < 0:
+            return None, tl, q
+        return self.step_names[k], max(0.0, tl - self._end_l[k]), q
+
+    def time_of_trigger(self, trigger: str | None, delta: float, shift: int) -> float:
+        base = 0.0 if trigger is None else self._end_l[self.step_index[trigger]]
+        return base + delta + shift * self.period_s
+
+    def last_write_le(self, i: int, k: int) -> int | None:
+        """Unrolled step of the last write of tensor i at or before unrolled step k (None: never written)."""
+        w = self.writes[i]
+        if not w:
+            return None
+        q, r = divmod(k, self.n)
+        j = bisect_right(w, r) - 1
+        if j >= 0:
+            return w[j] + q * self.n
+        return w[-1] + (q - 1) * self.n

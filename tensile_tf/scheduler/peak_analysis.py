@@ -1,0 +1,172 @@
+"""GPU Memory Peak Analysis (seed 000 §IV-B, Algorithm 1), over all jobs at once.
+
+The seed simulates Eq. 1 (MF_j^k, the footprint after access k) per job and
+then adds the per-job peaks (MP = sum MP_j). That sum assumes every job peaks at
+the same instant. Here jobs run as they will: job j starts at ``offset_j`` and
+repeats its iteration with period T_j, and the peak is the maximum of the
+*time-aligned sum* of all jobs' footprints over a horizon. When the peaks do
+coincide (Fig. 3: two jobs whose peaks meet) this equals the seed's sum; when
+they don't, it is lower and the planner does less work.
+
+Note [op-granular footprint]. A job's footprint is held per step (op): F[k] is
+the bytes resident while step k runs: every live tensor, the step's outputs
+and scratch. A tensor lives from its TGA step to its last access step
+(activity analysis, Algorithm 3 line 2); persistent tensors (inputs,
+parameters, slots) live for the whole iteration. Plan events remove bytes over
+half-open step ranges ("absences"). The rounding is conservative: a swap-in
+counts from the step during which it *starts* (its destination buffer is
+allocated then; the seed counts it at its end, §IV-B item 3), and a swap-out
+frees only after the step during which it *ends* (§IV-B item 4).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from tensile_tf.scheduler.access_sequence import TensorAccessSequence
+
+
+class JobFootprint:
+    """MF_j^k (Eq. 1) for every step k of one job, vanilla and with the plan's absences."""
+
+    def __init__(self, tas: TensorAccessSequence):
+        self.tas = tas
+        n = tas.n
+        diff = np.zeros(n + 1, dtype=np.int64)
+        alive = tas.last >= 0
+        np.add.at(diff, tas.first[alive], tas.size[alive])
+        np.add.at(diff, tas.last[alive] + 1, -tas.size[alive])
+        self.base = np.cumsum(diff[:-1]) + tas.temp
+        self.F = self.base.copy()
+        self.absences: dict[int, list[tuple[int, int]]] = {}
+
+    def add_absence(self, i: int, lo_u: int, hi_u: int) -> list[tuple[int, int]]:
+        """Tensor i is not on the device over unrolled steps [lo_u, hi_u); returns the local ranges."""
+        n = self.tas.n
+        if hi_u - lo_u >= n:
+            raise ValueError(f"absence of {self.tas.tensor_names[i]!r} spans a whole iteration")
+        ranges = []
+        q = lo_u // n
+        lo, hi = lo_u - q * n, hi_u - q * n
+        if hi <= n:
+            ranges.append((lo, hi))
+        else:
+            ranges += [(lo, n), (0, hi - n)]
+        size = int(self.tas.size[i])
+        for a, b in ranges:
+            if b > a:
+                self.F[a:b] -= size
+        self.absences.setdefault(i, []).extend(r for r in ranges if r[1] > r[0])
+        return ranges
+
+    def remove_absence(self, i: int, ranges: list[tuple[int, int]]) -> None:
+        size = int(self.tas.size[i])
+        lst = self.absences.get(i, [])
+        for a, b in ranges:
+            if b > a:
+                self.F[a:b] += size
+                lst.remove((a, b))
+
+    def is_absent(self, i: int, k: int) -> bool:
+        k %= self.tas.n
+        return any(a <= k < b for a, b in self.absences.get(i, ()))
+
+    def resident_at(self, k: int) -> np.ndarray:
+        """Indices of tensors on the device while step k runs (in_gpu_tensors of Algorithm 1)."""
+        tas = self.tas
+        idx = np.flatnonzero((tas.first <= k) & (tas.last >= k))
+        if self.absences:
+            idx = np.array([i for i in idx.tolist() if not self.is_absent(i, k)], dtype=np.int64)
+        return idx
+
+    @property
+    def vanilla_peak(self) -> int:
+        return int(self.base.max()) if self.tas.n else 0
+
+    @property
+    def peak(self) -> int:
+        return int(self.F.max()) if self.tas.n else 0
+
+
+class PoolTimeline:
+    """The global time axis of all jobs (Algorithm 1's time_axis, merged across jobs).
+
+    Grid points are every step start of every job over [0, horizon_s]; on each
+    grid segment each job runs exactly one step (or has not started yet). The
+    pool footprint on a segment is the sum of the running steps' F values.
+    """
+
+    def __init__(self, seqs: Sequence[TensorAccessSequence], offsets: Sequence[float],
+                 horizon_iterations: float = 2.0):
+        if len(seqs) != len(offsets):
+            raise ValueError("one start offset per job")
+        periods = [s.period_s for s in seqs]
+        if any(p <= 0 for p in periods):
+            bad = [s.job for s in seqs if s.period_s <= 0]
+            raise ValueError(f"jobs {bad} have zero predicted iteration time; check the latency table")
+        self.offsets = [float(o) for o in offsets]
+        self.periods = periods
+        self.horizon_s = max(self.offsets) + horizon_iterations * max(periods)
+        per_job_times = []
+        for s, o in zip(seqs, self.offsets):
+            reps = max(1, math.ceil((self.horizon_s - o) / s.period_s) + 1)
+            t = (o + np.arange(reps)[:, None] * s.period_s + s.start[None, :]).ravel()
+            per_job_times.append(t)
+        grid = np.unique(np.concatenate([*per_job_times, [0.0]]))
+        self.grid = grid[grid <= self.horizon_s]
+        self.idx: list[np.ndarray] = []
+        for s, t in zip(seqs, per_job_times):
+            flat = np.searchsorted(t, self.grid, side="right") - 1
+            local = np.where(flat >= 0, flat % s.n, s.n)  # s.n: the padding slot, 0 bytes
+            self.idx.append(local)
+        self.ns = [s.n for s in seqs]
+
+    def pool_footprint(self, footprints: Sequence[np.ndarray]) -> np.ndarray:
+        total = np.zeros(len(self.grid), dtype=np.int64)
+        for F, idx in zip(footprints, self.idx):
+            total += np.append(F, 0)[idx]
+        return total
+
+
+@dataclass
+class PeakAnalysis:
+    """Algorithm 1's outputs for the pool: MP, MPTensor, LUA, MPTime, plus per-job peaks."""
+
+    peak_bytes: int
+    peak_time_s: float
+    job_steps: dict[int, int]                    # job index -> step running at the peak
+    mpt: list[tuple[int, int]]                   # (job index, tensor index) resident at the peak
+    last_access_step: dict[int, int]             # LUA: per job, the last step finished before the peak
+    job_peaks: list[int]                         # MP_j: each job's own peak
+    job_bytes_at_peak: list[int] = field(default_factory=list)
+
+
+def gpu_memory_peak_analysis(footprints: Sequence[JobFootprint], timeline: PoolTimeline,
+                             *, with_tensors: bool = True) -> PeakAnalysis:
+    """Algorithm 1 (GPU_Memory_Peak_Analysis) on the time-aligned sum of all jobs.
+
+    Returns the pool peak, its time, the step each job runs then, and the
+    tensors resident at that moment (MPTensor), which Algorithm 2 tries to swap.
+    """
+    pool = timeline.pool_footprint([f.F for f in footprints])
+    seg = int(np.argmax(pool))
+    steps: dict[int, int] = {}
+    at_peak: list[int] = []
+    for j, (f, idx) in enumerate(zip(footprints, timeline.idx)):
+        k = int(idx[seg])
+        if k < f.tas.n:
+            steps[j] = k
+            at_peak.append(int(f.F[k]))
+        else:
+            at_peak.append(0)
+    mpt: list[tuple[int, int]] = []
+    if with_tensors:
+        for j, k in steps.items():
+            mpt.extend((j, int(i)) for i in footprints[j].resident_at(k))
+    return PeakAnalysis(
+        peak_bytes=int(pool[seg]), peak_time_s=float(timeline.grid[seg]), job_steps=steps, mpt=mpt,
+        last_access_step={j: k - 1 for j, k in steps.items()},
+        job_peaks=[f.peak for f in footprints], job_bytes_at_peak=at_peak)

@@ -1,0 +1,296 @@
+"""Complete Scheduling Algorithm (seed 000 §IV-E/F, Algorithm 3).
+
+Phases, top to bottom:
+
+1. Tensor Access Sequence per job (§IV-A, ``access_sequence``).
+2. Activity analysis: every tensor is released after its last access (line 2);
+   this is the vanilla footprint, what TensorFlow's refcounting already does.
+3. Loop (lines 3-23): GPU Memory Peak Analysis over all jobs (Algorithm 1,
+   ``peak_analysis``), then Swap Scheduling (Algorithm 2, ``swap_scheduling``)
+   while it keeps succeeding, then Recomputation Scheduling (§IV-D,
+   ``recompute``) while the pool peak is above the budget.
+4. Stop when no swap and no recomputation succeeds, or the budget is met
+   (``stop_at_budget``), or by the seed's rule (line 4): after 100 iterations,
+   when the peak fell by less than 0.05 % over the last 3 iterations.
+
+Re-planning (§IV-E) reuses the previous state: the graph structure is kept,
+only times are rebuilt from the new latencies, and the previous swap decisions
+are replayed (rescheduled on the channel in their original order) before the
+greedy loop continues. That skips almost all peak-analysis rounds.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from tensile_tf.scheduler.access_sequence import TensorAccessSequence
+from tensile_tf.scheduler.job_graph import JobGraph
+from tensile_tf.scheduler.latency import LatencyModel
+from tensile_tf.scheduler.peak_analysis import JobFootprint, PoolTimeline, gpu_memory_peak_analysis
+from tensile_tf.scheduler.plan import JobPlan, Plan, ReleaseEvent, SwapEvent
+from tensile_tf.scheduler.recompute import recomputation_scheduling
+from tensile_tf.scheduler.state import JobState, SwapDecision
+from tensile_tf.scheduler.swap_scheduling import SwapChannel, scheduling_swap, swap_scheduling
+
+#: PCIe 3.0 x16 as seen by cudaMemcpyAsync from pinned memory, ~12 GiB/s.
+DEFAULT_BANDWIDTH_BYTES_PER_S = 12 * 2**30
+
+
+@dataclass
+class PlannerJob:
+    """One job handed to the planner."""
+
+    graph: JobGraph
+    latencies: LatencyModel
+    start_offset_s: float = 0.0
+    max_swapping_rate: float = 1.0
+
+
+class Planner:
+    """Algorithm 3 over several jobs sharing one pool and one swap channel.
+
+    ``pool_bytes``: the budget for the pool peak (None: minimise by swapping, no
+    recomputation, which is the seed's behaviour with unlimited iterations).
+    """
+
+    def __init__(self, jobs: Sequence[PlannerJob], *, pool_bytes: int | None = None,
+                 bandwidth_bytes_per_s: float = DEFAULT_BANDWIDTH_BYTES_PER_S,
+                 horizon_iterations: float = 2.0, stop_at_budget: bool = True,
+                 enable_recompute: bool = True, max_chain: int = 4, max_iterations: int = 100_000):
+        if not jobs:
+            raise ValueError("planner: no jobs to plan")
+        names = [pj.graph.name for pj in jobs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"planner: job names must be unique, got {names}")
+        for pj in jobs:
+            if not 0 < pj.max_swapping_rate <= 1:
+                raise ValueError(f"job '{pj.graph.name}': max_swapping_rate must be in (0, 1], "
+                                 f"got {pj.max_swapping_rate}")
+            if pj.start_offset_s < 0:
+                raise ValueError(f"job '{pj.graph.name}': start_offset_s must be >= 0")
+        if pool_bytes is not None and pool_bytes <= 0:
+            raise ValueError(f"planner: pool_bytes must be > 0, got {pool_bytes}")
+        self.specs = list(jobs)
+        self.pool_bytes = pool_bytes
+        self.bandwidth = float(bandwidth_bytes_per_s)
+        self.horizon_iterations = horizon_iterations
+        self.stop_at_budget = stop_at_budget
+        self.enable_recompute = enable_recompute
+        self.max_chain = max_chain
+        self.max_iterations = max_iterations
+        self.jobs: list[JobState] = []
+        self.order: list[SwapDecision] = []
+        self.iterations = 0
+        self.stop_reason = ""
+        self._vanilla_pool_peak = 0
+        self._sum_job_peaks = 0
+
+    # -- state -----------------------------------------------------------------
+    def _init_state(self) -> None:
+        cache: dict[int, TensorAccessSequence] = {}  # jobs sharing one op list share the structure
+        self.jobs = []
+        for j, pj in enumerate(self.specs):
+            base = cache.get(id(pj.graph.ops))
+            tas = base.retimed(pj.latencies) if base is not None else TensorAccessSequence(pj.graph, pj.latencies)
+            cache.setdefault(id(pj.graph.ops), tas)
+            tas.job, tas.graph = pj.graph.name, pj.graph
+            fp = JobFootprint(tas)
+            self.jobs.append(JobState(j, pj.graph, pj.latencies, pj.start_offset_s, pj.max_swapping_rate,
+                                      tas, fp, tas, fp.vanilla_peak))
+        self.order = []
+        self._new_timeline()
+        vt = self.timeline
+        self._vanilla_pool_peak = int(vt.pool_footprint([js.fp.base for js in self.jobs]).max())
+        self._sum_job_peaks = sum(js.vanilla_peak for js in self.jobs)
+
+    def _new_timeline(self) -> None:
+        self.timeline = PoolTimeline([js.tas for js in self.jobs], [js.offset_s for js in self.jobs],
+                                     self.horizon_iterations)
+        self.channel = SwapChannel(self.bandwidth, self.timeline.horizon_s, self.timeline.offsets,
+                                   self.timeline.periods)
+
+    def _rebuild(self, retime: Mapping[int, LatencyModel] | None = None, restructure: Sequence[int] = ()) -> None:
+        """Rebuilds sequences (new latencies or new recompute steps), footprints,
+        timeline and channel, then replays every swap decision in its original order."""
+        for js in self.jobs:
+            if js.j in restructure:
+                js.tas = TensorAccessSequence(js.graph, js.latencies, js.recomputes)
+            elif retime and js.j in retime:
+                js.tas = js.tas.retimed(js.latencies)
+            fp = JobFootprint(js.tas)
+            for ev in js.recomputes:
+                i = js.tas.tindex[ev.target]
+                r = js.tas.recompute_target_step[ev.target + "@" + ev.before_op]
+                fp.add_absence(i, js.tas.step_index[ev.release_after_op] + 1, r)
+            js.fp = fp
+            js.decisions, js.swapped_out, js.host_copies = [], set(), {}
+        self._new_timeline()
+        old, self.order = self.order, []
+        for dec in old:
+            js = self.jobs[dec.j]
+            try:
+                m = js.tas.unrolled_index(dec.names[2])
+            except KeyError:
+                continue
+            # the gap is looked up again: a recompute step may now read the tensor inside the old one
+            new = scheduling_swap(self.jobs, self.channel, js, dec.i, m % js.tas.n)
+            if new is not None:
+                self.order.append(new)
+
+    def _pool_peak(self) -> int:
+        return int(self.timeline.pool_footprint([js.fp.F for js in self.jobs]).max())
+
+    # -- Algorithm 3 -------------------------------------------------------------
+    def plan(self) -> Plan:
+        """A full plan from scratch."""
+        t0 = time.perf_counter()
+        self._init_state()
+        self._loop()
+        return self._make_plan(time.perf_counter() - t0)
+
+    def replan(self, latencies: Mapping[str, LatencyModel] | None = None, *,
+               pool_bytes: int | None | str = "same") -> Plan:
+        """§IV-E: a new plan after latencies changed (or a new budget), warm-started
+        from this planner's previous decisions."""
+        if not self.jobs:
+            return self.plan()
+        t0 = time.perf_counter()
+        if pool_bytes != "same":
+            self.pool_bytes = pool_bytes  # type: ignore[assignment]
+        retime = {}
+        for name, lat in (latencies or {}).items():
+            js = next((x for x in self.jobs if x.name == name), None)
+            if js is None:
+                raise KeyError(f"replan: no job named {name!r}; jobs are {[x.name for x in self.jobs]}")
+            js.latencies = lat
+            self.specs[js.j].latencies = lat
+            retime[js.j] = lat
+        if retime:
+            for js in self.jobs:
+                if js.j in retime:
+                    js.vanilla_tas = js.vanilla_tas.retimed(js.latencies)
+                    js.vanilla_peak = JobFootprint(js.vanilla_tas).vanilla_peak
+            vt = PoolTimeline([js.vanilla_tas for js in self.jobs], [js.offset_s for js in self.jobs],
+                              self.horizon_iterations)
+            self._vanilla_pool_peak = int(vt.pool_footprint([JobFootprint(js.vanilla_tas).base
+                                                             for js in self.jobs]).max())
+        self._rebuild(retime=retime)
+        self._loop()
+        return self._make_plan(time.perf_counter() - t0)
+
+    def _loop(self) -> None:
+        budget = self.pool_bytes
+        swap_ok = True
+        rec_ok = self.enable_recompute and budget is not None
+        failures: set = set()
+        history: list[int] = []
+        it = 0
+        self.stop_reason = "no swap or recomputation succeeded"
+        while swap_ok or rec_ok:
+            pa = gpu_memory_peak_analysis([js.fp for js in self.jobs], self.timeline)
+            history.append(pa.peak_bytes)
+            if budget is not None and self.stop_at_budget and pa.peak_bytes <= budget:
+                self.stop_reason = "budget met"
+                break
+            if it > 100 and len(history) > 3 and history[-4] - history[-1] < 0.0005 * history[-4]:
+                self.stop_reason = "stopping rule: peak fell < 0.05% over 3 iterations after 100"
+                break
+            if it >= self.max_iterations:
+                self.stop_reason = f"max_iterations={self.max_iterations}"
+                break
+            need = pa.peak_bytes - budget if (budget is not None and self.stop_at_budget) else None
+            if swap_ok:
+                decs = swap_scheduling(self.jobs, self.channel, pa, need_bytes=need, failures=failures)
+                if decs:
+                    self.order.extend(decs)
+                else:
+                    swap_ok = False
+            elif rec_ok and budget is not None and pa.peak_bytes > budget:
+                rec_ok = self._recompute_round(pa, pa.peak_bytes - budget)
+            else:
+                break
+            it += 1
+        self.iterations = it
+
+    def _recompute_round(self, pa, need: int) -> bool:
+        picked = recomputation_scheduling(self.jobs, pa, need, max_chain=self.max_chain)
+        if not picked:
+            return False
+        before = pa.peak_bytes
+        attempts = [picked]
+        first_only = {j: evs[:1] for j, evs in list(picked.items())[:1]}
+        if sum(len(v) for v in picked.values()) > 1:
+            attempts.append(first_only)
+        for batch in attempts:
+            saved = {js.j: list(js.recomputes) for js in self.jobs}
+            for j, evs in batch.items():
+                self.jobs[j].recomputes.extend(evs)
+            self._rebuild(restructure=list(batch))
+            if self._pool_peak() < before:
+                return True
+            for js in self.jobs:
+                js.recomputes = saved[js.j]
+            self._rebuild(restructure=list(batch))
+        for j, evs in first_only.items():
+            self.jobs[j].no_recompute.add(self.jobs[j].tas.tindex[evs[0].target])
+        return True
+
+    # -- output ------------------------------------------------------------------
+    def _make_plan(self, seconds: float) -> Plan:
+        pool_peak = self._pool_peak()
+        jobs = {}
+        for js in self.jobs:
+            tas = js.tas
+            n = tas.n
+            jp = JobPlan(js.name, vanilla_peak_bytes=js.vanilla_peak, planned_peak_bytes=js.fp.peak,
+                         iteration_s=js.vanilla_tas.period_s, planned_iteration_s=tas.period_s,
+                         start_offset_s=js.offset_s, max_swapping_rate=js.max_swapping_rate)
+            for i, acc in enumerate(tas.acc):
+                if acc and not tas.persistent[i] and tas.size[i] > 0:
+                    jp.releases.append(ReleaseEvent(js.name, tas.tensor_names[i], tas.step_names[acc[-1]],
+                                                    "last_use"))
+            moved = 0
+            for dec in js.decisions:
+                name = tas.tensor_names[dec.i]
+                size = int(tas.size[dec.i])
+                cross = dec.p < 0 or dec.q >= n
+                rel_name = tas.step_names[dec.release_step % n]
+                if dec.out_start is not None:
+                    trig, delta, it = tas.trigger_of(dec.out_start)
+                    jp.swap_outs.append(SwapEvent(js.name, name, "swap_out", trig, delta,
+                                                  dec.out_start - it * tas.period_s, dec.out_dur, size,
+                                                  release_after_op=rel_name, cross_iteration=cross,
+                                                  iteration_shift=dec.release_step // n - it))
+                    moved += size
+                trig, delta, it = tas.trigger_of(dec.in_start)
+                jp.swap_ins.append(SwapEvent(js.name, name, "swap_in", trig, delta,
+                                             dec.in_start - it * tas.period_s, dec.in_dur, size,
+                                             serves_op=tas.step_names[dec.q % n], cross_iteration=cross,
+                                             iteration_shift=dec.q // n - it))
+                jp.releases.append(ReleaseEvent(js.name, name, rel_name, "swap"))
+                moved += size
+            for ev in js.recomputes:
+                jp.recomputes.append(ev)
+                jp.releases.append(ReleaseEvent(js.name, ev.target, ev.release_after_op, "recompute"))
+            jp.swap_outs.sort(key=lambda e: e.start_s)
+            jp.swap_ins.sort(key=lambda e: e.start_s)
+            jp.swapped_bytes_per_iteration = moved
+            jobs[js.name] = jp
+        return Plan(jobs=jobs, pool_vanilla_peak_bytes=self._vanilla_pool_peak, pool_planned_peak_bytes=pool_peak,
+                    pool_bytes=self.pool_bytes, bandwidth_bytes_per_s=self.bandwidth,
+                    horizon_s=self.timeline.horizon_s, sum_of_job_peaks_bytes=self._sum_job_peaks,
+                    iterations=self.iterations, planning_s=seconds, stop_reason=self.stop_reason)
+
+
+def plan_graphs(jobs: Sequence[PlannerJob], **kwargs) -> Plan:
+    """One-shot: ``Planner(jobs, **kwargs).plan()``."""
+    return Planner(jobs, **kwargs).plan()
+
+
+def pool_footprint_curve(planner: Planner, *, vanilla: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(grid seconds, pool bytes) of the planner's current state, for plots and tests."""
+    fs = [js.fp.base if vanilla else js.fp.F for js in planner.jobs]
+    return planner.timeline.grid.copy(), planner.timeline.pool_footprint(fs)

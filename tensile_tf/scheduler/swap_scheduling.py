@@ -1,0 +1,269 @@
+"""Swap Event Scheduling (seed 000 §IV-C, Algorithm 2).
+
+Greedy, as in the seed: take the tensors resident at the pool peak (MPT),
+largest first, and for each infer the feasible intervals of its Swap-Out and
+Swap-In events: the swap-out starts after the tensor's last write (its TGA, or
+the optimizer update for parameters and slots) and ends before the peak; the
+swap-in starts after the peak and after the swap-out ends, and ends before the
+next access (TUA) it serves. The swap-out goes as early as the channel allows,
+the swap-in as late as it allows. A tensor is only swapped out if its swap-in
+fits too: no schedule needs a passive swap-in (§IV-C, first difficulty).
+
+All jobs share ONE swap channel (the PCIe link of the seed): transfers never
+overlap on it, at any of their repetitions over the planning horizon. A job's
+share of swapped tensors is capped by its max swapping rate (Algorithm 2
+line 36: SON[j] / SON <= MSR[j]).
+
+Updated parameters and optimizer slots may be swapped across iterations: out
+after their update in the optimizing phase, in before their first use in the
+next iteration (Algorithm 2 lines 8-9 and 33-34, Fig. 1(c)). With unrolled step
+indices that is just the gap from the last access to the first access + n.
+
+Departures from the seed, each a fix of a weak spot:
+* The seed schedules one swap-out per tensor and then greedily swaps it in for
+  every later access (line 43). Here a later gap is only scheduled when the
+  tensor is resident at a later peak, reusing the host copy (no second
+  swap-out) while its version is current; channel time is not spent on gaps
+  that do not lower a peak.
+* A swap-out may overlap reads of the tensor (both only read it); the seed
+  forbids overlapping any access. It must still start after the last write.
+"""
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right, insort
+from typing import Sequence
+
+from tensile_tf.scheduler.peak_analysis import PeakAnalysis
+from tensile_tf.scheduler.state import JobState, SwapDecision
+
+_EPS = 1e-12
+
+
+class SwapChannel:
+    """The one host<->device link, shared by all jobs: a sorted set of busy
+    intervals in global seconds over the planning horizon.
+
+    A job's event at local (unrolled) time tau repeats at offset_j + k*T_j + tau
+    for every iteration k that reaches into [0, horizon_s]; all repetitions must
+    be free. ``bandwidth_bytes_per_s`` turns bytes into transfer seconds.
+    """
+
+    def __init__(self, bandwidth_bytes_per_s: float, horizon_s: float,
+                 offsets: Sequence[float], periods: Sequence[float]):
+        if not bandwidth_bytes_per_s > 0:
+            raise ValueError(f"swap bandwidth must be > 0 bytes/s, got {bandwidth_bytes_per_s!r}")
+        self.bandwidth = float(bandwidth_bytes_per_s)
+        self.horizon_s = float(horizon_s)
+        self.offsets = list(offsets)
+        self.periods = list(periods)
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+        self.tags: list[int] = []
+        self._tag = 0
+        self.reserved: dict[int, list[float]] = {}
+
+    def duration(self, size_bytes: int) -> float:
+        return size_bytes / self.bandwidth
+
+    def _bases(self, j: int, tau: float, d: float) -> range:
+        o, T = self.offsets[j], self.periods[j]
+        k_lo = math.ceil((-o - tau - d) / T)
+        k_hi = math.floor((self.horizon_s - o - tau) / T)
+        return range(k_lo, max(k_lo, k_hi) + 1)
+
+    def _conflict(self, g0: float, d: float) -> int:
+        i = bisect_left(self.starts, g0 + d - _EPS) - 1
+        if i >= 0 and self.ends[i] > g0 + _EPS:
+            return i
+        return -1
+
+    def earliest(self, j: int, lo: float, hi: float, d: float) -> float | None:
+        """The earliest tau in [lo, hi] at which a transfer of d seconds is free in every repetition."""
+        tau = lo
+        o, T = self.offsets[j], self.periods[j]
+        while tau <= hi + _EPS:
+            for k in self._bases(j, tau, d):
+                base = o + k * T
+                c = self._conflict(base + tau, d)
+                if c >= 0:
+                    tau = self.ends[c] - base
+                    break
+            else:
+                return tau
+        return None
+
+    def latest(self, j: int, lo: float, hi: float, d: float) -> float | None:
+        """The latest tau in [lo, hi] at which a transfer of d seconds is free in every repetition."""
+        tau = hi
+        o, T = self.offsets[j], self.periods[j]
+        while tau >= lo - _EPS:
+            for k in self._bases(j, tau, d):
+                base = o + k * T
+                c = self._conflict(base + tau, d)
+                if c >= 0:
+                    tau = self.starts[c] - d - base
+                    break
+            else:
+                return tau
+        return None
+
+    def reserve(self, j: int, tau: float, d: float) -> int:
+        self._tag += 1
+        tag = self._tag
+        o, T = self.offsets[j], self.periods[j]
+        starts = []
+        for k in self._bases(j, tau, d):
+            g0 = o + k * T + tau
+            if self._conflict(g0, d) >= 0:
+                for s in starts:
+                    self._drop(s, tag)
+                raise RuntimeError("swap channel: reserving an overlapping transfer (planner bug)")
+            pos = bisect_right(self.starts, g0)
+            self.starts.insert(pos, g0)
+            self.ends.insert(pos, g0 + d)
+            self.tags.insert(pos, tag)
+            starts.append(g0)
+        self.reserved[tag] = starts
+        return tag
+
+    def _drop(self, g0: float, tag: int) -> None:
+        pos = bisect_left(self.starts, g0)
+        while self.tags[pos] != tag:
+            pos += 1
+        del self.starts[pos], self.ends[pos], self.tags[pos]
+
+    def release(self, tag: int) -> None:
+        for g0 in self.reserved.pop(tag, ()):
+            self._drop(g0, tag)
+
+    def busy_intervals(self) -> list[tuple[float, float]]:
+        return list(zip(self.starts, self.ends))
+
+    def utilisation(self) -> float:
+        return sum(e - s for s, e in zip(self.starts, self.ends)) / self.horizon_s if self.horizon_s else 0.0
+
+
+def rate_allows(jobs: Sequence[JobState], js: JobState) -> bool:
+    """Algorithm 2 line 36: a job may swap out another tensor while its share of all
+    swapped-out tensors is within its max swapping rate."""
+    total = sum(len(x.swapped_out) for x in jobs)
+    return total == 0 or len(js.swapped_out) / total <= js.max_swapping_rate + 1e-12
+
+
+def find_gap(js: JobState, i: int, m: int) -> tuple[int, int] | None:
+    """The unrolled access gap (p, q) of tensor i that contains step m, or None when
+    tensor i is accessed at m or has no access on one side of m."""
+    tas = js.tas
+    A = tas.acc[i]
+    if not A:
+        return None
+    pos = bisect_left(A, m)
+    if pos < len(A) and A[pos] == m:
+        return None
+    persistent = bool(tas.persistent[i])
+    if pos == 0:
+        return (A[-1] - tas.n, A[0]) if persistent else None
+    if pos == len(A):
+        return (A[-1], A[0] + tas.n) if persistent else None
+    return A[pos - 1], A[pos]
+
+
+def scheduling_swap(jobs: Sequence[JobState], channel: SwapChannel, js: JobState, i: int,
+                    m: int, gap: tuple[int, int] | None = None) -> SwapDecision | None:
+    """Algorithm 2's scheduling_swap for tensor i of job js, so that it is off the
+    device while step m runs. Reserves channel time and returns the decision, or
+    returns None (nothing reserved) when no feasible swap-out/swap-in pair exists."""
+    tas = js.tas
+    gap = gap or find_gap(js, i, m)
+    if gap is None:
+        return None
+    p, q = gap
+    size = int(tas.size[i])
+    d = channel.duration(size)
+    if d <= 0:
+        return None
+    w = tas.last_write_le(i, p)
+    version_key = (i, w % tas.n) if w is not None else (i, -1)
+    peak_start = tas.start_u(m)
+    out_tag = -1
+    out_start: float | None = None
+    rel_copy = js.host_copies.get(version_key)
+    if rel_copy is not None:
+        out_end = (tas.end_u(w) if w is not None else tas.start_u(p)) + rel_copy
+        if out_end > peak_start + _EPS:
+            rel_copy = None
+    if rel_copy is None:
+        if not rate_allows(jobs, js) and i not in js.swapped_out:
+            return None
+        lo = tas.end_u(w) if w is not None else tas.start_u(p)
+        hi = peak_start - d
+        if hi < lo - _EPS:
+            return None
+        out_start = channel.earliest(js.j, lo, hi, d)
+        if out_start is None:
+            return None
+        out_end = out_start + d
+        out_tag = channel.reserve(js.j, out_start, d)
+    release_step = max(p, tas.step_done_by_u(out_end))
+    if release_step >= m:
+        if out_tag >= 0:
+            channel.release(out_tag)
+        return None
+    in_lo = max(out_end, tas.end_u(m))
+    in_hi = tas.start_u(q) - d
+    in_start = channel.latest(js.j, in_lo, in_hi, d) if in_hi >= in_lo - _EPS else None
+    if in_start is None:
+        if out_tag >= 0:  # Algorithm 2 line 21: SE.remove(swap_out_event)
+            channel.release(out_tag)
+        return None
+    in_step = tas.step_at_u(in_start)
+    if not m < in_step <= q - 1:
+        if out_tag >= 0:
+            channel.release(out_tag)
+        return None
+    in_tag = channel.reserve(js.j, in_start, d)
+    dec = SwapDecision(js.j, i, p, q, m, out_start, d, in_start, d, release_step, in_step,
+                       out_tag=out_tag, in_tag=in_tag, version=w,
+                       names=(tas.unrolled_name(p), tas.unrolled_name(q), tas.unrolled_name(m)))
+    dec.absent = js.fp.add_absence(i, release_step + 1, in_step)
+    if out_tag >= 0:
+        js.swapped_out.add(i)
+        js.host_copies[version_key] = out_end - (tas.end_u(w) if w is not None else tas.start_u(p))
+    js.decisions.append(dec)
+    return dec
+
+
+def swap_scheduling(jobs: Sequence[JobState], channel: SwapChannel, peak: PeakAnalysis, *,
+                    need_bytes: int | None = None, failures: set | None = None) -> list[SwapDecision]:
+    """Algorithm 2: walk MPT largest first and schedule every tensor that can be
+    swapped around the peak (stopping early once ``need_bytes`` are off the peak).
+    ``failures`` caches (job, tensor, peak step) tries that failed: the channel only
+    fills up during the swap phase, so they would fail again."""
+    failures = failures if failures is not None else set()
+    cands = []
+    for j, i in peak.mpt:
+        js = jobs[j]
+        tas = js.tas
+        if tas.kind[i] == "input" or tas.size[i] <= 0:
+            continue
+        if not tas.persistent[i] and len(tas.acc[i]) <= 1:   # TAT[tensor].length > 1
+            continue
+        cands.append((int(tas.size[i]), j, i))
+    cands.sort(key=lambda c: (-c[0], c[1], c[2]))
+    done: list[SwapDecision] = []
+    saved = 0
+    for size, j, i in cands:
+        if need_bytes is not None and saved >= need_bytes:
+            break
+        m = peak.job_steps[j]
+        key = (j, i, m)
+        if key in failures:
+            continue
+        dec = scheduling_swap(jobs, channel, jobs[j], i, m)
+        if dec is None:
+            failures.add(key)
+            continue
+        done.append(dec)
+        saved += size
+    return done

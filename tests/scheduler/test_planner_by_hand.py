@@ -1,0 +1,170 @@
+"""Plans for small graphs, checked against answers worked out by hand (see graphs.py)."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tensile_tf.scheduler import (GraphBuilder, JobFootprint, JobGraph, LatencyTable, Plan, Planner, PlannerJob,
+                                  TensorAccessSequence, UniformLatency)
+from tests.conftest import REPO_ROOT
+from tests.scheduler.graphs import FIG1_STEP_BYTES, fig1_graph, recompute_graph
+
+UNIT = UniformLatency(1.0)
+
+
+def test_access_sequence_and_activity_analysis_footprint():
+    tas = TensorAccessSequence(fig1_graph(), UNIT)
+    assert tas.period_s == 8.0
+    assert tas.accesses_of("w1")[0].op == "f1" and [a.kind for a in tas.accesses_of("w1")] == ["TUA", "UPDATE"]
+    assert [a.kind for a in tas.accesses_of("g2")] == ["TGA", "TUA"]
+    assert JobFootprint(tas).base.tolist() == FIG1_STEP_BYTES
+
+
+def test_fig1_parameter_swapped_across_iterations():
+    plan = Planner([PlannerJob(fig1_graph(), UNIT)], bandwidth_bytes_per_s=100.0, pool_bytes=431).plan()
+    jp = plan.jobs["job"]
+    assert (jp.vanilla_peak_bytes, jp.planned_peak_bytes) == (510, 431)
+    assert plan.stop_reason == "budget met" and plan.budget_met
+    (out,), (inn,) = jp.swap_outs, jp.swap_ins
+    # out right after its optimizer update, during `metric`; dropped when the copy ends
+    assert (out.tensor, out.trigger_op, out.delta_s, out.start_s, out.duration_s) == ("w1", "u1", 0.0, 6.0, 1.0)
+    assert out.release_after_op == "metric" and out.cross_iteration
+    # back in at the start of the next iteration, just in time for f1
+    assert (inn.tensor, inn.trigger_op, inn.delta_s, inn.serves_op) == ("w1", None, 0.0, "f1")
+    assert inn.cross_iteration and inn.iteration_shift == 0
+    assert any(r.tensor == "w1" and r.reason == "swap" for r in jp.releases)
+
+
+def test_no_swap_without_a_feasible_swap_in():
+    # at 50 B/s, w1 needs 2 s each way; the 1 s windows cannot hold it: no passive swap-in, no swap
+    plan = Planner([PlannerJob(fig1_graph(), UNIT)], bandwidth_bytes_per_s=50.0, pool_bytes=431,
+                   enable_recompute=False).plan()
+    assert plan.jobs["job"].swap_outs == [] and plan.pool_planned_peak_bytes == 510 and not plan.budget_met
+
+
+@pytest.mark.parametrize("bandwidth, planned, swapped_jobs", [(100.0, 920, {"A"}), (200.0, 862, {"A", "B"})])
+def test_fig3_two_jobs_whose_peaks_coincide_share_one_channel(bandwidth, planned, swapped_jobs):
+    jobs = [PlannerJob(fig1_graph("A"), UNIT), PlannerJob(fig1_graph("B"), UNIT)]
+    plan = Planner(jobs, bandwidth_bytes_per_s=bandwidth, pool_bytes=862, enable_recompute=False).plan()
+    assert plan.pool_vanilla_peak_bytes == plan.sum_of_job_peaks_bytes == 1020
+    assert plan.pool_planned_peak_bytes == planned
+    assert {j for j, jp in plan.jobs.items() if jp.swap_outs} == swapped_jobs
+    spans = sorted((e.start_s, e.start_s + e.duration_s) for jp in plan.jobs.values()
+                   for e in jp.swap_outs + jp.swap_ins)
+    assert all(a[1] <= b[0] + 1e-12 for a, b in zip(spans, spans[1:]))
+
+
+def test_offset_jobs_use_the_time_aligned_sum_not_the_sum_of_peaks():
+    jobs = [PlannerJob(fig1_graph("A"), UNIT), PlannerJob(fig1_graph("B"), UNIT, start_offset_s=4.0)]
+    plan = Planner(jobs, max_iterations=0).plan()
+    # A's step s meets B's step (s - 4) mod 8: worst is u2 (510) + b2 (331)
+    assert plan.pool_vanilla_peak_bytes == 841 < plan.sum_of_job_peaks_bytes == 1020
+
+
+def test_recomputation_by_msps_when_swapping_cannot_help():
+    plan = Planner([PlannerJob(recompute_graph(), UNIT)], bandwidth_bytes_per_s=1.0, pool_bytes=330).plan()
+    jp = plan.jobs["rc"]
+    assert jp.swap_outs == []
+    (ev,) = jp.recomputes
+    assert (ev.target, ev.release_after_op, ev.before_op, ev.trigger_op, ev.ops) == ("a", "f2", "b1", "f4", ["f1"])
+    assert ev.msps == pytest.approx(100.0) and ev.time_s == 1.0
+    assert (jp.vanilla_peak_bytes, jp.planned_peak_bytes) == (420, 320)
+    assert (jp.iteration_s, jp.planned_iteration_s) == (5.0, 6.0)
+    assert plan.budget_met
+
+
+def test_recompute_chain_rebuilds_a_released_input_too():
+    b = GraphBuilder("chain")
+    b.tensor("x", 10, "input")
+    b.op("f1", inputs=["x"], outputs={"a": 50})
+    b.op("f2", inputs=["a"], outputs={"c": 100})          # a's last use: gone by b1
+    b.op("f3", inputs=["c"], outputs={"big": 300})
+    b.op("f4", inputs=["big"], outputs={"s": 10})
+    b.op("b1", inputs=["s", "c"], outputs={"g": 10})
+    # steps: f1 60 | f2 160 | f3 410 (c read) | f4 420 (x, c, big, s) | b1 130
+    plan = Planner([PlannerJob(b.build(), UNIT)], bandwidth_bytes_per_s=1.0, pool_bytes=410).plan()
+    (ev,) = plan.jobs["chain"].recomputes
+    assert ev.target == "c" and ev.ops == ["f1", "f2"] and ev.time_s == 2.0
+    assert ev.release_after_op == "f3" and ev.before_op == "b1"
+    # f4 drops to 320; the chain (x, s, transient a, c) peaks at 170; f3 keeps 410
+    assert plan.pool_planned_peak_bytes == 410 and plan.pool_vanilla_peak_bytes == 420
+
+
+def test_stateful_producers_are_never_recomputed():
+    b = GraphBuilder("rng")
+    b.tensor("x", 10, "input")
+    b.op("dropout", inputs=["x"], outputs={"a": 100}, stateful=True)
+    b.op("f2", inputs=["a"], outputs={"h": 10})
+    b.op("f3", inputs=["h"], outputs={"big": 300})
+    b.op("b1", inputs=["big", "a"], outputs={"g": 10})
+    plan = Planner([PlannerJob(b.build(), UNIT)], bandwidth_bytes_per_s=1.0, pool_bytes=330).plan()
+    assert plan.jobs["rng"].recomputes == [] and not plan.budget_met
+
+
+def test_max_swapping_rate_caps_a_jobs_share():
+    quiet = GraphBuilder("quiet").tensor("x", 10, "input").op("f", inputs=["x"], outputs={"y": 1}).build()
+
+    def swaps(rate):
+        jobs = [PlannerJob(fig1_graph("A"), UNIT, max_swapping_rate=rate), PlannerJob(quiet, UNIT)]
+        return len(Planner(jobs, bandwidth_bytes_per_s=1000.0).plan().jobs["A"].swap_outs)
+    assert swaps(0.5) == 1 < swaps(1.0)
+
+
+def test_plan_json_round_trip():
+    plan = Planner([PlannerJob(fig1_graph("A"), UNIT), PlannerJob(recompute_graph("B"), UNIT)],
+                   bandwidth_bytes_per_s=100.0, pool_bytes=700).plan()
+    text = plan.to_json()
+    again = Plan.from_json(text)
+    assert again == plan and json.loads(again.to_json()) == json.loads(text)
+
+
+def test_replan_warm_start_matches_a_fresh_plan_when_nothing_changed():
+    jobs = [PlannerJob(fig1_graph("A"), UNIT), PlannerJob(fig1_graph("B"), UNIT, start_offset_s=2.0)]
+    planner = Planner(jobs, bandwidth_bytes_per_s=300.0)
+    first = planner.plan()
+    again = planner.replan({"A": UniformLatency(1.0)})
+    assert again.pool_planned_peak_bytes == first.pool_planned_peak_bytes
+    slower = planner.replan({"A": UniformLatency(1.5)})
+    assert slower.jobs["A"].iteration_s == 12.0
+    assert slower.pool_planned_peak_bytes <= slower.pool_vanilla_peak_bytes
+
+
+def test_latency_table_falls_back_by_op_type_and_updates_by_ewma():
+    g = fig1_graph()
+    t = LatencyTable.from_measurements({"f1": 2.0, "b1": 4.0}, {o.name: o.op_type for o in g.ops} | {"f1": "X", "b1": "X"})
+    assert t.latency_s(g.op("f1")) == 2.0 and t.latency_s(g.op("load")) == t.default_s
+    t2 = t.ewma_update({"f1": 4.0}, alpha=0.5)
+    assert t2.seconds["f1"] == 3.0 and LatencyTable.from_json(t2.to_json()) == t2
+    with pytest.raises(ValueError, match="latency of op 'bad'"):
+        LatencyTable.from_measurements({"bad": -1.0})
+
+
+def test_graph_validation_names_the_problem():
+    b = GraphBuilder("bad").tensor("x", 1, "input")
+    b.op("f", inputs=["x"], outputs={"y": 1})
+    g = b.build()
+    g.ops.reverse()
+    g.ops.insert(0, g.ops.pop())
+    with pytest.raises(ValueError, match="appears twice|before its producer"):
+        JobGraph("bad", [g.ops[0], g.ops[0]], g.tensors)
+    with pytest.raises(ValueError, match="undeclared tensor 'nope'"):
+        GraphBuilder("bad").op("f", inputs=["nope"])
+    assert JobGraph.from_dict(fig1_graph().to_dict()) == fig1_graph()
+
+
+def test_scheduler_package_is_pure():
+    code = (
+        "import sys, types\n"
+        f"pkg = types.ModuleType('tensile_tf'); pkg.__path__ = [{str(REPO_ROOT / 'tensile_tf')!r}]\n"
+        "sys.modules['tensile_tf'] = pkg\n"
+        "import tensile_tf.scheduler\n"
+        "bad = [m for m in ('tensorflow', 'keras', 'threading') if m in sys.modules and m != 'threading']\n"
+        "print(bad)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+    src = "".join(p.read_text() for p in (REPO_ROOT / "tensile_tf" / "scheduler").glob("*.py"))
+    assert "import tensorflow" not in src and "import threading" not in src
