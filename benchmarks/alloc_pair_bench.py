@@ -290,24 +290,27 @@ def print_table(results: list[dict], summary: dict) -> None:
     medians = {r["allocator"]: statistics.median(r["ns_per_pair"]) for r in results}
     base = medians.get("noop", 0.0)
     bfc_net = medians["bfc"] - base if "bfc" in medians else None
-    what = dict(ALLOCATORS)
     print()
     print(f"pairs per pass: {summary['pairs']}  (ResNet50 trace, "
           f"{summary['share_below_256KiB']:.0%} below 256 KiB, median {summary['median_bytes']} B, "
           f"{summary['persistent_chunks']} persistent chunks)")
     header = (f"{'allocator':<22} {'median':>8} {'min':>8} {'max':>8} {'net':>8} {'net/BFC':>8}"
-              f"  name")
-    print(header + "\n" + f"{'':<22} {'ns/pair':>8}")
-    print("-" * (len(header) + 20))
+              f" {'wall':>8}  name")
+    print(header)
+    print(f"{'':<22} {'ns/pair':>8} {'':>8} {'':>8} {'ns/pair':>8} {'':>8} {'ns/pair':>8}")
+    print("-" * (len(header) + 16))
     for r in results:
         v = r["ns_per_pair"]
         med = medians[r["allocator"]]
         net = med - base
         rel = f"{net / bfc_net:7.2f}x" if bfc_net and r["allocator"] != "noop" else "       -"
-        print(f"{r['allocator']:<22} {med:8.1f} {min(v):8.1f} {max(v):8.1f} {net:8.1f} {rel:>8}  "
-              f"{r['name']}")
+        wall = statistics.median(r["wall_ns_per_pair"])
+        print(f"{r['allocator']:<22} {med:8.1f} {min(v):8.1f} {max(v):8.1f} {net:8.1f} {rel:>8}"
+              f" {wall:8.1f}  {r['name']}")
     print()
-    print("net = median minus the noop row (the replay loop's own cost)")
+    print("median/min/max: thread CPU time per pair over samples; net = median minus the noop row "
+          "(the replay loop's own cost);\nwall: median wall-clock time per pair (includes waiting "
+          "for a core on a shared machine)")
     for key, text in ALLOCATORS:
         if key in medians:
             print(f"  {key:<22} {text}")

@@ -3,7 +3,8 @@ graphs at batch 16, and the predicted MSR = (vanilla peak - planned peak) / vani
 
     PYTHONPATH=. python benchmarks/planner_bench.py [--models resnet50,vgg16,...] [--json OUT]
 
-Each model's Keras train step (Adam, jit_compile=False) is traced and captured
+"minimise" runs only for 1 job (it swaps every tensor that fits, thousands of
+swaps; see RESULTS.md). Each model's Keras train step (Adam, jit_compile=False) is traced and captured
 once, its op latencies are profiled once; the jobs of a run are copies of that
 graph. Two budgets: "minimise" (no budget: swap until nothing more fits, the
 seed's behaviour) and "60%" (pool budget = 60% of the vanilla pool peak: swap,
@@ -135,8 +136,8 @@ def main() -> None:
               f"variables; capture {cap_s:.2f} s, profile {lat_s:.2f} s, step {lat.total_s(graph) * 1e3:.1f} ms, "
               f"latency coverage {lat.covered(graph):.0%}", flush=True)
         for k in (int(x) for x in a.jobs.split(",")):
-            for frac in (None, 0.6):
-                row = {"model": name, "ops": len(graph.ops), **bench(graph, lat, k, frac)}
+            for frac in ((None, 0.6) if k == 1 else (0.6,)):
+                row = {"model": name, "ops": len(graph.ops), **bench(graph, lat, k, frac, 1 if frac is None else 3)}
                 rows.append(row)
                 print(f"  {k} job(s) budget={row['budget']:<8} plan {row['plan_s'] * 1e3:8.1f} ms  "
                       f"replan {row['replan_s'] * 1e3:8.1f} ms  iters {row['iterations']:4d}  "

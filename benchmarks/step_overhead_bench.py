@@ -78,7 +78,7 @@ def worker(args: argparse.Namespace) -> None:
     for _ in range(args.warmup):
         train_step(x, y).numpy()
     build_s = time.perf_counter() - t_build
-    times, foreign = [], []
+    times, cpu, foreign = [], [], []
     for _ in range(args.steps):
         busy0, cpu0 = _busy_cpu_seconds(), time.process_time()
         t0 = time.perf_counter()
@@ -86,10 +86,11 @@ def worker(args: argparse.Namespace) -> None:
         dt = time.perf_counter() - t0
         busy1, cpu1 = _busy_cpu_seconds(), time.process_time()
         times.append(dt)
+        cpu.append(cpu1 - cpu0)
         # CPU time other processes (and the hypervisor, as steal) took during
         # the step, as a share of the machine: this machine is shared.
         foreign.append(max(0.0, (busy1 - busy0) - (cpu1 - cpu0)) / (dt * os.cpu_count()))
-    out = {"config": args.worker, "step_s": times, "foreign_share": foreign,
+    out = {"config": args.worker, "step_s": times, "step_cpu_s": cpu, "foreign_share": foreign,
            "build_and_warmup_s": build_s}
     if args.worker == "tensile":
         import tensile_tf
@@ -131,11 +132,30 @@ def run_one(config: str, args: argparse.Namespace) -> dict:
     raise SystemExit(f"{config} run failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
 
 
+def machine_load(seconds: float = 2.0) -> float:
+    """Share of the machine's CPUs busy over `seconds` (this process is idle meanwhile)."""
+    b0 = _busy_cpu_seconds()
+    time.sleep(seconds)
+    return (_busy_cpu_seconds() - b0) / (seconds * os.cpu_count())
+
+
+def wait_for_quiet(args: argparse.Namespace) -> float:
+    """Waits (up to --max-wait s) until other processes leave the CPUs mostly idle."""
+    deadline = time.monotonic() + args.max_wait
+    load = machine_load()
+    while load > args.max_foreign and time.monotonic() < deadline:
+        time.sleep(5.0)
+        load = machine_load()
+    return load
+
+
 def run_clean(config: str, args: argparse.Namespace) -> dict:
     """run_one, repeated (up to --retries) while other load spoils most steps."""
     best = None
     for attempt in range(args.retries + 1):
+        load = wait_for_quiet(args)
         r = run_one(config, args)
+        r["load_before"] = load
         r["attempt"] = attempt
         if best is None or len(r["clean_step_s"]) > len(best["clean_step_s"]):
             best = r
@@ -168,6 +188,8 @@ def main() -> None:
     p.add_argument("--retries", type=int, default=2,
                    help="rerun a configuration when fewer than half its steps are clean")
     p.add_argument("--retry-wait", type=float, default=20.0)
+    p.add_argument("--max-wait", type=float, default=300.0,
+                   help="before each run, wait up to this many seconds for the machine to be quiet")
     p.add_argument("--json", type=Path, default=None, help="also write results here")
     p.add_argument("--worker", choices=CONFIGS, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -191,24 +213,28 @@ def main() -> None:
             clean = r["clean_step_s"]
             print(f"  round {rnd + 1} {config:<10} median {_med(clean) * 1e3:8.1f} ms over "
                   f"{len(clean):2d}/{len(r['step_s'])} clean steps (all steps: "
-                  f"{_med(r['step_s']) * 1e3:.1f} ms, max other load "
-                  f"{max(r['foreign_share']):.0%})", flush=True)
+                  f"{_med(r['step_s']) * 1e3:.1f} ms wall, {_med(r['step_cpu_s']) * 1e3:.1f} ms CPU; "
+                  f"other load median {_med(r['foreign_share']):.0%})", flush=True)
 
     pooled = {c: _med([t for r in runs[c] for t in r["clean_step_s"]]) for c in configs}
     per_round = {c: _med([_med(r["clean_step_s"]) for r in runs[c] if r["clean_step_s"]])
                  for c in configs}
     n_clean = {c: sum(len(r["clean_step_s"]) for r in runs[c]) for c in configs}
+    cpu = {c: _med([t for r in runs[c] for t in r["step_cpu_s"]]) for c in configs}
     print()
     header = (f"{'config':<11} {'median step ms':>14} {'med of rounds':>14} {'steps':>6} "
-              f"{'vs tf_default':>14} {'vs tf_bfc':>10}")
+              f"{'vs tf_default':>14} {'vs tf_bfc':>10} {'CPU ms/step':>12} {'CPU vs def':>11}")
     print(header)
     print("-" * len(header))
     for c in configs:
         vs_def = (f"{(pooled[c] / pooled['tf_default'] - 1) * 100:+13.1f}%"
                   if "tf_default" in pooled else "-")
         vs_bfc = f"{(pooled[c] / pooled['tf_bfc'] - 1) * 100:+9.1f}%" if "tf_bfc" in pooled else "-"
+        cpu_def = (f"{(cpu[c] / cpu['tf_default'] - 1) * 100:+10.1f}%"
+                   if "tf_default" in cpu else "-")
         print(f"{c:<11} {pooled[c] * 1e3:14.1f} {per_round[c] * 1e3:14.1f} {n_clean[c]:6d} "
-              f"{vs_def:>14} {vs_bfc:>10}")
+              f"{vs_def:>14} {vs_bfc:>10} {cpu[c] * 1e3:12.1f} {cpu_def:>11}")
+    print("(step ms: wall time of clean steps; CPU ms/step: process CPU time, all steps)")
     for other in ("tf_default", "tf_bfc"):
         if "tensile" in runs and other in runs:
             paired = [_med(a["clean_step_s"]) / _med(b["clean_step_s"]) - 1
@@ -220,7 +246,8 @@ def main() -> None:
         args.json.write_text(json.dumps({"args": {k: v for k, v in vars(args).items()
                                                   if k not in ("json", "worker")},
                                          "runs": runs, "median_step_s": pooled,
-                                         "median_of_round_medians_s": per_round}, indent=1))
+                                         "median_of_round_medians_s": per_round,
+                                         "median_step_cpu_s": cpu}, indent=1))
 
 
 if __name__ == "__main__":

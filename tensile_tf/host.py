@@ -136,6 +136,29 @@ class RunResult:
     trace_origin_ns: int  # steady-clock ns at the run's start (pool event times)
 
 
+def summarize_error(message: str, limit: int = 2000) -> str:
+    """The informative part of an error message, on one line.
+
+    TensorFlow's graph execution errors open with "Graph execution error:" and
+    a Python stack of where the failing node was defined; the cause follows,
+    then "[[{{node NAME}}]]". Keep the cause and the node.
+    """
+    cause, node = [], None
+    for line in message.splitlines():
+        text = line.strip()
+        if not text or text == "Graph execution error:" or text.startswith("Detected at node") \
+                or line.startswith("  File "):
+            continue
+        if text.startswith("[[{{node "):
+            node = text[len("[[{{node "):].split("}}")[0]
+            continue
+        cause.append(text)
+    summary = " ".join(cause[:4])
+    if node:
+        summary += f" (at node {node})"
+    return summary[:limit]
+
+
 class JobHost:
     """Runs jobs concurrently in one process on the shared device pool.
 
@@ -304,21 +327,22 @@ class JobHost:
         state.records.clear()
         state.steps_done = 0
         registered_before = custom_gradient_names()
+        failed = False
         try:
             with state.job_stream.eager_scope():
                 state.train = state.job.build()
                 state.step_fn = state.job_stream.step_function(state.train.step_fn)
                 state.first_batch = state.train.next_batch()
                 state.step_fn.get_concrete_function(*state.first_batch)  # trace once, here, serially
-            return True
         except Exception as e:  # noqa: BLE001 - a bad job must not stop the host
-            state.custom_gradients = custom_gradient_names() - registered_before
             self._fail(state, e)
+            failed = True
+        # See Note [Custom gradients keep traced jobs alive] in tf_internals.
+        state.custom_gradients |= custom_gradient_names() - registered_before
+        if failed:
+            # Outside the except block: its traceback would keep the job's objects alive.
             self._teardown(state)
-            return False
-        finally:
-            # See Note [Custom gradients keep traced jobs alive] in tf_internals.
-            state.custom_gradients |= custom_gradient_names() - registered_before
+        return not failed
 
     def _probe(self, state: JobState, alongside: list[JobState]) -> None:
         """Build, trace, run step 1 measuring P and T; then admit, queue or reject."""
@@ -328,20 +352,22 @@ class JobHost:
         pool = tf_plugin.device_pool()
         before = stream.stats()["current"]
         pool.reset_peak()
+        outcome = None
         try:
             with stream.eager_scope():
                 self._run_step(state, state.first_batch)
         except tf.errors.ResourceExhaustedError as e:
-            others = any(s.train is not None and s is not state for s in self.states)
-            if others:
-                state.status = JobStatus.queued  # try again when the pool is emptier
-                self._teardown(state, keep_status=True)
+            if any(s.train is not None and s is not state for s in self.states):
+                outcome = JobStatus.queued  # try again when the pool is emptier
             else:
                 self._fail(state, e, status=JobStatus.rejected)
-                self._teardown(state, keep_status=True)
-            return
+                outcome = JobStatus.rejected
         except Exception as e:  # noqa: BLE001
             self._fail(state, e)
+            outcome = JobStatus.failed
+        if outcome is not None:
+            # Outside the except blocks: a live traceback would keep the job's objects alive.
+            state.status = outcome
             self._teardown(state)
             return
         after = stream.stats()
@@ -353,18 +379,18 @@ class JobHost:
                 f"{tf_plugin.human_bytes(state.temporary_bytes)} temporary, more than the pool's "
                 f"{tf_plugin.human_bytes(self.capacity)}; raise the pool or lower the batch size"),
                 status=JobStatus.rejected)
-            self._teardown(state, keep_status=True)
+            self._teardown(state)
             return
         if state.steps_done >= state.job.steps:
             state.status = JobStatus.finished
-            self._teardown(state, keep_status=True)
+            self._teardown(state)
             return
         if self._fits(state, alongside):
             state.status = JobStatus.running
             return
         state.status = JobStatus.queued
         if state.job.rebuildable:
-            self._teardown(state, keep_status=True)
+            self._teardown(state)
 
     def _run_step(self, state: JobState, batch: tuple) -> None:
         start = self._now()
@@ -405,11 +431,11 @@ class JobHost:
         state.status = status
         state.error_type = type(error).__name__
         message = getattr(error, "message", None) or str(error)
-        state.error = message.strip().splitlines()[0][:2000] if message.strip() else state.error_type
+        state.error = summarize_error(message) or state.error_type
         state.traceback = "".join(traceback.format_exception(type(error), error, error.__traceback__))[-8000:]
         state.ended_at_s = self._now()
 
-    def _teardown(self, state: JobState, keep_status: bool = True) -> None:
+    def _teardown(self, state: JobState) -> None:
         """Drops the job's objects; its pool bytes must return to zero."""
         stream = state.job_stream
         state.train = None

@@ -50,8 +50,14 @@ _configure_from_environment()
 
 
 def pool_stats() -> dict[str, Any]:
-    """The device pool's stats as a plain dict (see module docstring)."""
-    return device_pool().stats()
+    """The device pool's stats as a plain dict (see module docstring).
+
+    ``host_fallback`` counts allocations made outside op kernels (numpy
+    conversions) that the pool could not serve and host memory did.
+    """
+    stats = device_pool().stats()
+    stats["host_fallback"] = tf_plugin._plugin.host_fallback_stats()  # noqa: SLF001
+    return stats
 
 
 def reset_pool_peak() -> None:

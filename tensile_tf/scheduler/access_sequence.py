@@ -158,6 +158,23 @@ class TensorAccessSequence:
         self.first, self.last = first, last
         self._start_l = self.start.tolist()
         self._end_l = self.end.tolist()
+        self._latencies = latencies
+        n_acc = np.fromiter((len(a) for a in acc), dtype=np.int64, count=nt)
+        kinds = np.array(self.kind, dtype=object)
+        #: Algorithm 2's filter: not a model input, not empty, and another access to serve (TAT length > 1)
+        self.swappable = (kinds != "input") & (self.size > 0) & (self.persistent | (n_acc > 1)) & (n_acc > 0)
+
+    def last_use_map(self) -> dict[str, list[str]]:
+        """Activity analysis (Algorithm 3 line 2): step name -> activations released after it.
+        Cached; shared by ``retimed`` copies, whose structure is the same."""
+        cached = self.__dict__.get("_last_use")
+        if cached is None:
+            cached = {}
+            names, steps = self.tensor_names, self.step_names
+            for i in np.flatnonzero(~self.persistent & (self.size > 0) & (self.last >= 0)).tolist():
+                cached.setdefault(steps[self.last[i]], []).append(names[i])
+            self.__dict__["_last_use"] = cached
+        return cached
 
     # -- access view (§III-C) -------------------------------------------------
     def accesses(self) -> list[TensorAccess]:
@@ -188,6 +205,9 @@ class TensorAccessSequence:
         """The same sequence with new latencies (§IV-E re-planning): structure shared, times rebuilt."""
         new = object.__new__(TensorAccessSequence)
         new.__dict__.update(self.__dict__)
+        if latencies is self._latencies:
+            return new
+        new._latencies = latencies
         lat = np.fromiter((max(0.0, float(latencies.latency_s(self.ops_by_name[o]))) for o in self.step_op),
                           dtype=np.float64, count=self.n)
         new.latency = lat

@@ -42,6 +42,7 @@ class JobFootprint:
         self.base = np.cumsum(diff[:-1]) + tas.temp
         self.F = self.base.copy()
         self.absences: dict[int, list[tuple[int, int]]] = {}
+        self._abs_arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def add_absence(self, i: int, lo_u: int, hi_u: int) -> list[tuple[int, int]]:
         """Tensor i is not on the device over unrolled steps [lo_u, hi_u); returns the local ranges."""
@@ -60,6 +61,7 @@ class JobFootprint:
             if b > a:
                 self.F[a:b] -= size
         self.absences.setdefault(i, []).extend(r for r in ranges if r[1] > r[0])
+        self._abs_arrays = None
         return ranges
 
     def remove_absence(self, i: int, ranges: list[tuple[int, int]]) -> None:
@@ -69,6 +71,7 @@ class JobFootprint:
             if b > a:
                 self.F[a:b] += size
                 lst.remove((a, b))
+        self._abs_arrays = None
 
     def is_absent(self, i: int, k: int) -> bool:
         k %= self.tas.n
@@ -79,7 +82,14 @@ class JobFootprint:
         tas = self.tas
         idx = np.flatnonzero((tas.first <= k) & (tas.last >= k))
         if self.absences:
-            idx = np.array([i for i in idx.tolist() if not self.is_absent(i, k)], dtype=np.int64)
+            if self._abs_arrays is None:
+                rows = [(i, a, b) for i, lst in self.absences.items() for a, b in lst]
+                arr = np.array(rows, dtype=np.int64).reshape(-1, 3)
+                self._abs_arrays = (arr[:, 0], arr[:, 1], arr[:, 2])
+            t, lo, hi = self._abs_arrays
+            gone = t[(lo <= k) & (k < hi)]
+            if len(gone):
+                idx = idx[~np.isin(idx, gone)]
         return idx
 
     @property
@@ -138,7 +148,7 @@ class PeakAnalysis:
     peak_bytes: int
     peak_time_s: float
     job_steps: dict[int, int]                    # job index -> step running at the peak
-    mpt: list[tuple[int, int]]                   # (job index, tensor index) resident at the peak
+    mpt: dict[int, np.ndarray]                   # job index -> tensor indices resident at the peak
     last_access_step: dict[int, int]             # LUA: per job, the last step finished before the peak
     job_peaks: list[int]                         # MP_j: each job's own peak
     job_bytes_at_peak: list[int] = field(default_factory=list)
@@ -162,10 +172,10 @@ def gpu_memory_peak_analysis(footprints: Sequence[JobFootprint], timeline: PoolT
             at_peak.append(int(f.F[k]))
         else:
             at_peak.append(0)
-    mpt: list[tuple[int, int]] = []
+    mpt: dict[int, np.ndarray] = {}
     if with_tensors:
         for j, k in steps.items():
-            mpt.extend((j, int(i)) for i in footprints[j].resident_at(k))
+            mpt[j] = footprints[j].resident_at(k)
     return PeakAnalysis(
         peak_bytes=int(pool[seg]), peak_time_s=float(timeline.grid[seg]), job_steps=steps, mpt=mpt,
         last_access_step={j: k - 1 for j, k in steps.items()},

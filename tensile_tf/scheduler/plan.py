@@ -67,7 +67,9 @@ class JobPlan:
     swap_outs: list[SwapEvent] = field(default_factory=list)
     swap_ins: list[SwapEvent] = field(default_factory=list)
     recomputes: list[RecomputeEvent] = field(default_factory=list)
-    releases: list[ReleaseEvent] = field(default_factory=list)
+    releases: list[ReleaseEvent] = field(default_factory=list)      # swap / recompute releases
+    last_use: dict[str, list[str]] = field(default_factory=dict)    # activity analysis: op -> tensors
+                                                                     # released after it (Algorithm 3 line 2)
     vanilla_peak_bytes: int = 0
     planned_peak_bytes: int = 0
     iteration_s: float = 0.0          # predicted, without recomputation

@@ -248,10 +248,7 @@ class Planner:
             jp = JobPlan(js.name, vanilla_peak_bytes=js.vanilla_peak, planned_peak_bytes=js.fp.peak,
                          iteration_s=js.vanilla_tas.period_s, planned_iteration_s=tas.period_s,
                          start_offset_s=js.offset_s, max_swapping_rate=js.max_swapping_rate)
-            for i, acc in enumerate(tas.acc):
-                if acc and not tas.persistent[i] and tas.size[i] > 0:
-                    jp.releases.append(ReleaseEvent(js.name, tas.tensor_names[i], tas.step_names[acc[-1]],
-                                                    "last_use"))
+            jp.last_use = {op: list(ts) for op, ts in tas.last_use_map().items()}
             moved = 0
             for dec in js.decisions:
                 name = tas.tensor_names[dec.i]

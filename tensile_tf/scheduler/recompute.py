@@ -80,7 +80,7 @@ def recomputation_scheduling(jobs: Sequence[JobState], peak: PeakAnalysis, need_
     other (no pick's target is another pick's input). Returns job -> new events;
     the planner inserts them and re-checks the whole plan."""
     cands = []
-    for j, i in peak.mpt:
+    for j, i in ((j, int(i)) for j, idx in peak.mpt.items() for i in idx):
         js = jobs[j]
         tas = js.tas
         if tas.kind[i] != "activation" or tas.size[i] <= 0 or i in js.no_recompute:

@@ -31,8 +31,10 @@ Departures from the seed, each a fix of a weak spot:
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_left, bisect_right
 from typing import Sequence
+
+import numpy as np
 
 from tensile_tf.scheduler.peak_analysis import PeakAnalysis
 from tensile_tf.scheduler.state import JobState, SwapDecision
@@ -241,16 +243,18 @@ def swap_scheduling(jobs: Sequence[JobState], channel: SwapChannel, peak: PeakAn
     ``failures`` caches (job, tensor, peak step) tries that failed: the channel only
     fills up during the swap phase, so they would fail again."""
     failures = failures if failures is not None else set()
-    cands = []
-    for j, i in peak.mpt:
-        js = jobs[j]
-        tas = js.tas
-        if tas.kind[i] == "input" or tas.size[i] <= 0:
-            continue
-        if not tas.persistent[i] and len(tas.acc[i]) <= 1:   # TAT[tensor].length > 1
-            continue
-        cands.append((int(tas.size[i]), j, i))
-    cands.sort(key=lambda c: (-c[0], c[1], c[2]))
+    parts_j, parts_i, parts_s = [], [], []
+    for j, idx in peak.mpt.items():
+        tas = jobs[j].tas
+        idx = idx[tas.swappable[idx]]
+        parts_j.append(np.full(len(idx), j, dtype=np.int64))
+        parts_i.append(idx)
+        parts_s.append(tas.size[idx])
+    if not parts_i:
+        return []
+    cj, ci, cs = (np.concatenate(x) for x in (parts_j, parts_i, parts_s))
+    order = np.lexsort((ci, cj, -cs))          # largest first, ties by job then tensor
+    cands = zip(cs[order].tolist(), cj[order].tolist(), ci[order].tolist())
     done: list[SwapDecision] = []
     saved = 0
     for size, j, i in cands:

@@ -220,5 +220,13 @@ Streams are jobs; allocate() returns an arena offset.)doc")
         "Attributes this thread's eager allocations to `stream`; returns the "
         "previous stream.");
   m.def("thread_stream", &tensile::ThreadStream);
+  m.def("host_fallback_stats", []() {
+    const tensile::HostFallbackStats s = tensile::GetHostFallbackStats();
+    py::dict d;
+    d["num_allocs"] = s.num_allocs;
+    d["current"] = s.current;
+    d["peak"] = s.peak;
+    return d;
+  });
   m.def("human_bytes", &tensile::HumanBytes, py::arg("nbytes"));
 }

@@ -48,6 +48,15 @@ StreamId ThreadStream();
 // StreamForStep(step_id), else the calling thread's stream.
 StreamId StreamForAllocation(int64_t step_id);
 
+// Host fallback (Note [Host fallback for conversions] in tf_pool_allocator.cc):
+// allocations made outside any op kernel that the pool cannot serve.
+struct HostFallbackStats {
+  int64_t num_allocs = 0;  // cumulative
+  int64_t current = 0;     // bytes live now
+  int64_t peak = 0;
+};
+HostFallbackStats GetHostFallbackStats();
+
 }  // namespace tensile
 
 #endif  // TF_PLUGIN_ALLOCATOR_DEVICE_POOL_H_

@@ -16,22 +16,75 @@
 // id maps to a job's stream (device_pool.h); the op name is copied into the
 // pool's event trace.
 //
+// Note [Host fallback for conversions]
+// Some TensorFlow paths outside op kernels do not check for a failed
+// allocation: converting a large numpy array into an eager tensor writes
+// through the null pointer and kills the process. Such allocations carry no
+// op annotation. When the pool cannot serve one, it is served from host
+// memory instead, counted (pool_stats()["host_fallback"]) and logged, so one
+// job's oversized input fails later in a kernel with a clean OOM instead of
+// taking the process down. This matches a real GPU system, where tensors
+// built from Python data start out in host memory anyway. Op kernels never
+// fall back: they get ResourceExhaustedError.
+//
 // OOM message: TensorFlow's ResourceExhaustedError reads "OOM when allocating
 // tensor ... by allocator <Name()>". After a failed allocation, Name()
 // returns the pool's own explanation for the failing thread (what, where and
 // what to do), so the error the user sees says why.
+#include <algorithm>
+#include <cstdlib>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 
 #include "tf_plugin/allocator/device_pool.h"
 #include "tsl/profiler/lib/scoped_memory_debug_annotation.h"
 #include "xla/tsl/framework/allocator.h"
 #include "xla/tsl/framework/allocator_registry.h"
+#include "xla/tsl/platform/logging.h"
 
 namespace tensile {
 namespace {
 
 constexpr char kAllocatorName[] = "tensile_pool";
 thread_local std::string t_last_oom_message;
+
+// Live host-fallback allocations: pointer -> bytes. Rare, so a locked map.
+std::mutex g_fallback_mu;
+std::unordered_map<void*, size_t> g_fallback_sizes;
+HostFallbackStats g_fallback_stats;
+
+void* FallbackAllocate(size_t num_bytes) {
+  void* p = nullptr;
+  if (posix_memalign(&p, StreamAwarePool::kMinChunkBytes,
+                     std::max<size_t>(num_bytes, 1)) != 0) {
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(g_fallback_mu);
+  g_fallback_sizes[p] = num_bytes;
+  g_fallback_stats.num_allocs += 1;
+  g_fallback_stats.current += static_cast<int64_t>(num_bytes);
+  g_fallback_stats.peak = std::max(g_fallback_stats.peak, g_fallback_stats.current);
+  return p;
+}
+
+size_t FallbackSize(const void* ptr) {
+  std::lock_guard<std::mutex> lock(g_fallback_mu);
+  auto it = g_fallback_sizes.find(const_cast<void*>(ptr));
+  return it == g_fallback_sizes.end() ? 0 : it->second;
+}
+
+void FallbackFree(void* ptr) {
+  {
+    std::lock_guard<std::mutex> lock(g_fallback_mu);
+    auto it = g_fallback_sizes.find(ptr);
+    if (it != g_fallback_sizes.end()) {
+      g_fallback_stats.current -= static_cast<int64_t>(it->second);
+      g_fallback_sizes.erase(it);
+    }
+  }
+  std::free(ptr);
+}
 
 class TensilePoolAllocator : public tsl::Allocator {
  public:
@@ -53,6 +106,13 @@ class TensilePoolAllocator : public tsl::Allocator {
         tsl::profiler::ScopedMemoryDebugAnnotation::CurrentAnnotation();
     const StreamId stream = StreamForAllocation(annotation.pending_step_id);
     void* p = pool_->Allocate(num_bytes, stream, annotation.pending_op_name);
+    if (p == nullptr && annotation.pending_op_name.empty()) {
+      LOG(WARNING) << "tensile pool: "
+                   << pool_->DescribeOom(num_bytes, stream, "<no op>")
+                   << " -- outside any op kernel, served from host memory "
+                      "instead (see pool_stats()['host_fallback'])";
+      return FallbackAllocate(num_bytes);
+    }
     if (p == nullptr) {
       t_last_oom_message = pool_->DescribeOom(num_bytes, stream,
                                               annotation.pending_op_name);
@@ -63,6 +123,10 @@ class TensilePoolAllocator : public tsl::Allocator {
   }
 
   void DeallocateRaw(void* ptr) override {
+    if (ptr != nullptr && !pool_->Owns(ptr)) {
+      FallbackFree(ptr);
+      return;
+    }
     const auto& annotation =
         tsl::profiler::ScopedMemoryDebugAnnotation::CurrentAnnotation();
     pool_->Deallocate(ptr, annotation.pending_op_name);
@@ -70,10 +134,10 @@ class TensilePoolAllocator : public tsl::Allocator {
 
   bool TracksAllocationSizes() const override { return true; }
   size_t RequestedSize(const void* ptr) const override {
-    return pool_->RequestedSize(ptr);
+    return pool_->Owns(ptr) ? pool_->RequestedSize(ptr) : FallbackSize(ptr);
   }
   size_t AllocatedSize(const void* ptr) const override {
-    return pool_->AllocatedSize(ptr);
+    return pool_->Owns(ptr) ? pool_->AllocatedSize(ptr) : FallbackSize(ptr);
   }
   int64_t AllocationId(const void* ptr) const override {
     return pool_->AllocationId(ptr);
@@ -137,6 +201,12 @@ class TensilePoolAllocatorFactory : public tsl::AllocatorFactory {
 };
 
 }  // namespace
+
+HostFallbackStats GetHostFallbackStats() {
+  std::lock_guard<std::mutex> lock(g_fallback_mu);
+  return g_fallback_stats;
+}
+
 }  // namespace tensile
 
 namespace tsl {

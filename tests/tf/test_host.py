@@ -1,0 +1,110 @@
+"""JobHost: concurrency, failure isolation, memory return, admission."""
+import json
+
+import numpy as np
+import pytest
+
+import tensile_tf
+from tensile_tf.config import JobSpec
+from tensile_tf.host import JobHost, JobStatus
+from tensile_tf.jobs import Job
+from tests import job_factories
+from tests.conftest import last_json_line, run_python
+
+
+def spec(name, **kw):
+    base = dict(name=name, model={"train_step_factory": "tests.job_factories:dense_regression",
+                                  "args": kw.pop("args", {})}, steps=kw.pop("steps", 8))
+    base.update(kw)
+    return JobSpec.model_validate(base)
+
+
+def test_jobs_run_concurrently_and_failures_stay_isolated():
+    host = JobHost()
+    ok = host.submit(Job.from_spec(spec("ok", steps=12)))
+    boom = host.submit(Job.from_spec(spec("boom", steps=12, args={"fail_at_step": 4})))
+    nan = host.submit(Job.from_spec(spec("nan", steps=12, args={"nan_at_step": 5})))
+    user = host.submit(Job.from_train_step("user", job_factories.dense_regression(width=128), steps=6))
+    result = host.run()
+
+    assert ok.status == JobStatus.finished and ok.steps_done == 12
+    assert user.status == JobStatus.finished and user.steps_done == 6
+    assert boom.status == JobStatus.failed and "injected failure" in boom.error
+    assert boom.steps_done == 4 and boom.error_type == "InvalidArgumentError"
+    assert nan.status == JobStatus.failed and nan.error_type == "NonFiniteLoss"
+    assert "loss became nan at step 5" in nan.error
+    # Every job's pool memory came back, failed ones included.
+    for s in (ok, boom, nan):
+        assert s.leaked_bytes == 0, (s.name, s.leaked_bytes)
+        assert s.persistent_bytes > 0 and s.temporary_bytes >= 0 and s.peak_bytes > 0
+    assert all(name in ("default",) or not name.startswith(("ok", "boom", "nan"))
+               for name in tensile_tf.pool_stats()["jobs"])
+    # The jobs overlapped in time: concurrent, not one after another.
+    ok_steps = [(r.start_s, r.start_s + r.duration_s) for r in ok.records[1:]]
+    user_steps = [(r.start_s, r.start_s + r.duration_s) for r in user.records[1:]]
+    assert max(a for a, _ in ok_steps + user_steps) > min(b for _, b in ok_steps + user_steps) - 1e-9
+    assert min(b for _, b in ok_steps) > min(a for a, _ in user_steps)
+    assert np.isfinite([r.loss for r in ok.records]).all()
+    assert result.samples and result.pool["num_ooms"] == 0
+
+
+def test_duplicate_job_names_are_refused():
+    host = JobHost()
+    host.submit(Job.from_spec(spec("dup")))
+    with pytest.raises(ValueError, match="already submitted"):
+        host.submit(Job.from_spec(spec("dup")))
+
+
+def test_pool_size_mismatch_is_explained():
+    with pytest.raises(RuntimeError, match="already exists"):
+        JobHost(pool_bytes="1GiB")
+
+
+ADMISSION_SCRIPT = """
+    import json
+    import tensorflow as tf
+    import tensile_tf
+    from tensile_tf.host import JobHost
+    from tensile_tf.jobs import Job
+    from tensile_tf.config import JobSpec
+    def spec(name, batch, steps):
+        return JobSpec.model_validate(dict(name=name, steps=steps, model=dict(
+            train_step_factory="tests.job_factories:activation_hog", args=dict(batch_size=batch, width=4096))))
+    host = JobHost(pool_bytes="{pool}", admission="{admission}")
+    states = [host.submit(Job.from_spec(spec(n, b, 6))) for n, b in {jobs}]
+    result = host.run()
+    print(json.dumps({{"jobs": [dict(name=s.name, status=s.status.value, error=s.error, admitted=s.admitted_at_s,
+                                    ended=s.ended_at_s, leaked=s.leaked_bytes, P=s.persistent_bytes,
+                                    T=s.temporary_bytes) for s in states],
+                      "ooms": result.pool["num_ooms"], "peak": result.pool["peak"]}}))
+"""
+
+
+def test_admission_queues_jobs_the_pool_cannot_hold_at_once():
+    # Each job holds ~17 MiB (its input batch and weights) and peaks ~17 MiB more
+    # in a step (measured: P and T below). A 56 MiB pool holds one job at a time
+    # under admission "sum" (P1 + P2 + T1 + T2 ~ 69 MiB > 56 MiB).
+    proc = run_python(ADMISSION_SCRIPT.format(pool="56MiB", admission="sum",
+                                              jobs=[("first", 1024), ("second", 1024), ("third", 1024)]))
+    out = last_json_line(proc)
+    jobs = {j["name"]: j for j in out["jobs"]}
+    assert all(j["status"] == "finished" for j in jobs.values()), jobs
+    assert out["ooms"] == 0
+    # Queued, not crashed: each later job was admitted only after an earlier one ended.
+    order = sorted(jobs.values(), key=lambda j: j["admitted"])
+    for before, after in zip(order, order[1:]):
+        assert after["admitted"] >= before["ended"] - 1e-6, (before, after)
+    assert all(j["leaked"] == 0 for j in jobs.values())
+    assert out["peak"] <= 56 * 2**20
+    assert all(j["P"] + j["T"] <= 56 * 2**20 < 2 * (j["P"] + j["T"]) for j in jobs.values())
+
+
+def test_job_that_can_never_fit_is_rejected_while_others_run():
+    proc = run_python(ADMISSION_SCRIPT.format(pool="64MiB", admission="salus",
+                                              jobs=[("small", 128), ("huge", 4096)]))
+    out = last_json_line(proc)
+    jobs = {j["name"]: j for j in out["jobs"]}
+    assert jobs["small"]["status"] == "finished"
+    assert jobs["huge"]["status"] == "rejected"
+    assert "out of memory" in jobs["huge"]["error"] or "more than the pool" in jobs["huge"]["error"]
+    assert jobs["huge"]["leaked"] == 0
