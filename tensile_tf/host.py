@@ -52,6 +52,7 @@ class JobStatus(str, Enum):
     queued = "queued"        # waiting for memory
     running = "running"
     finished = "finished"
+    stopped = "stopped"      # ended early by its on_step callback (e.g. pruned)
     failed = "failed"
     rejected = "rejected"    # can never fit the pool
 
@@ -178,6 +179,7 @@ class JobHost:
         self.progress = progress
         self.states: list[JobState] = []
         self._events: queue.Queue[JobState] = queue.Queue()
+        self._measured_by_signature: dict[str, tuple[int, int, int]] = {}
         self._t0 = time.perf_counter()
 
     @staticmethod
@@ -203,7 +205,14 @@ class JobHost:
 
     # ----------------------------------------------------------- main loop
 
-    def run(self) -> RunResult:
+    def run(self, job_source: Callable[[], Job | None] | None = None) -> RunResult:
+        """Runs every submitted job; returns when all have ended.
+
+        ``job_source``, if given, is asked for another job whenever no job is
+        waiting and fewer than ``concurrency`` run; it returns a Job, or None
+        for "nothing more now". The run ends when no job runs or waits and the
+        source has nothing more (search drivers keep the pool full with it).
+        """
         started_at = time.time()
         self._t0 = time.perf_counter()
         origin_ns = time.monotonic_ns()
@@ -227,9 +236,12 @@ class JobHost:
                 self._report(state)
             for state in admitted:
                 self._start_thread(state, running)
-            while running or waiting:
+            while True:
+                self._pull_jobs(job_source, waiting, running)
+                if not (running or waiting):
+                    break
                 if not running and waiting:
-                    self._admit_waiting(waiting, running, idle=True)
+                    self._admit_waiting(waiting, running)
                     if not running:
                         break
                 try:
@@ -242,7 +254,8 @@ class JobHost:
                 running.pop(ended.name).join()
                 self._teardown(ended)
                 self._report(ended)
-                self._admit_waiting(waiting, running, idle=not running)
+                self._ended(ended)
+                self._admit_waiting(waiting, running)
         finally:
             stop_sampling.set()
             sampler.join()
@@ -253,6 +266,24 @@ class JobHost:
         return RunResult(capacity=self.capacity, pool=pool_stats(), jobs=list(self.states),
                          samples=samples, pool_events=tf_plugin.device_pool().trace(),
                          started_at=started_at, wall_s=wall, trace_origin_ns=origin_ns)
+
+    def _pull_jobs(self, job_source, waiting: deque, running: dict) -> None:
+        """Takes new jobs from job_source while there is room, and admits them."""
+        if job_source is None:
+            return
+        while not waiting and (self.concurrency is None or len(running) < self.concurrency):
+            job = job_source()
+            if job is None:
+                return
+            waiting.append(self.submit(job))
+            self._admit_waiting(waiting, running)
+
+    def _ended(self, state: JobState) -> None:
+        if state.job.on_end is not None:
+            try:
+                state.job.on_end(state)
+            except Exception as e:  # noqa: BLE001 - a callback must not stop the host
+                state.error = (state.error or "") + f" [on_end callback failed: {e!r}]"
 
     def _now(self) -> float:
         return time.perf_counter() - self._t0
@@ -282,32 +313,60 @@ class JobHost:
             return False
         if self.admission == Admission.none:
             return True
-        persistent = sum(s.persistent_bytes or 0 for s in group)
-        temps = [s.temporary_bytes or 0 for s in group]
+        needs = [self._predict(s) or (0, 0) for s in group]
+        persistent = sum(p for p, _ in needs)
+        temps = [t for _, t in needs]
         temporary = max(temps) if self.admission == Admission.salus else sum(temps)
         return persistent + temporary <= self.capacity - self._reserved_by_others()
+
+    @staticmethod
+    def _signature(state: JobState) -> str | None:
+        """What makes two YAML jobs' memory comparable: all but batch size and scalars."""
+        spec = state.job.spec
+        if spec is None:
+            return None
+        return spec.model_dump_json(include={"model", "input_shape", "classes", "data", "loss"}) + \
+            spec.optimizer.name
+
+    def _predict(self, state: JobState) -> tuple[int, int] | None:
+        """(P, T) measured, else scaled from a measured job of the same signature.
+
+        Temporary memory scales with the batch; persistent memory is taken as
+        the larger of the two (synthetic batches grow with it too), so the
+        prediction errs on the safe side.
+        """
+        if state.measured:
+            return state.persistent_bytes, state.temporary_bytes
+        sig = self._signature(state)
+        ref = self._measured_by_signature.get(sig) if sig else None
+        if ref is None:
+            return None
+        batch, p, t = ref
+        scale = state.job.spec.batch_size / batch
+        return int(p * max(1.0, scale)), int(t * scale)
 
     def _never_fits(self, state: JobState) -> bool:
         return (state.persistent_bytes or 0) + (state.temporary_bytes or 0) > self.capacity
 
-    def _admit_waiting(self, waiting: deque, running: dict, *, idle: bool) -> None:
+    def _admit_waiting(self, waiting: deque, running: dict) -> None:
         """Starts queued jobs that fit now, in submit order (later small jobs may pass)."""
         for state in list(waiting):
             active = [s for s in self.states if s.status == JobStatus.running]
             if self.concurrency is not None and len(active) >= self.concurrency:
                 return
             if not state.measured:
-                # Probing runs a step; do it only when no job can be disturbed.
-                if not idle or running:
+                # Probing runs a step. With nothing running, nothing can be
+                # disturbed; otherwise only a job whose predicted needs fit.
+                predicted = self._predict(state) is not None
+                if running and not (predicted and self._fits(state, active)):
                     continue
                 waiting.remove(state)
-                self._probe(state, [])
+                self._probe(state, active)
                 if state.status == JobStatus.running:
                     self._start_thread(state, running)
                 elif state.status == JobStatus.queued:
                     waiting.append(state)
                 self._report(state)
-                idle = not running
                 continue
             if not self._fits(state, active):
                 continue
@@ -373,6 +432,10 @@ class JobHost:
         after = stream.stats()
         state.persistent_bytes = after["current"]
         state.temporary_bytes = max(0, after["peak"] - max(before, after["current"]))
+        sig = self._signature(state)
+        if sig is not None:
+            self._measured_by_signature[sig] = (state.job.spec.batch_size, state.persistent_bytes,
+                                                state.temporary_bytes)
         if self._never_fits(state):
             self._fail(state, RuntimeError(
                 f"needs {tf_plugin.human_bytes(state.persistent_bytes)} persistent + "
@@ -417,10 +480,14 @@ class JobHost:
         """A job's thread: its remaining steps. Never raises."""
         try:
             with state.job_stream.eager_scope():
+                status = JobStatus.finished
                 while state.steps_done < state.job.steps:
                     first = state.steps_done == 0 and state.first_batch is not None
                     self._run_step(state, state.first_batch if first else state.train.next_batch())
-            state.status = JobStatus.finished
+                    if state.job.on_step is not None and state.job.on_step(state) is False:
+                        status = JobStatus.stopped
+                        break
+            state.status = status
         except BaseException as e:  # noqa: BLE001 - isolate the failure to this job
             self._fail(state, e)
         finally:

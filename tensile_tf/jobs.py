@@ -70,6 +70,12 @@ class Job:
     stop_on_nan: bool = True
     rebuildable: bool = True
     spec: JobSpec | None = None
+    # Called in the job's thread after every step; returning False stops the
+    # job early with status "stopped" (search drivers prune trials with it).
+    on_step: Callable[[Any], bool] | None = None
+    # Called in the host's main thread once the job has ended and released
+    # its memory.
+    on_end: Callable[[Any], None] | None = None
 
     @classmethod
     def from_train_step(cls, name: str, train_step: TrainStep, *, steps: int,
