@@ -2,6 +2,7 @@
 
     tensile run CONFIG [--out DIR]      train the config's jobs concurrently
     tensile validate CONFIG             check a config without running it
+    tensile plan CONFIG [--out DIR]     trace and plan the jobs (TENSILE), write plan.json
 """
 from __future__ import annotations
 
@@ -113,6 +114,41 @@ def _cmd_run(args) -> int:
     return 1 if failed and len(failed) == len(result.jobs) else 0
 
 
+def _cmd_plan(args) -> int:
+    from tensile_tf.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return 2
+    import tensile_tf  # noqa: F401  (installs the pool before any TF op)
+    from types import SimpleNamespace
+
+    import tensorflow as tf
+
+    from tensile_tf.jobs import build_train_step
+    from tensile_tf.memory import parse_bytes
+    from tensile_tf.planning import format_plan_summary, plan_jobs
+
+    jobs = []
+    for spec in cfg.jobs:
+        train = build_train_step(spec)
+        jobs.append(SimpleNamespace(
+            name=spec.name, step_fn=tf.function(train.step_fn, jit_compile=False),
+            example_args=train.next_batch(), optimizer=train.optimizer,
+            max_swapping_rate=spec.max_swapping_rate, start_offset_s=spec.start_offset_s, train=train))
+    budget = parse_bytes(args.budget, what="--budget") if args.budget else cfg.pool
+    bandwidth = parse_bytes(args.bandwidth, what="--bandwidth") if args.bandwidth else None
+    plan = plan_jobs(jobs, pool_bytes=budget, bandwidth_bytes_per_s=bandwidth)
+    print(format_plan_summary(plan))
+    out = Path(args.out or cfg.run.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plan.json").write_text(plan.to_json())
+    print(f"wrote {out / 'plan.json'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tensile", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -124,6 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="check a YAML config without running it")
     validate.add_argument("config")
     validate.set_defaults(func=_cmd_validate)
+    plan = sub.add_parser("plan", help="trace the config's jobs and plan swaps/recomputation without training")
+    plan.add_argument("config")
+    plan.add_argument("--out", help="output directory for plan.json (default: the config's run.out_dir)")
+    plan.add_argument("--budget", help="memory budget to plan for, e.g. 512MiB (default: the config's pool)")
+    plan.add_argument("--bandwidth", help="swap link bandwidth per second, e.g. 12GiB (default: PCIe 3 x16)")
+    plan.set_defaults(func=_cmd_plan)
     return parser
 
 

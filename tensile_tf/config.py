@@ -105,6 +105,9 @@ class JobSpec(_Strict):
     steps_per_epoch: int | None = Field(None, ge=1)
     seed: int = 0
     stop_on_nan: bool = True
+    max_swapping_rate: float = Field(1.0, gt=0, le=1, description="TENSILE: the job's cap on its share "
+                                     "of swapped tensors, also its swap priority")
+    start_offset_s: float = Field(0.0, ge=0, description="planner: when the job's first iteration starts")
 
     @model_validator(mode="after")
     def _length(self) -> "JobSpec":

@@ -1,0 +1,118 @@
+"""End-to-end: the tensile command as a user runs it."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+SMALL_CONFIG = """
+pool: 256MiB
+run: {out_dir: unused}
+jobs:
+  - name: cnn
+    model: {builder: "tensile_tf.zoo:small_cnn", args: {filters: [8, 16]}}
+    input_shape: [16, 16, 3]
+    batch_size: 16
+    steps: 6
+    seed: 1
+  - name: mlp
+    model: {builder: "tensile_tf.zoo:mlp", args: {hidden: [64]}}
+    input_shape: [32]
+    batch_size: 32
+    optimizer: {name: sgd, learning_rate: 0.01}
+    steps: 10
+  - name: flaky
+    model: {train_step_factory: "tests.job_factories:dense_regression", args: {fail_at_step: 3}}
+    steps: 10
+"""
+
+
+def tensile(*args, timeout=600):
+    env = {k: v for k, v in os.environ.items() if k != "TENSILE_POOL_BYTES"}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    return subprocess.run([sys.executable, "-m", "tensile_tf", *args], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def write(tmp_path, text, name="config.yaml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_run_writes_results_trace_and_memory_picture(tmp_path):
+    cfg = write(tmp_path, SMALL_CONFIG)
+    out = tmp_path / "out"
+    proc = tensile("run", str(cfg), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    jobs = {j["name"]: j for j in results["jobs"]}
+    assert jobs["cnn"]["status"] == "finished" and jobs["cnn"]["steps"] == 6
+    assert jobs["mlp"]["status"] == "finished" and jobs["mlp"]["steps"] == 10
+    assert jobs["flaky"]["status"] == "failed" and "injected failure" in jobs["flaky"]["error"]
+    for j in jobs.values():
+        assert j["leaked_bytes"] == 0
+        assert j["peak_pool_bytes"] > 0
+    assert isinstance(jobs["cnn"]["final_loss"], float) and jobs["cnn"]["median_step_s"] > 0
+    assert results["pool"]["capacity"] == 256 * 2**20
+    assert 0 < results["pool"]["peak"] <= results["pool"]["capacity"]
+    trace = json.loads((out / "trace.json").read_text())
+    names = {e.get("name") for e in trace["traceEvents"]}
+    assert "step 0" in names and "pool bytes by job" in names
+    assert (out / "memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "cnn" in proc.stdout and "finished" in proc.stdout  # the summary table
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("pool: 1GiB\njobs: []\n", "config.yaml:2:1: jobs: List should have at least 1 item"),
+    ("pool: lots\njobs:\n  - {name: a, model: {application: ResNet50}, input_shape: [32,32,3], steps: 1}\n",
+     "config.yaml:1:1: pool: pool: cannot read 'lots' as a byte size"),
+    ("pool: 1GiB\njobs:\n  - name: a\n    model: {application: ResNet50}\n    input_shape: [32, 32, 3]\n"
+     "    steps: 1\n    batchsize: 3\n", "config.yaml:7:5: jobs[0].batchsize: unknown key"),
+    ("pool: 1GiB\njobs:\n  - name: a\n    model: {builder: x}\n    steps: 1\n",
+     "config.yaml:4:5: jobs[0].model: builder must look like 'package.module:function'"),
+    ("pool: 1GiB\njobs:\n  - name: a\n    model: {builder: 'm:f'}\n",
+     "config.yaml:3:5: jobs[0]: give 'steps', or 'epochs' with 'steps_per_epoch'"),
+    ("pool: 1GiB\njobs:\n  - {name: a, model: {builder: 'm:f'}, steps: 1}\n  - {name: a, model: {builder: 'm:f'}, steps: 1}\n",
+     "job name 'a' is used twice"),
+    ("pool: [1GiB\n", "config.yaml:2:1: not valid YAML"),
+])
+def test_validate_points_at_the_problem(tmp_path, text, expected):
+    cfg = write(tmp_path, text)
+    proc = tensile("validate", str(cfg), timeout=120)
+    assert proc.returncode == 2
+    assert expected in proc.stderr, proc.stderr
+
+
+def test_validate_accepts_the_shipped_examples():
+    for name in ("quickstart.yaml", "large_models.yaml"):
+        proc = tensile("validate", f"configs/{name}", timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert "valid" in proc.stdout
+
+
+def test_bad_builder_fails_only_that_job(tmp_path):
+    cfg = write(tmp_path, SMALL_CONFIG.replace("tests.job_factories:dense_regression", "tests.job_factories:nope"))
+    out = tmp_path / "out"
+    proc = tensile("run", str(cfg), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = {j["name"]: j for j in json.loads((out / "results.json").read_text())["jobs"]}
+    assert jobs["flaky"]["status"] == "failed"
+    assert "has no function 'nope'" in jobs["flaky"]["error"]
+    assert jobs["cnn"]["status"] == "finished"
+
+
+def test_plan_prints_peaks_and_writes_plan_json(tmp_path):
+    cfg = write(tmp_path, SMALL_CONFIG.replace("pool: 256MiB", "pool: 2MiB").split("  - name: flaky")[0])
+    out = tmp_path / "plan"
+    proc = tensile("plan", str(cfg), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "vanilla peak" in proc.stdout and "planned peak" in proc.stdout
+    plan = json.loads((out / "plan.json").read_text())
+    assert set(plan["jobs"]) == {"cnn", "mlp"}
+    for job in plan["jobs"].values():
+        assert job["planned_peak_bytes"] <= job["vanilla_peak_bytes"]
