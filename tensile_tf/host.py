@@ -508,6 +508,8 @@ class JobHost:
         state.train = None
         state.step_fn = None
         state.first_batch = None
+        if state.status in (JobStatus.finished, JobStatus.stopped, JobStatus.failed, JobStatus.rejected):
+            state.job.forget()
         forget_custom_gradients(state.custom_gradients)
         state.custom_gradients = set()
         if stream is None:

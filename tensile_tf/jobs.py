@@ -80,9 +80,28 @@ class Job:
     @classmethod
     def from_train_step(cls, name: str, train_step: TrainStep, *, steps: int,
                         stop_on_nan: bool = True) -> "Job":
-        """A job from a user's own TrainStep (built already; never rebuilt)."""
-        return cls(name=name, build=lambda: train_step, steps=steps, stop_on_nan=stop_on_nan,
-                   rebuildable=False)
+        """A job from a user's own TrainStep (built already; never rebuilt).
+
+        The job holds the TrainStep until it ends, then lets go of it
+        (``forget``), so its variables can leave the pool unless the caller
+        still holds them.
+        """
+        holder = [train_step]
+
+        def handed_over() -> TrainStep:
+            if not holder:
+                raise RuntimeError(f"job {name!r} has ended; its TrainStep was released")
+            return holder[0]
+
+        job = cls(name=name, build=handed_over, steps=steps, stop_on_nan=stop_on_nan, rebuildable=False)
+        job._holder = holder  # type: ignore[attr-defined]
+        return job
+
+    def forget(self) -> None:
+        """Drops a handed-over TrainStep once the job has ended."""
+        holder = getattr(self, "_holder", None)
+        if holder:
+            holder.clear()
 
     @classmethod
     def from_spec(cls, spec: JobSpec) -> "Job":

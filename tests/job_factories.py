@@ -49,3 +49,32 @@ def activation_hog(batch_size=1024, width=4096, seed=0, **_):
         return loss
 
     return TrainStep(step_fn=step, batches=[(x,)], variables=[w])
+
+
+def growing_batch(grow_at_step=3, small=64, big=16384, width=1024, seed=0, **_):
+    """Batches become huge at `grow_at_step`: the step then runs out of pool
+    memory mid-run (a realistic OOM: a longer sequence or a bigger batch)."""
+    rng = np.random.default_rng(seed)
+    w = tf.Variable(rng.standard_normal((width, 16)).astype("float32") * 0.01)
+    calls = {"n": 0}
+
+    def batches():
+        n = big if calls["n"] >= grow_at_step else small
+        calls["n"] += 1
+        return (tf.random.stateless_normal((n, width), seed=[seed, calls["n"]]),)
+
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.nn.relu(x @ w) ** 2)
+        w.assign_sub(0.01 * tape.gradient(loss, w))
+        return loss
+
+    return TrainStep(step_fn=step, batches=batches, variables=[w])
+
+
+def regression_dataset(batch_size=32, seed=0, **_):
+    """A tf.data pipeline of (x, y) batches for `data: {kind: function}`."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch_size * 8, 32)).astype("float32")
+    y = rng.integers(0, 10, batch_size * 8).astype("int32")
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size)

@@ -108,3 +108,41 @@ def test_job_that_can_never_fit_is_rejected_while_others_run():
     assert jobs["huge"]["status"] == "rejected"
     assert "out of memory" in jobs["huge"]["error"] or "more than the pool" in jobs["huge"]["error"]
     assert jobs["huge"]["leaked"] == 0
+
+
+def test_out_of_memory_mid_run_fails_only_that_job_and_returns_its_memory():
+    proc = run_python("""
+        import json
+        import tensorflow as tf
+        import tensile_tf
+        from tensile_tf.host import JobHost
+        from tensile_tf.jobs import Job
+        from tests import job_factories
+        host = JobHost(pool_bytes="48MiB", admission="none")
+        steady = host.submit(Job.from_train_step("steady", job_factories.dense_regression(), steps=40))
+        grows = host.submit(Job.from_train_step("grows", job_factories.growing_batch(grow_at_step=3), steps=40))
+        result = host.run()
+        print(json.dumps({s.name: dict(status=s.status.value, steps=s.steps_done, error=s.error,
+                                       type=s.error_type, leaked=s.leaked_bytes) for s in (steady, grows)}
+                         | {"ooms": result.pool["num_ooms"], "current": result.pool["current"]}))
+    """)
+    out = last_json_line(proc)
+    assert out["steady"]["status"] == "finished" and out["steady"]["steps"] == 40
+    assert out["grows"]["status"] == "failed" and out["grows"]["type"] == "ResourceExhaustedError"
+    assert out["grows"]["steps"] == 3
+    assert "pool 'device' out of memory: job 'grows'" in out["grows"]["error"]
+    assert out["grows"]["leaked"] == 0 and out["steady"]["leaked"] == 0
+    assert out["ooms"] >= 1
+
+
+def test_yaml_job_with_a_tf_data_pipeline_from_a_user_function():
+    job = JobSpec.model_validate(dict(
+        name="tfdata", model={"builder": "tensile_tf.zoo:mlp", "args": {"hidden": [16]}}, input_shape=[32],
+        data={"kind": "function", "function": "tests.job_factories:regression_dataset"}, batch_size=16,
+        steps=12))
+    host = JobHost()
+    state = host.submit(Job.from_spec(job))
+    host.run()
+    assert state.status == JobStatus.finished and state.steps_done == 12  # 8 batches per pass: repeats
+    assert state.leaked_bytes == 0
+    assert len({round(r.loss, 6) for r in state.records}) > 1
