@@ -32,7 +32,7 @@ from tensile_tf.host import JobHost
 from tensile_tf.jobs import Job
 cfg = load_config({config!r})
 names = {names!r}
-host = JobHost({pool!r}, concurrency={concurrency!r}, admission="none")
+host = JobHost({pool!r}, concurrency={concurrency!r}, admission={admission!r})
 for spec in cfg.jobs:
     if spec.name in names:
         host.submit(Job.from_spec(spec.model_copy(update={{"steps": max(2, int(spec.total_steps * {scale!r}))}})))
@@ -44,8 +44,9 @@ print(json.dumps({{"wall_s": time.perf_counter() - t, "peak": r.pool["peak"],
 """
 
 
-def child(config, names, pool, concurrency, scale):
-    code = CHILD.format(config=str(config), names=list(names), pool=pool, concurrency=concurrency, scale=scale)
+def child(config, names, pool, concurrency, scale, admission="salus"):
+    code = CHILD.format(config=str(config), names=list(names), pool=pool, concurrency=concurrency, scale=scale,
+                        admission=admission)
     env = {k: v for k, v in os.environ.items() if k != "TENSILE_POOL_BYTES"}
     env["PYTHONPATH"] = str(REPO)
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
@@ -79,9 +80,11 @@ def main():
     capacity = parse_bytes(args.pool)
     rows = []
 
-    t = time.perf_counter()
-    spatial = result(child(args.config, names, capacity, None, args.steps_scale))
-    rows.append(("concurrent, one pool of C", time.perf_counter() - t, spatial["peak"], spatial["jobs"]))
+    for admission in ("salus", "sum"):
+        t = time.perf_counter()
+        spatial = result(child(args.config, names, capacity, None, args.steps_scale, admission))
+        rows.append((f"concurrent ({admission}), pool C", time.perf_counter() - t, spatial["peak"],
+                     spatial["jobs"]))
 
     t = time.perf_counter()
     temporal = result(child(args.config, names, capacity, 1, args.steps_scale))
