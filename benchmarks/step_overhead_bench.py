@@ -22,15 +22,26 @@ other processes (and hypervisor steal) took meanwhile, and steps where that
 exceeds --max-foreign of the machine are dropped; a run with fewer than half
 its steps clean is repeated (--retries).
 
+Also reported: process CPU time per step (all steps) and minor page faults per
+step (TF's default allocator hands large freed buffers back to the kernel, so
+their pages fault in again, zero-filled, every step).
+
+--threads 1 runs TF with one intra- and one inter-op thread: steps take twice
+as long, but one core stays free for whatever else runs on a shared machine,
+so pass --max-foreign 0.55 with it (other load up to one core is harmless).
+
 Usage:
     PYTHONPATH=. python benchmarks/step_overhead_bench.py            # 3 rounds x 25 steps
     PYTHONPATH=. python benchmarks/step_overhead_bench.py --quick    # 1 round x 8 steps
+    PYTHONPATH=. python benchmarks/step_overhead_bench.py --threads 1 --steps 15 --warmup 3 \
+        --max-foreign 0.55
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -57,6 +68,10 @@ def worker(args: argparse.Namespace) -> None:
         import tensile_tf  # noqa: F401  (installs the pool before any op)
     import keras
 
+    if args.threads:
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+
     t_build = time.perf_counter()
     tf.keras.utils.set_random_seed(0)
     model = keras.applications.ResNet50(
@@ -78,8 +93,9 @@ def worker(args: argparse.Namespace) -> None:
     for _ in range(args.warmup):
         train_step(x, y).numpy()
     build_s = time.perf_counter() - t_build
-    times, cpu, foreign = [], [], []
+    times, cpu, foreign, faults = [], [], [], []
     for _ in range(args.steps):
+        flt0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         busy0, cpu0 = _busy_cpu_seconds(), time.process_time()
         t0 = time.perf_counter()
         train_step(x, y).numpy()
@@ -87,10 +103,12 @@ def worker(args: argparse.Namespace) -> None:
         busy1, cpu1 = _busy_cpu_seconds(), time.process_time()
         times.append(dt)
         cpu.append(cpu1 - cpu0)
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - flt0)
         # CPU time other processes (and the hypervisor, as steal) took during
         # the step, as a share of the machine: this machine is shared.
         foreign.append(max(0.0, (busy1 - busy0) - (cpu1 - cpu0)) / (dt * os.cpu_count()))
     out = {"config": args.worker, "step_s": times, "step_cpu_s": cpu, "foreign_share": foreign,
+           "minor_faults": faults,
            "build_and_warmup_s": build_s}
     if args.worker == "tensile":
         import tensile_tf
@@ -121,7 +139,8 @@ def run_one(config: str, args: argparse.Namespace) -> dict:
         env["TF_CPU_ALLOCATOR_USE_BFC"] = "1"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", config,
            "--image-size", str(args.image_size), "--batch", str(args.batch),
-           "--warmup", str(args.warmup), "--steps", str(args.steps)]
+           "--warmup", str(args.warmup), "--steps", str(args.steps),
+           "--threads", str(args.threads)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -185,10 +204,12 @@ def main() -> None:
     p.add_argument("--max-foreign", type=float, default=0.10,
                    help="drop steps during which other processes used more than this share "
                         "of the machine's CPUs")
-    p.add_argument("--retries", type=int, default=2,
+    p.add_argument("--threads", type=int, default=0,
+                   help="TF intra- and inter-op threads (0: TensorFlow's default)")
+    p.add_argument("--retries", type=int, default=1,
                    help="rerun a configuration when fewer than half its steps are clean")
     p.add_argument("--retry-wait", type=float, default=20.0)
-    p.add_argument("--max-wait", type=float, default=300.0,
+    p.add_argument("--max-wait", type=float, default=120.0,
                    help="before each run, wait up to this many seconds for the machine to be quiet")
     p.add_argument("--json", type=Path, default=None, help="also write results here")
     p.add_argument("--worker", choices=CONFIGS, help=argparse.SUPPRESS)
@@ -200,7 +221,8 @@ def main() -> None:
         args.rounds, args.warmup, args.steps = 1, 3, 8
     configs = [c for c in args.configs.split(",") if c]
 
-    print(f"ResNet50(weights=None) {args.image_size}x{args.image_size} batch {args.batch} SGD; "
+    print(f"ResNet50(weights=None) {args.image_size}x{args.image_size} batch {args.batch} SGD, "
+          f"{'TF default threads' if not args.threads else f'{args.threads} TF threads'}; "
           f"{args.rounds} rounds x {len(configs)} configs, {args.warmup} warm-up + "
           f"{args.steps} timed steps each; steps with other load > "
           f"{args.max_foreign:.0%} of the CPUs are dropped", flush=True)
@@ -221,9 +243,11 @@ def main() -> None:
                  for c in configs}
     n_clean = {c: sum(len(r["clean_step_s"]) for r in runs[c]) for c in configs}
     cpu = {c: _med([t for r in runs[c] for t in r["step_cpu_s"]]) for c in configs}
+    flt = {c: _med([t for r in runs[c] for t in r["minor_faults"]]) for c in configs}
     print()
     header = (f"{'config':<11} {'median step ms':>14} {'med of rounds':>14} {'steps':>6} "
-              f"{'vs tf_default':>14} {'vs tf_bfc':>10} {'CPU ms/step':>12} {'CPU vs def':>11}")
+              f"{'vs tf_default':>14} {'vs tf_bfc':>10} {'CPU ms/step':>12} {'CPU vs def':>11} "
+              f"{'faults/step':>11}")
     print(header)
     print("-" * len(header))
     for c in configs:
@@ -233,8 +257,9 @@ def main() -> None:
         cpu_def = (f"{(cpu[c] / cpu['tf_default'] - 1) * 100:+10.1f}%"
                    if "tf_default" in cpu else "-")
         print(f"{c:<11} {pooled[c] * 1e3:14.1f} {per_round[c] * 1e3:14.1f} {n_clean[c]:6d} "
-              f"{vs_def:>14} {vs_bfc:>10} {cpu[c] * 1e3:12.1f} {cpu_def:>11}")
-    print("(step ms: wall time of clean steps; CPU ms/step: process CPU time, all steps)")
+              f"{vs_def:>14} {vs_bfc:>10} {cpu[c] * 1e3:12.1f} {cpu_def:>11} {flt[c]:11.0f}")
+    print("(step ms: wall time of clean steps; CPU ms/step: process CPU time, all steps; "
+          "faults/step: minor page faults)")
     for other in ("tf_default", "tf_bfc"):
         if "tensile" in runs and other in runs:
             paired = [_med(a["clean_step_s"]) / _med(b["clean_step_s"]) - 1
@@ -247,7 +272,8 @@ def main() -> None:
                                                   if k not in ("json", "worker")},
                                          "runs": runs, "median_step_s": pooled,
                                          "median_of_round_medians_s": per_round,
-                                         "median_step_cpu_s": cpu}, indent=1))
+                                         "median_step_cpu_s": cpu,
+                                         "median_minor_faults": flt}, indent=1))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
     tensile run CONFIG [--out DIR]      train the config's jobs concurrently
     tensile validate CONFIG             check a config without running it
     tensile plan CONFIG [--out DIR]     trace and plan the jobs (TENSILE), write plan.json
+    tensile search CONFIG [--out DIR] [--storage URL] [--resume]
+                                        hyperparameter search, trials packed into the pool
 """
 from __future__ import annotations
 
@@ -12,16 +14,38 @@ from pathlib import Path
 from typing import Any
 
 
+def _is_search_config(path: str) -> bool:
+    """A config with a top-level ``search:`` section (for ``tensile search``)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return False  # load_config reports it with its location
+    return isinstance(data, dict) and "search" in data and "jobs" not in data
+
+
 def _cmd_validate(args) -> int:
     from tensile_tf.config import ConfigError, load_config
 
+    if _is_search_config(args.config):
+        from tensile_tf.search.config import load_search_config
+
+        try:
+            scfg = load_search_config(args.config)
+        except ConfigError as e:
+            print(e, file=sys.stderr)
+            return 2
+        s = scfg.search
+        print(f"{args.config}: valid search: pool {scfg.pool} bytes, study {s.study_name!r}, "
+              f"{s.sampler.name.value} sampler, {len(s.space)} parameters "
+              f"({', '.join(s.space)}), n_trials {s.total_trials}")
+        return 0
     try:
         cfg = load_config(args.config)
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 2
-    from tensile_tf.memory import parse_bytes  # noqa: F401  (keeps import order uniform)
-
     print(f"{args.config}: valid: pool {cfg.pool} bytes, {len(cfg.jobs)} jobs "
           f"({', '.join(j.name for j in cfg.jobs)})")
     return 0
@@ -166,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--budget", help="memory budget to plan for, e.g. 512MiB (default: the config's pool)")
     plan.add_argument("--bandwidth", help="swap link bandwidth per second, e.g. 12GiB (default: PCIe 3 x16)")
     plan.set_defaults(func=_cmd_plan)
+    from tensile_tf.search.cli import add_search_parser
+
+    add_search_parser(sub)
     return parser
 
 

@@ -9,15 +9,12 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from tensile_tf.capture import capture_job_graph, measure_op_latencies
+from tf_plugin import human_bytes
 from tensile_tf.scheduler import DEFAULT_BANDWIDTH_BYTES_PER_S, Plan, Planner, PlannerJob
 
 
 def _fmt(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} GiB"
+    return human_bytes(int(n))
 
 
 def planner_jobs(jobs: Sequence[Any], *, latency_repeats: int = 3) -> list[PlannerJob]:

@@ -1,0 +1,214 @@
+"""Trials finished per hour for a small search, three ways, same trials:
+
+  packed      tensile's SearchDriver: trials run concurrently on one pool,
+              as many as admission "sum" allows (sum of P + T fits; safe for
+              free-running jobs), at most --jobs
+  packed-salus  the same with Salus admission (sum P + max T): packs more,
+              but free-running trials' temporaries can peak together; a
+              trial that runs out of memory beside others is re-queued
+  sequential  the same driver, one trial at a time (max_concurrent=1)
+  optuna      Optuna's own study.optimize(n_jobs=--jobs): threads that each
+              build and train a trial, with no admission control, on the
+              same pool ("full": the whole space, may run out of memory)
+  optuna-cap  the same threads with the batch sizes cut to those whose
+              peak fits pool / n_jobs (the per-trial limit that avoids OOM
+              without admission control; a smaller search space)
+
+Every mode runs in its own process with its own pool of --pool bytes and
+evaluates the same list of trials (enqueued in the same order; optuna-cap
+drops the ones above its limit). A trial is finished when COMPLETE.
+
+    PYTHONPATH=. python benchmarks/search_bench.py --json /tmp/search_bench.json
+    PYTHONPATH=. python benchmarks/search_bench.py --mode packed     # one mode, prints JSON
+    SEARCH_BENCH_MODEL=mlp PYTHONPATH=. python benchmarks/search_bench.py --pool 256MiB   # the MLP trials
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+MODELS = {
+    # compute-bound on 2 cores: a step at batch 1024 keeps both cores busy
+    "cnn": ({"name": "cnn", "model": {"builder": "tensile_tf.zoo:small_cnn", "args": {"filters": [16, 32]}},
+             "input_shape": [32, 32, 3], "classes": 10, "optimizer": {"name": "adam"},
+             "data": {"num_batches": 2}, "steps": 30, "seed": 1}, [32, 128, 512, 1024]),
+    # overhead-bound: milliseconds a step, much of it per-step Python and dispatch
+    "mlp": ({"name": "mlp", "model": {"builder": "tensile_tf.zoo:mlp", "args": {"hidden": [256, 256]}},
+             "input_shape": [784], "classes": 10, "optimizer": {"name": "adam"},
+             "data": {"num_batches": 2}, "steps": 300, "seed": 1}, [32, 128, 512, 2048]),
+}
+BASE_JOB, BATCHES = MODELS[os.environ.get("SEARCH_BENCH_MODEL", "cnn")]
+RATES = [3e-4, 3e-3, 1e-2]
+
+
+def trial_params(n: int) -> list[dict]:
+    """n trials cycling through every (batch, lr) pair, big and small mixed."""
+    grid = list(itertools.product(BATCHES, RATES))
+    order = [grid[(i * 5) % len(grid)] for i in range(len(grid))]
+    return [{"batch_size": b, "optimizer.learning_rate": lr} for b, lr in itertools.islice(itertools.cycle(order), n)]
+
+
+def space():
+    from optuna.distributions import CategoricalDistribution
+
+    return {"batch_size": CategoricalDistribution(BATCHES), "optimizer.learning_rate": CategoricalDistribution(RATES)}
+
+
+def run_mode(mode: str, pool: str, jobs: int, n_trials: int, cap_batch: int | None) -> dict:
+    import tensile_tf
+
+    tensile_tf.configure_pool(tensile_tf.parse_bytes(pool))
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    params = trial_params(n_trials)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    t0 = time.perf_counter()
+    requeued = 0
+    if mode in ("packed", "packed-salus", "sequential"):
+        from tensile_tf.host import JobHost
+        from tensile_tf.search import run_search
+
+        for p in params:
+            study.enqueue_trial(p)
+        result = run_search(study, BASE_JOB, space(), n_trials=len(params),
+                            host=JobHost(admission="salus" if mode == "packed-salus" else "sum"),
+                            max_concurrent=1 if mode == "sequential" else jobs)
+        requeued = len(result.requeued)
+    else:
+        import tensorflow as tf
+
+        from tensile_tf.jobs import build_train_step
+        from tensile_tf.search.config import trial_job_spec
+        from tensile_tf.search.objective import metric_value
+        from tensile_tf.host import StepRecord
+
+        if mode == "optuna-cap":
+            params = [p for p in params if p["batch_size"] <= cap_batch]
+        for p in params:
+            study.enqueue_trial(p)
+        errors: list[str] = []
+
+        def objective(trial):
+            p = {k: trial.suggest_categorical(k, d.choices) for k, d in space().items()}
+            spec = trial_job_spec(BASE_JOB, p, f"t{trial.number}")
+            try:
+                train = build_train_step(spec)
+                step = tf.function(train.step_fn, jit_compile=False)
+                records = []
+                for i in range(spec.total_steps):
+                    t = time.perf_counter()
+                    loss = float(tf.reduce_mean(step(*train.next_batch())))
+                    records.append(StepRecord(i, 0.0, time.perf_counter() - t, loss))
+                return metric_value("final_loss", records, spec.batch_size)
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
+                raise
+
+        study.optimize(objective, n_trials=len(params), n_jobs=jobs, catch=(Exception,))
+    wall = time.perf_counter() - t0
+    stats = tensile_tf.pool_stats()
+    trials = study.get_trials()
+    done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    if requeued:  # retried trials: count each point once
+        trials = [t for t in trials if "tensile_interrupted" not in t.user_attrs]
+    out = {"mode": mode, "pool": pool, "jobs": jobs, "trials": len(trials), "complete": len(done),
+           "failed": sum(t.state == optuna.trial.TrialState.FAIL for t in trials),
+           "wall_s": wall, "trials_per_hour": len(done) / wall * 3600, "pool_peak": stats["peak"],
+           "pool_ooms": stats.get("num_ooms"), "requeued": requeued,
+           "batches_run": sorted({t.params.get("batch_size") for t in done})}
+    if mode.startswith("optuna"):
+        out["errors"] = sorted(set(errors))[:4]
+    return out
+
+
+def measure_peaks(pool: str) -> dict[int, int]:
+    """Each batch size's P + T on the pool, as the host measures them (one probe each)."""
+    import tensile_tf
+
+    tensile_tf.configure_pool(tensile_tf.parse_bytes(pool))
+    from tensile_tf.config import JobSpec
+    from tensile_tf.host import JobHost
+    from tensile_tf.jobs import Job
+
+    host = JobHost(concurrency=1)
+    states = [host.submit(Job.from_spec(JobSpec.model_validate({**BASE_JOB, "name": f"b{b}", "batch_size": b,
+                                                                "steps": 1}))) for b in BATCHES]
+    host.run()
+    return {b: (s.persistent_bytes or 0) + (s.temporary_bytes or 0) for b, s in zip(BATCHES, states)}
+
+
+def _parse_bytes(text: str) -> int:
+    """'640MiB' -> bytes, without importing TensorFlow into the parent."""
+    units = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "B": 1}
+    for unit, scale in units.items():
+        if text.endswith(unit):
+            return int(float(text[: -len(unit)]) * scale)
+    return int(text)
+
+
+def _child(args: list[str]) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("TENSILE_POOL_BYTES", None)
+    proc = subprocess.run([sys.executable, __file__, *args], cwd=REPO, env=env, capture_output=True, text=True)
+    for line in reversed(proc.stdout.splitlines()):
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError:
+            continue
+    return {"mode": args, "crashed": True, "rc": proc.returncode, "stderr": proc.stderr[-1500:]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mode", choices=["packed", "packed-salus", "sequential", "optuna", "optuna-cap", "peaks"])
+    ap.add_argument("--pool", default="640MiB")
+    ap.add_argument("--jobs", type=int, default=4)
+    ap.add_argument("--trials", type=int, default=12)
+    ap.add_argument("--cap-batch", type=int, default=None, help="optuna-cap: largest batch size run")
+    ap.add_argument("--json", help="write all results here")
+    args = ap.parse_args()
+    if args.mode == "peaks":
+        print(json.dumps({str(k): v for k, v in measure_peaks(args.pool).items()}))
+        return
+    if args.mode:
+        print(json.dumps(run_mode(args.mode, args.pool, args.jobs, args.trials, args.cap_batch)))
+        return
+
+    common = ["--pool", args.pool, "--jobs", str(args.jobs), "--trials", str(args.trials)]
+    peaks = {int(k): v for k, v in _child(["--mode", "peaks", "--pool", args.pool]).items()
+             if k.isdigit()}
+    capacity = _parse_bytes(args.pool)
+    fitting = [b for b in BATCHES if peaks.get(b, capacity) <= capacity / args.jobs]
+    cap = max(fitting) if fitting else min(BATCHES)
+    results = {"peaks": peaks, "cap_batch": cap, "modes": []}
+    for mode in ("packed", "packed-salus", "sequential", "optuna", "optuna-cap"):
+        extra = ["--cap-batch", str(cap)] if mode == "optuna-cap" else []
+        r = _child(["--mode", mode, *common, *extra])
+        results["modes"].append(r)
+        print(json.dumps(r), flush=True)
+    print(f"\npool {args.pool}, {args.trials} trials of {BASE_JOB['name']} (steps {BASE_JOB['steps']}), "
+          f"jobs {args.jobs}; P+T by batch: " + ", ".join(f"{b}: {v / 2**20:.0f} MiB" for b, v in peaks.items()))
+    print(f"{'mode':<12} {'complete':>8} {'failed':>6} {'wall s':>8} {'trials/h':>9} {'pool peak':>10} {'OOMs':>5} "
+          f"{'re-queued':>9}")
+    for r in results["modes"]:
+        if r.get("crashed"):
+            print(f"{str(r['mode']):<12} crashed rc={r['rc']}: {r['stderr'][-300:]}")
+            continue
+        print(f"{r['mode']:<12} {r['complete']:>8} {r['failed']:>6} {r['wall_s']:>8.1f} "
+              f"{r['trials_per_hour']:>9.0f} {r['pool_peak'] / 2**20:>7.0f} MiB {r['pool_ooms']!s:>5} "
+              f"{r.get('requeued', 0):>9}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""``tensile search CONFIG [--out DIR] [--storage URL] [--resume]``.
+
+Runs a hyperparameter search whose trials train concurrently on this
+process's device pool, as many at once as admission control allows. Wire it
+into the ``tensile`` parser with ``add_search_parser(subparsers)``.
+
+Exit status: 0 when the study has at least one COMPLETE trial, 1 when it has
+none, 2 for a bad configuration or storage.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def add_search_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "search", help="hyperparameter search: trials train concurrently in the shared pool",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", help="YAML with pool, run and search sections")
+    p.add_argument("--out", help="output directory (default: the config's run.out_dir); the default "
+                                 "study lives here as study.db")
+    p.add_argument("--storage", help="Optuna storage URL shared by several workers, e.g. "
+                                     "postgresql://user:pass@host:5432/db (default: sqlite in --out)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the interrupted study; its finished trials are kept and its "
+                        "interrupted ones re-queued")
+    p.add_argument("--grace", type=float, default=None, metavar="SECONDS",
+                   help="a trial whose worker sent no heartbeat for this long is re-queued "
+                        "(default 120)")
+    p.set_defaults(func=cmd_search)
+    return p
+
+
+class SearchProgress:
+    """One bar for the study: trials done of n_trials; this worker's running
+    and queued trials; counts by state; the best value so far. Logs a line
+    per finished trial."""
+
+    def __init__(self, console, n_trials: int, metric: str):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.console = console
+        self.metric = metric
+        self.progress = Progress(
+            TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("running {task.fields[running]} · queued {task.fields[queued]} · "
+                       "[green]{task.fields[complete]} ok[/] [yellow]{task.fields[pruned]} pruned[/] "
+                       "[red]{task.fields[failed]} failed[/] · best {task.fields[best]}"),
+            TimeElapsedColumn(), console=console, transient=False)
+        self.task = self.progress.add_task("trials", total=n_trials, running=0, queued=0, complete=0,
+                                           pruned=0, failed=0, best="-")
+        self._study_counts: dict[str, Any] = {}
+
+    def __enter__(self):
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.progress.__exit__(*exc)
+
+    def refresh_study(self, study) -> None:
+        from optuna.trial import TrialState
+
+        from tensile_tf.search.results import best_trial
+        from tensile_tf.search.storage import INTERRUPTED_ATTR
+
+        trials = study.get_trials(deepcopy=False)
+        done = [t for t in trials if t.state.is_finished() and INTERRUPTED_ATTR not in t.user_attrs]
+        best = best_trial(study)
+        self._study_counts = dict(
+            done=len(done),
+            complete=sum(t.state == TrialState.COMPLETE for t in done),
+            pruned=sum(t.state == TrialState.PRUNED for t in done),
+            failed=sum(t.state == TrialState.FAIL for t in done),
+            best=f"{best.value:.4g} (#{best.number})" if best is not None else "-")
+
+    def on_event(self, kind: str, driver, run) -> None:
+        from tensile_tf.host import JobStatus
+
+        if kind == "told":
+            self.refresh_study(driver.study)
+            self._log_trial(run)
+        in_flight = driver.in_flight
+        running = sum(1 for r in in_flight if r.state is not None and r.state.status == JobStatus.running)
+        c = self._study_counts
+        self.progress.update(self.task, completed=c.get("done", 0), running=running,
+                             queued=len(in_flight) - running, complete=c.get("complete", 0),
+                             pruned=c.get("pruned", 0), failed=c.get("failed", 0), best=c.get("best", "-"))
+
+    def _log_trial(self, run) -> None:
+        from tf_plugin import human_bytes
+
+        params = " ".join(f"{k}={_fmt(v)}" for k, v in run.params.items())
+        state = run.told.name
+        color = {"COMPLETE": "green", "PRUNED": "yellow"}.get(state, "red")
+        line = f"trial {run.number} [{color}]{state}[/]"
+        if run.value is not None:
+            line += f" {self.metric}={run.value:.4g}"
+        line += f"  {params}"
+        s = run.state
+        if s is not None:
+            line += f"  ({s.steps_done} steps, peak {human_bytes(s.peak_bytes)})"
+            if s.error:
+                line += f": {s.error[:160]}"
+        self.progress.console.print(line, soft_wrap=True, highlight=False)
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _final_table(results: dict[str, Any], console) -> None:
+    from rich.table import Table
+
+    from tf_plugin import human_bytes
+
+    names = sorted({k for t in results["trials"] for k in t["params"]})
+    best = results["best"]
+    table = Table(title=f"study {results['study']['name']}: {results['study']['metric']} "
+                        f"({results['study']['direction']}), {len(results['trials'])} trials")
+    for col in ("#", "state", "value", *names, "steps", "peak pool", "error"):
+        table.add_column(col, no_wrap=col != "error", overflow="fold")
+    for t in results["trials"]:
+        style = "bold green" if best is not None and t["number"] == best["number"] else None
+        table.add_row(str(t["number"]), t["state"], _fmt(t["value"]) if t["value"] is not None else "-",
+                      *[_fmt(t["params"].get(n, "-")) for n in names], str(t["steps"] or "-"),
+                      human_bytes(t["peak_pool_bytes"]) if t["peak_pool_bytes"] else "-",
+                      (t["error"] or "")[:80], style=style)
+    console.print(table)
+    if best is not None:
+        console.print(f"best: trial {best['number']} {results['study']['metric']}={best['value']:.6g}  " +
+                      "  ".join(f"{k}={_fmt(v)}" for k, v in best["params"].items()), highlight=False)
+    else:
+        console.print("[red]no trial completed[/red]: see the errors above")
+
+
+def cmd_search(args) -> int:
+    from tensile_tf.config import ConfigError
+    from tensile_tf.search.config import load_search_config
+
+    try:
+        cfg = load_search_config(args.config)
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return 2
+    import tensile_tf  # noqa: F401  (installs the pool before any TF op)
+    import optuna
+    from rich.console import Console
+
+    from tensile_tf.host import JobHost
+    from tensile_tf.search import storage as st
+    from tensile_tf.search.driver import SearchDriver
+    from tensile_tf.search.results import results_dict, write_search_outputs
+    from tensile_tf.search.samplers import make_pruner, make_sampler
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # our progress says what its INFO lines say
+    search = cfg.search
+    out_dir = Path(args.out or cfg.run.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shared = args.storage is not None
+    storage_url = args.storage or st.default_storage_url(out_dir)
+    worker = f"{st.this_worker()['host']}:{st.this_worker()['pid']}" if shared else None
+    fingerprint = st.search_fingerprint({
+        "base_job": search.base_job.model_dump(mode="json"),
+        "space": {k: v.model_dump(mode="json") for k, v in search.space.items()},
+        "objective": search.objective.model_dump(mode="json")})
+    try:
+        study = st.open_study(
+            storage_url=storage_url, study_name=search.study_name,
+            direction=search.objective.direction,
+            sampler_factory=lambda existing: make_sampler(search.sampler, search.space,
+                                                          existing_trials=existing, worker=worker),
+            pruner=make_pruner(search.pruning), fingerprint=fingerprint,
+            must_exist=True if args.resume else (None if shared else False))
+    except st.SearchStorageError as e:
+        print(f"tensile search: {e}", file=sys.stderr)
+        return 2
+
+    console = Console(width=max(Console().width, 120))
+    n_trials = search.total_trials
+    console.print(f"study {search.study_name!r} in {st.redact(storage_url)}: {search.sampler.name.value} "
+                  f"sampler, {n_trials} trials, objective {search.objective.metric.value} "
+                  f"({search.objective.direction}), pool {cfg.pool / 2**20:.0f} MiB", highlight=False)
+    host = JobHost(cfg.pool, concurrency=cfg.run.concurrency, admission=cfg.run.admission)
+    with SearchProgress(console, n_trials, search.objective.metric.value) as progress:
+        progress.refresh_study(study)
+        driver = SearchDriver(
+            study, search.base_job, search.space, n_trials=n_trials, host=host,
+            metric=search.objective.metric.value,
+            report_every=search.pruning.interval_steps if search.pruning.enabled else None,
+            max_concurrent=search.max_concurrent, on_event=progress.on_event,
+            grace_s=args.grace or st.DEFAULT_GRACE_S, exclusive_storage=not shared,
+            log=lambda m: progress.progress.console.print(m, highlight=False))
+        result = driver.run()
+    if result.requeued:
+        console.print(f"re-queued interrupted trials: {', '.join(map(str, result.requeued))}")
+    results = results_dict(study, storage_url=storage_url, metric=search.objective.metric.value,
+                           n_trials=n_trials, capacity=host.capacity, result=result)
+    _final_table(results, console)
+    paths = write_search_outputs(results, out_dir)
+    console.print(f"wrote {paths['results']}, {paths['objective']}, {paths['params']}", highlight=False)
+    return 0 if results["best"] is not None else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tensile_tf.search.cli search CONFIG ...`` until the tensile CLI wires it in."""
+    parser = argparse.ArgumentParser(prog="tensile")
+    add_search_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

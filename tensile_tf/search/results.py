@@ -1,0 +1,189 @@
+"""Search outputs: results.json, objective.png and params.png.
+
+Everything comes from the study, so the outputs of a resumed search, or of
+any one worker of a shared study, describe every trial in the study.
+
+results.json schema::
+
+    {"study": {"name", "storage", "direction", "metric", "n_trials"},
+     "pool": {"capacity"},
+     "worker": {"host", "pid", "wall_s", "trials_run", "trials_per_hour", "requeued"},
+     "counts": {"COMPLETE": n, "PRUNED": n, "FAIL": n, ...},
+     "best": {"number", "value", "params"} | null,
+     "trials": [{"number", "state", "params", "value", "steps", "peak_pool_bytes",
+                 "persistent_bytes", "temporary_bytes", "error", "error_type",
+                 "job_status", "started_at", "ended_at", "worker", "interrupted",
+                 "retry_of", "intermediate_values"}]}
+
+``started_at`` / ``ended_at`` are Unix times of the job's admission and end
+(training only: the probe step runs before admission).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from tensile_tf.search import storage as st
+
+
+def _finite(x: Any) -> Any:
+    return x if not isinstance(x, float) or math.isfinite(x) else None
+
+
+def trial_dict(t: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    facts = t.user_attrs.get(st.JOB_ATTR) or {}
+    return {
+        "number": t.number,
+        "state": t.state.name,
+        "params": t.params,
+        "value": _finite(t.value) if t.state == TrialState.COMPLETE else None,
+        "steps": facts.get("steps"),
+        "peak_pool_bytes": facts.get("peak_pool_bytes"),
+        "persistent_bytes": facts.get("persistent_bytes"),
+        "temporary_bytes": facts.get("temporary_bytes"),
+        "median_step_s": facts.get("median_step_s"),
+        "error": facts.get("error") or t.user_attrs.get(st.INTERRUPTED_ATTR),
+        "error_type": facts.get("error_type"),
+        "job_status": facts.get("status"),
+        "started_at": facts.get("started_at"),
+        "ended_at": facts.get("ended_at"),
+        "worker": t.user_attrs.get(st.WORKER_ATTR),
+        "interrupted": t.user_attrs.get(st.INTERRUPTED_ATTR),
+        "retry_of": t.user_attrs.get(st.RETRY_ATTR),
+        "intermediate_values": {str(k): _finite(v) for k, v in sorted(t.intermediate_values.items())},
+    }
+
+
+def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+    try:
+        return study.best_trial
+    except ValueError:
+        return None
+
+
+def results_dict(study: optuna.Study, *, storage_url: str, metric: str, n_trials: int | None,
+                 capacity: int | None, result=None) -> dict[str, Any]:
+    trials = [trial_dict(t) for t in study.get_trials(deepcopy=False)]
+    counts: dict[str, int] = {}
+    for t in trials:
+        counts[t["state"]] = counts.get(t["state"], 0) + 1
+    best = best_trial(study)
+    worker: dict[str, Any] = dict(st.this_worker())
+    if result is not None:
+        ended = [r for r in result.trials if r.told is not None]
+        worker.update(wall_s=result.wall_s, trials_run=len(ended),
+                      trials_per_hour=len(ended) / result.wall_s * 3600 if result.wall_s > 0 else None,
+                      requeued=result.requeued)
+    return {
+        "study": {"name": study.study_name, "storage": st.redact(storage_url),
+                  "direction": study.direction.name.lower(), "metric": metric, "n_trials": n_trials},
+        "pool": {"capacity": capacity},
+        "worker": worker,
+        "counts": counts,
+        "best": None if best is None else {"number": best.number, "value": best.value, "params": best.params},
+        "trials": trials,
+    }
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+_COLORS = {"COMPLETE": "tab:blue", "PRUNED": "tab:orange", "FAIL": "tab:red"}
+
+
+def _shown_value(t: dict[str, Any]) -> float | None:
+    """COMPLETE: the objective; PRUNED: its last reported value."""
+    if t["state"] == "COMPLETE":
+        return t["value"]
+    if t["state"] == "PRUNED" and t["intermediate_values"]:
+        return list(t["intermediate_values"].values())[-1]
+    return None
+
+
+def write_objective_png(results: dict[str, Any], path: Path) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    maximize = results["study"]["direction"] == "maximize"
+    for state, color in _COLORS.items():
+        pts = [(t["number"], _shown_value(t)) for t in results["trials"] if t["state"] == state]
+        pts = [(n, v) for n, v in pts if v is not None]
+        if pts:
+            ax.scatter(*zip(*pts), color=color, label=state.lower(), s=28, zorder=3)
+    fails = [t["number"] for t in results["trials"] if t["state"] == "FAIL"]
+    for n in fails:
+        ax.axvline(n, color=_COLORS["FAIL"], alpha=0.25, linewidth=1)
+    best, line = None, []
+    for t in sorted(results["trials"], key=lambda t: t["number"]):
+        if t["state"] == "COMPLETE" and t["value"] is not None:
+            if best is None or (t["value"] > best if maximize else t["value"] < best):
+                best = t["value"]
+        if best is not None:
+            line.append((t["number"], best))
+    if line:
+        ax.step(*zip(*line), where="post", color="black", linewidth=1, label="best so far")
+    if fails:
+        ax.plot([], [], color=_COLORS["FAIL"], alpha=0.4, label="failed (no value)")
+    shown = [v for v in map(_shown_value, results["trials"]) if v is not None]
+    if shown and min(shown) > 0 and max(shown) / min(shown) > 100:
+        ax.set_yscale("log")
+    ax.set_xlabel("trial number")
+    ax.set_ylabel(results["study"]["metric"])
+    ax.set_title(f"study {results['study']['name']}: objective by trial ({results['study']['direction']})")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_params_png(results: dict[str, Any], path: Path) -> None:
+    plt = _plt()
+    names = sorted({k for t in results["trials"] for k in t["params"]})
+    cols = max(1, min(3, len(names)))
+    rows = max(1, math.ceil(len(names) / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
+    for ax, name in zip(axes.flat, names):
+        values = [t["params"][name] for t in results["trials"] if name in t["params"]]
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        labels = sorted({json.dumps(v) for v in values}) if not numeric else None
+        for state, color in _COLORS.items():
+            pts = [(t["params"][name], _shown_value(t)) for t in results["trials"]
+                   if t["state"] == state and name in t["params"] and _shown_value(t) is not None]
+            if not pts:
+                continue
+            xs = [x if numeric else labels.index(json.dumps(x)) for x, _ in pts]
+            ax.scatter(xs, [y for _, y in pts], color=color, s=24, label=state.lower())
+        if numeric and values and min(values) > 0 and max(values) / min(values) >= 20:
+            ax.set_xscale("log")
+        if not numeric:
+            ax.set_xticks(range(len(labels)), labels, rotation=30, fontsize="small")
+        ax.set_xlabel(name)
+        ax.set_ylabel(results["study"]["metric"])
+    if names:
+        axes.flat[0].legend(fontsize="small")
+    for ax in list(axes.flat)[len(names):]:
+        ax.set_visible(False)
+    fig.suptitle("parameters against objective (pruned: last reported value)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_search_outputs(results: dict[str, Any], out_dir: str | Path) -> dict[str, Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"results": out / "results.json", "objective": out / "objective.png", "params": out / "params.png"}
+    paths["results"].write_text(json.dumps(results, indent=2, default=str))
+    write_objective_png(results, paths["objective"])
+    write_params_png(results, paths["params"])
+    return paths

@@ -1,0 +1,153 @@
+"""`tensile search` end to end, each run in its own process and pool: a grid
+and a random search, and a search killed mid-way then resumed."""
+import json
+import math
+import signal
+import sqlite3
+import subprocess
+import time
+
+from tests.conftest import REPO_ROOT
+from tests.search.conftest import cli_env, explain, run_search_cli, search_cmd, write_yaml
+
+
+def _overlapping_pairs(trials):
+    spans = [(t["started_at"], t["ended_at"]) for t in trials if t["started_at"] and t["ended_at"]]
+    return sum(1 for i, (a0, a1) in enumerate(spans) for b0, b1 in spans[i + 1:] if a0 < b1 and b0 < a1)
+
+
+def test_grid_search_runs_every_point_once_with_trials_packed(tmp_path):
+    config = write_yaml(tmp_path / "grid.yaml", """
+        pool: 256MiB
+        run: {out_dir: unused}
+        search:
+          study_name: grid
+          sampler: {name: grid, seed: 0}
+          max_concurrent: 4
+          objective: {metric: final_loss, direction: minimize}
+          base_job:
+            model: {train_step_factory: "tests.job_factories:dense_regression"}
+            steps: 400
+          space:
+            batch_size: {type: categorical, choices: [16, 64]}
+            model.args.width: {type: int, low: 32, high: 96, step: 64}
+    """)
+    out = tmp_path / "out"
+    proc = run_search_cli(config, "--out", out)
+    assert proc.returncode == 0, explain(proc)
+    results = json.loads((out / "results.json").read_text())
+    trials = results["trials"]
+    assert [t["state"] for t in trials] == ["COMPLETE"] * 4, explain(proc)
+    points = sorted((t["params"]["batch_size"], t["params"]["model.args.width"]) for t in trials)
+    assert points == [(16, 32), (16, 96), (64, 32), (64, 96)]
+    for t in trials:
+        assert t["steps"] == 400 and t["peak_pool_bytes"] > 0 and math.isfinite(t["value"])
+        assert t["error"] is None and t["worker"]["pid"] == results["worker"]["pid"]
+    best = min(trials, key=lambda t: t["value"])
+    assert results["best"] == {"number": best["number"], "value": best["value"], "params": best["params"]}
+    assert results["counts"] == {"COMPLETE": 4} and results["study"]["n_trials"] == 4
+    assert _overlapping_pairs(trials) >= 1, "trials ran one after another, not packed"
+    assert (out / "study.db").exists()
+    for png in ("objective.png", "params.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"best: trial {best['number']}" in proc.stdout
+
+
+def test_random_search_of_a_keras_model_stays_in_the_space(tmp_path):
+    config = write_yaml(tmp_path / "random.yaml", """
+        pool: 512MiB
+        search:
+          study_name: rand
+          sampler: {name: random, seed: 7}
+          n_trials: 4
+          max_concurrent: 3
+          objective: {metric: best_loss, direction: minimize}
+          base_job:
+            model: {builder: "tensile_tf.zoo:mlp", args: {hidden: [32]}}
+            input_shape: [32]
+            classes: 4
+            optimizer: {name: sgd}
+            steps: 1000
+          space:
+            batch_size: {type: int, low: 8, high: 128, log: true}
+            optimizer.learning_rate: {type: float, low: 1.0e-3, high: 0.3, log: true}
+    """)
+    out = tmp_path / "out"
+    proc = run_search_cli(config, "--out", out)
+    assert proc.returncode == 0, explain(proc)
+    results = json.loads((out / "results.json").read_text())
+    trials = results["trials"]
+    assert len(trials) == 4 and all(t["state"] == "COMPLETE" for t in trials), explain(proc)
+    for t in trials:
+        assert 8 <= t["params"]["batch_size"] <= 128 and isinstance(t["params"]["batch_size"], int)
+        assert 1e-3 <= t["params"]["optimizer.learning_rate"] <= 0.3
+    assert len({t["params"]["batch_size"] for t in trials}) > 1  # packs trials of different sizes
+    assert 8 <= results["best"]["params"]["batch_size"] <= 128
+    assert _overlapping_pairs(trials) >= 1, "trials ran one after another, not packed"
+    assert results["worker"]["trials_run"] == 4 and results["worker"]["trials_per_hour"] > 0
+
+
+RESUME = """
+    pool: 256MiB
+    search:
+      study_name: resumable
+      sampler: {name: random, seed: 3}
+      n_trials: 7
+      max_concurrent: 2
+      objective: {metric: final_loss}
+      base_job:
+        model: {train_step_factory: "tests.search.factories:sgd_regression"}
+        steps: 2500
+      space:
+        model.args.learning_rate: {type: float, low: 1.0e-3, high: 5.0e-2, log: true}
+        batch_size: {type: int, low: 16, high: 64}
+"""
+
+
+def _complete(db) -> dict:
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as c:
+            return dict(c.execute("SELECT t.number, v.value FROM trials t JOIN trial_values v "
+                                  "ON v.trial_id = t.trial_id WHERE t.state = 'COMPLETE'").fetchall())
+    except sqlite3.Error:
+        return {}
+
+
+def test_killed_search_resumes_without_losing_finished_trials(tmp_path):
+    config = write_yaml(tmp_path / "resume.yaml", RESUME)
+    out = tmp_path / "out"
+    proc = subprocess.Popen(search_cmd(config, "--out", out), cwd=REPO_ROOT, env=cli_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    db = out / "study.db"
+    deadline = time.time() + 180
+    try:
+        while len(_complete(db)) < 2:
+            assert proc.poll() is None, f"search ended before it was killed:\n{proc.stdout.read()[-4000:]}"
+            assert time.time() < deadline, "no two trials completed in time"
+            time.sleep(0.2)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    before = _complete(db)
+    with sqlite3.connect(db) as c:
+        running = [n for (n,) in c.execute("SELECT number FROM trials WHERE state = 'RUNNING'")]
+    assert running, "the kill left no trial running: nothing to test"
+
+    again = run_search_cli(config, "--out", out)          # without --resume: refused
+    assert again.returncode == 2 and "--resume" in again.stderr, explain(again)
+
+    resumed = run_search_cli(config, "--out", out, "--resume")
+    assert resumed.returncode == 0, explain(resumed)
+    results = json.loads((out / "results.json").read_text())
+    by_number = {t["number"]: t for t in results["trials"]}
+    for number, value in before.items():   # finished trials kept as they were
+        assert by_number[number]["state"] == "COMPLETE" and by_number[number]["value"] == value
+    interrupted = [t for t in results["trials"] if t["interrupted"]]
+    assert sorted(t["number"] for t in interrupted) == sorted(running)
+    for t in interrupted:
+        assert t["state"] == "FAIL" and ("is gone" in t["interrupted"] or "killed as it asked" in t["interrupted"])
+        retry = [r for r in results["trials"] if r["retry_of"] == t["number"]]
+        assert len(retry) == 1 and retry[0]["params"] == t["params"] and retry[0]["state"] == "COMPLETE"
+    counted = [t for t in results["trials"] if not t["interrupted"]]
+    assert len(counted) == 7 and all(t["state"] == "COMPLETE" for t in counted)
+    assert sorted(results["worker"]["requeued"]) == sorted(running)

@@ -1,0 +1,59 @@
+"""Scale-out: two worker processes run `tensile search` against one study in
+a real PostgreSQL server (installed and started by the fixture), each
+packing trials into its own pool."""
+import json
+import subprocess
+
+import optuna
+import pytest
+
+from tests.conftest import REPO_ROOT
+from tests.search.conftest import cli_env, search_cmd, write_yaml
+
+pytestmark = pytest.mark.postgres
+
+CONFIG = """
+    pool: 256MiB
+    search:
+      study_name: shared
+      sampler: {name: tpe, seed: 5, n_startup_trials: 4}
+      n_trials: 8
+      max_concurrent: 2
+      objective: {metric: final_loss}
+      base_job:
+        model: {train_step_factory: "tests.search.factories:sgd_regression"}
+        steps: 1500
+      space:
+        model.args.learning_rate: {type: float, low: 1.0e-3, high: 5.0e-2, log: true}
+        batch_size: {type: categorical, choices: [16, 32, 64]}
+"""
+
+
+def test_two_workers_share_one_postgres_study(tmp_path, postgres_url):
+    config = write_yaml(tmp_path / "shared.yaml", CONFIG)
+    workers = [subprocess.Popen(search_cmd(config, "--out", tmp_path / f"w{i}", "--storage", postgres_url),
+                                cwd=REPO_ROOT, env=cli_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    outputs = [w.communicate(timeout=300)[0] for w in workers]
+    for w, text in zip(workers, outputs):
+        assert w.returncode == 0, text[-5000:]
+
+    study = optuna.load_study(study_name="shared", storage=postgres_url)
+    trials = study.get_trials()
+    # n_trials is a study-wide total; two workers that ask at the same instant may overshoot by one.
+    assert 8 <= len(trials) <= 9, [t.state for t in trials]
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    pids = {t.user_attrs["tensile_worker"]["pid"] for t in trials}
+    assert len(pids) == 2, "one worker did all the trials"
+    assert len({t.number for t in trials}) == len(trials)
+
+    # Each worker's results.json describes the whole study, and the workers ran at the same time.
+    for i in range(2):
+        results = json.loads((tmp_path / f"w{i}" / "results.json").read_text())
+        assert results["study"]["storage"].startswith("postgresql")
+        assert {t["number"] for t in results["trials"]} <= {t.number for t in trials}
+        assert results["worker"]["trials_run"] >= 1
+    spans = {pid: [(t.user_attrs["tensile_job"]["started_at"], t.user_attrs["tensile_job"]["ended_at"])
+                   for t in trials if t.user_attrs["tensile_worker"]["pid"] == pid] for pid in pids}
+    (a, b) = ((min(s for s, _ in v), max(e for _, e in v)) for v in spans.values())
+    assert a[0] < b[1] and b[0] < a[1], f"the two workers did not overlap in time: {a} vs {b}"
