@@ -151,3 +151,30 @@ def test_jobs_outside_the_schedule_pass_through():
     pipe = NodeGroupPipeline()
     assert all(pipe.boundary(7, b, 3) == ("ok", "") for b in range(4))
     assert pipe.stats()["passthrough"] == 4
+
+
+def test_an_aborted_step_does_not_stall_the_next_iteration():
+    pipe = NodeGroupPipeline()
+    pipe.set_timeout(10)
+    table = {1: ("a", [0, 2]), 2: ("b", [1, 3])}
+    pipe.set_schedule(table, 4)
+    got = {}
+    t = threading.Thread(target=lambda: got.setdefault("b0", pipe.boundary(2, 0, 2)))
+    t.start()
+    assert pipe.boundary(1, 0, 2) == ("ok", "")   # a starts group 0, then its step aborts
+    time.sleep(0.2)
+    assert t.is_alive()                           # b still waits for a's pair 0
+    # a's next iteration: the boundaries its aborted step skipped count as done,
+    # which releases b; then both run whole iterations in step.
+    a_log, a_err = [], []
+    a = threading.Thread(target=run_job, args=(pipe, 1, [0, 2], 2, a_log, a_err))
+    a.start()
+    t.join(timeout=5)
+    assert got["b0"] == ("ok", "")
+    b_log, b_err = [], []
+    # b is inside its first iteration (group 0 started): finish it, then two more.
+    assert pipe.boundary(2, 1, 2)[0] == "ok" and pipe.boundary(2, 2, 2)[0] == "ok"
+    run_job(pipe, 2, [1, 3], 2, b_log, b_err)
+    a.join(timeout=10)
+    assert not a_err and not b_err and len(a_log) == 4 and len(b_log) == 4
+    assert pipe.stats()["timeouts"] == 0

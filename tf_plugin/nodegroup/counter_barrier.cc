@@ -131,6 +131,7 @@ void NodeGroupPipeline::ReleaseReadyLocked(Version& v, int k, std::vector<Releas
 void NodeGroupPipeline::RemoveJobLocked(Version& v, JobKey job, std::vector<Release>* out,
                                         bool* pair_start) {
   v.jobs.erase(job);
+  v.next_boundary.erase(job);
   for (Barrier& b : v.barriers) {
     b.prev.erase(job);
     b.succ.erase(job);
@@ -153,6 +154,18 @@ void NodeGroupPipeline::RemoveJobLocked(Version& v, JobKey job, std::vector<Rele
     }
   }
   for (int k = 0; k < v.num_pairs; ++k) ReleaseReadyLocked(v, k, out, pair_start, true);
+}
+
+void NodeGroupPipeline::FastForwardLocked(Version& v, JobKey job, int from,
+                                          std::vector<Release>* out, bool* pair_start) {
+  const std::vector<int>& pairs = v.jobs.at(job).pair_of_group;
+  const int n = static_cast<int>(pairs.size());
+  for (int b = std::max(from, 1); b <= n; ++b) {
+    const int k = (pairs[b - 1] + 1) % v.num_pairs;
+    v.barriers[k].arrived[job] += 1;
+    if (b < n) v.barriers[pairs[b]].passed[job] += 1;
+    ReleaseReadyLocked(v, k, out, pair_start, false);
+  }
 }
 
 void NodeGroupPipeline::Leave(JobKey job) {
@@ -205,6 +218,9 @@ void NodeGroupPipeline::Boundary(uint64_t waiter_id, JobKey job, int boundary, i
                            " groups for it; the schedule was made for another partition"};
       } else {
         const std::vector<int>& pairs = js_it->second.pair_of_group;
+        int& next = v->next_boundary[job];
+        if (boundary == 0 && next != 0) FastForwardLocked(*v, job, next, &out, &pair_start);
+        next = boundary == num_groups ? 0 : boundary + 1;
         if (boundary > 0) {
           const int k = (pairs[boundary - 1] + 1) % v->num_pairs;
           v->barriers[k].arrived[job] += 1;  // the seed's prev_count decrement

@@ -39,6 +39,15 @@
 // come and go: a job that ends or fails calls Leave(), which removes it from
 // every barrier of every version and releases waits that it was holding up.
 //
+// Note [A step that did not finish]
+// A step that fails or is cancelled mid-way (an OOM, a timed-out wait) never
+// reaches its later boundaries, so its arrivals for this generation are
+// missing and its next iteration would wait for itself. At boundary 0 the
+// pipeline sees that the job's previous iteration stopped at boundary b and
+// counts the skipped boundaries b+1..num_groups as if their groups had run
+// instantly (their memory was freed when TensorFlow aborted the step), so
+// every counter stays aligned with the other jobs' generations.
+//
 // Note [Never block a TensorFlow thread]
 // A barrier op that blocks an inter-op thread deadlocks a 2-core machine
 // (DESIGN.md). Boundary() never blocks: it calls `done` inline when the job
@@ -164,6 +173,7 @@ class NodeGroupPipeline {
     int num_pairs = 0;
     std::map<JobKey, JobSchedule> jobs;
     std::vector<Barrier> barriers;  // barrier k: before pair k
+    std::map<JobKey, int> next_boundary;  // the boundary each job reaches next
   };
   struct Waiter {
     JobKey job = 0;
@@ -189,6 +199,10 @@ class NodeGroupPipeline {
   void ReleaseReadyLocked(Version& v, int k, std::vector<Release>* out, bool* pair_start,
                           bool by_leave);
   void RemoveJobLocked(Version& v, JobKey job, std::vector<Release>* out, bool* pair_start);
+  // Note [A step that did not finish]: counts the arrivals and passes of
+  // boundaries [from, num_groups] that the job's aborted step skipped.
+  void FastForwardLocked(Version& v, JobKey job, int from, std::vector<Release>* out,
+                         bool* pair_start);
   std::string JobLabelLocked(const Version& v, JobKey job) const;
   std::string TimeoutMessageLocked(const Waiter& w, double waited_s) const;
   void Deliver(std::vector<Release> releases, bool pair_start);
