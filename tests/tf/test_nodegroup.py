@@ -179,3 +179,17 @@ def test_eight_jobs_do_not_deadlock_on_two_cores():
     out = last_json_line(run_python(EIGHT_JOBS, timeout=240))
     assert out["status"] == ["finished"] * 8, out
     assert out["most"] >= 4 and out["runtime"]["waits"] > 0 and out["runtime"]["timeouts"] == 0, out
+
+
+def test_steps_that_create_optimizer_slots_in_their_first_trace_still_lift():
+    """Adam creates its slots while the step is first traced; their zeros
+    initializers are lifted out of the graph, so no barrier may precede them."""
+    host = JobHost(pipeline="nodegroup", split_size="4KiB", admission="none")
+    states = [host.submit(Job.from_spec(JobSpec.model_validate(dict(
+        name=f"ng-adam-{i}", model={"builder": "tensile_tf.zoo:transformer_encoder",
+                                    "args": {"heads": 2, "layers_count": 1, "ff_dim": 32}},
+        input_shape=[16, 32], batch_size=4, steps=3, seed=i, optimizer={"name": "adam"})))) for i in range(2)]
+    result = host.run()
+    assert [s.status for s in states] == [JobStatus.finished] * 2, [s.error for s in states]
+    parts = result.pool["nodegroup"]["partitions"]
+    assert all(len(p["groups"]) >= 3 for p in parts.values())

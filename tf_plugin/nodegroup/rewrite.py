@@ -10,7 +10,11 @@ edges are added: the step computes exactly what it computed before.
 Note [Which nodes are grouped]
 Placeholders, constants and variable handles allocate nothing per step and
 have no inputs; they stay outside every group and run whenever TensorFlow
-likes. The TensileBindStep op stays outside too: barrier 0 depends on it, so
+likes. So do *constant-only* ops (stateless, fed by constants alone, e.g. the
+``zeros`` initializer of an optimizer slot created in the first trace): the
+first trace of a step that creates variables lifts those initializers out of
+the graph, which a control edge from a barrier (hence from the step's inputs)
+would make impossible; Grappler folds them anyway. The TensileBindStep op stays outside too: barrier 0 depends on it, so
 the step is bound to its job before any group runs. Ops that on the CPU
 device hand out their input's buffer (ReadVariableOp of a resource variable,
 Identity, Reshape, ...) are grouped nodes that allocate nothing; their
@@ -52,14 +56,27 @@ def _static_bytes(t: tf.Tensor) -> int:
     return int(shape.num_elements()) * t.dtype.size
 
 
+def _constant_only(op, constant: set[str]) -> bool:
+    try:
+        if op.op_def.is_stateful:
+            return False
+    except Exception:  # noqa: BLE001 - no OpDef: treat as stateful
+        return False
+    return all(t.op.name in constant for t in op.inputs) and \
+        all(c.type in SOURCE_OPS or c.name in constant for c in op.control_inputs)
+
+
 def graph_nodes(fg) -> tuple[list[GraphNode], list[str]]:
     """The FuncGraph's grouped nodes (Note [Which nodes are grouped]) and the
     tensors the step returns (never freed inside it)."""
     canonical: dict[str, str | None] = {}   # graph tensor -> tensor it shares a buffer with (None: persistent)
     nodes: list[GraphNode] = []
     grouped: set[str] = set()
+    constant: set[str] = set()   # Const and constant-only ops
     for op in fg.get_operations():
-        if op.type in SOURCE_OPS or op.type == BARRIER_OP:
+        if op.type in SOURCE_OPS or op.type == BARRIER_OP or _constant_only(op, constant):
+            if op.type == "Const" or op.type not in SOURCE_OPS and op.type != BARRIER_OP:
+                constant.add(op.name)
             for t in op.outputs:
                 canonical[t.name] = None
             continue
