@@ -33,6 +33,7 @@ MODELS = {
     # name: (JobSpec model, input shape, optimizer); reduced resolution for a 2-core CPU.
     "resnet50": ({"application": "ResNet50"}, [32, 32, 3], "sgd"),
     "inceptionv3": ({"application": "InceptionV3"}, [75, 75, 3], "sgd"),
+    "small_cnn": ({"builder": "tensile_tf.zoo:small_cnn", "args": {"filters": [32, 64]}}, [64, 64, 3], "sgd"),
     "transformer": ({"builder": "tensile_tf.zoo:transformer_encoder",
                      "args": {"heads": 4, "layers_count": 2, "ff_dim": 256}}, [64, 128], "adam"),
 }
