@@ -134,8 +134,11 @@ class NodeGroupCoordinator:
         """The job leaves: its barriers are released at once, then the rest re-pair."""
         if stream is None:
             return
-        self.pipeline.leave(stream)
         with self._lock:
+            # Under the lock: a concurrent re-pairing must not install a
+            # version that still lists this job after it left (its partners
+            # would wait for it until they time out).
+            self.pipeline.leave(stream)
             entry = self._jobs.get(stream)
             if entry is None or entry.name != name:
                 return

@@ -170,7 +170,7 @@ for i in range(8):
         steps=5, seed=i))))
 r = host.run()
 ng = r.pool["nodegroup"]
-print(json.dumps({"status": [s.status.value for s in r.jobs], "most": max(len(s["jobs"]) for s in ng["schedules"]),
+print(json.dumps({"status": [s.status.value for s in r.jobs], "errors": [s.error for s in r.jobs if s.error], "most": max(len(s["jobs"]) for s in ng["schedules"]),
                   "runtime": ng["runtime"]}))
 """
 
