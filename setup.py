@@ -38,6 +38,9 @@ sources = [
     "tf_plugin/allocator/tf_pool_allocator.cc",
     "tf_plugin/allocator/bindings.cc",
     "tf_plugin/ops/bind_step_op.cc",
+    "tf_plugin/nodegroup/counter_barrier.cc",
+    "tf_plugin/nodegroup/boundary_op.cc",
+    "tf_plugin/nodegroup/bindings.cc",
 ]
 plugin = Pybind11Extension(
     "tf_plugin._tensile_plugin",
@@ -52,6 +55,7 @@ plugin = Pybind11Extension(
         "tf_plugin/allocator/pool_backend.h",
         "tf_plugin/allocator/event_trace.h",
         "tf_plugin/allocator/device_pool.h",
+        "tf_plugin/nodegroup/counter_barrier.h",
     ],
 )
 

@@ -127,7 +127,8 @@ def _cmd_run(args) -> int:
     out_dir = Path(args.out or cfg.run.out_dir)
     with RichProgress(console) as progress:
         host = JobHost(cfg.pool, concurrency=cfg.run.concurrency, admission=cfg.run.admission,
-                       progress=progress)
+                       progress=progress, pipeline=cfg.run.pipeline, split_size=cfg.run.split_size,
+                       barrier_timeout_s=cfg.run.barrier_timeout_s)
         for spec in cfg.jobs:
             host.submit(Job.from_spec(spec))
         result = host.run()

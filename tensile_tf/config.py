@@ -136,6 +136,16 @@ class RunSpec(_Strict):
     admission: Admission = Admission.salus
     planner: Literal["none", "tensile"] = "none"
     pipeline: Literal["none", "nodegroup"] = "none"
+    split_size: int | Literal["auto"] = Field(
+        "auto", description="node-group pipeline: net bytes (de)allocated per node group, e.g. 16MiB, "
+        "or 'auto' (a job's temporary peak over 4)")
+    barrier_timeout_s: float = Field(60.0, gt=0, description="node-group pipeline: longest wait at a "
+                                     "CounterBarrier before the step fails")
+
+    @field_validator("split_size", mode="before")
+    @classmethod
+    def _split_size(cls, v: Any) -> int | str:
+        return v if v == "auto" else _size(v, "split_size")
 
 
 class RunConfig(_Strict):

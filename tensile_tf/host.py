@@ -160,6 +160,16 @@ def summarize_error(message: str, limit: int = 2000) -> str:
     return summary[:limit]
 
 
+def _make_pipeline(kind: str, capacity: int, split_size: int | str, timeout_s: float):
+    if kind in (None, "none"):
+        return None
+    if kind != "nodegroup":
+        raise ValueError(f"JobHost: pipeline must be 'none' or 'nodegroup', got {kind!r}")
+    from tensile_tf.pipeline import NodeGroupCoordinator
+    split = split_size if split_size == "auto" else parse_bytes(split_size, what="split_size")
+    return NodeGroupCoordinator(capacity, split, timeout_s=timeout_s)
+
+
 class JobHost:
     """Runs jobs concurrently in one process on the shared device pool.
 
@@ -170,9 +180,12 @@ class JobHost:
 
     def __init__(self, pool_bytes: int | str | None = None, *, concurrency: int | None = None,
                  admission: Admission | str = Admission.salus, sample_interval_s: float = 0.05,
-                 progress: ProgressSink | None = None):
+                 progress: ProgressSink | None = None, pipeline: str = "none",
+                 split_size: int | str = "auto", barrier_timeout_s: float = 60.0):
         self._ensure_pool(pool_bytes)
         self.capacity = tf_plugin.device_pool().capacity
+        # Node-group pipeline (seed 004): None unless pipeline == "nodegroup".
+        self._pipeline = _make_pipeline(pipeline, self.capacity, split_size, barrier_timeout_s)
         self.concurrency = concurrency
         self.admission = Admission(admission)
         self.sample_interval_s = sample_interval_s
@@ -263,7 +276,10 @@ class JobHost:
             state.status = JobStatus.rejected
             state.error = state.error or "never fit the pool"
         wall = time.perf_counter() - self._t0
-        return RunResult(capacity=self.capacity, pool=pool_stats(), jobs=list(self.states),
+        pool = pool_stats()
+        if self._pipeline is not None:
+            pool["nodegroup"] = self._pipeline.summary()
+        return RunResult(capacity=self.capacity, pool=pool, jobs=list(self.states),
                          samples=samples, pool_events=tf_plugin.device_pool().trace(),
                          started_at=started_at, wall_s=wall, trace_origin_ns=origin_ns)
 
@@ -390,7 +406,8 @@ class JobHost:
         try:
             with state.job_stream.eager_scope():
                 state.train = state.job.build()
-                state.step_fn = state.job_stream.step_function(state.train.step_fn)
+                transform = self._pipeline.graph_transform(state.name, state.stream) if self._pipeline else None
+                state.step_fn = state.job_stream.step_function(state.train.step_fn, graph_transform=transform)
                 state.first_batch = state.train.next_batch()
                 state.step_fn.get_concrete_function(*state.first_batch)  # trace once, here, serially
         except Exception as e:  # noqa: BLE001 - a bad job must not stop the host
@@ -472,6 +489,8 @@ class JobHost:
     def _start_thread(self, state: JobState, running: dict) -> None:
         state.status = JobStatus.running
         state.admitted_at_s = self._now()
+        if self._pipeline is not None:
+            self._pipeline.job_started(state.name, state.stream, state.persistent_bytes, state.temporary_bytes)
         thread = threading.Thread(target=self._train, args=(state,), name=f"job-{state.name}", daemon=True)
         running[state.name] = thread
         thread.start()
@@ -492,6 +511,8 @@ class JobHost:
             self._fail(state, e)
         finally:
             state.ended_at_s = self._now()
+            if self._pipeline is not None:  # release the barriers others wait at, at once
+                self._pipeline.job_ended(state.name, state.stream)
             self._events.put(state)
 
     def _fail(self, state: JobState, error: BaseException, status: JobStatus = JobStatus.failed) -> None:
@@ -514,6 +535,8 @@ class JobHost:
         state.custom_gradients = set()
         if stream is None:
             return
+        if self._pipeline is not None:
+            self._pipeline.job_ended(state.name, state.stream)
         gc.collect()
         stats = stream.stats()
         state.peak_bytes = max(state.peak_bytes, stats.get("peak", 0))

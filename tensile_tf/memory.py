@@ -17,6 +17,7 @@ from pydantic import ByteSize, TypeAdapter, ValidationError
 
 import tf_plugin
 from tf_plugin import bind_step_op, device_pool
+from tensile_tf.tf_internals import mark_func_graph, register_func_graph_transform
 
 _BYTES = TypeAdapter(ByteSize)
 
@@ -89,14 +90,24 @@ class JobStream:
         self.stream: int = self._pool.register_stream(name)
         self._released = False
 
-    def step_function(self, fn: Callable, **tf_function_kwargs) -> Callable:
-        """Wraps ``fn`` (plain or tf.function) in a tf.function attributed to this job."""
+    def step_function(self, fn: Callable, *, graph_transform: Callable | None = None,
+                      **tf_function_kwargs) -> Callable:
+        """Wraps ``fn`` (plain or tf.function) in a tf.function attributed to this job.
+
+        ``graph_transform(func_graph)``, if given, edits each trace of the step
+        right after tracing (e.g. inserts node-group barriers).
+        """
         stream = self.stream
+        if graph_transform is not None:
+            register_func_graph_transform()
 
         def attributed_step(*args, **kwargs):
             bind = bind_step_op(stream)
             with tf.control_dependencies([bind]):
-                return fn(*args, **kwargs)
+                out = fn(*args, **kwargs)
+            if graph_transform is not None:
+                mark_func_graph(tf.compat.v1.get_default_graph(), graph_transform)
+            return out
 
         attributed_step.__name__ = f"{getattr(fn, '__name__', 'step')}_{self.name}"
         tf_function_kwargs.setdefault("jit_compile", False)

@@ -13,6 +13,10 @@
 namespace py = pybind11;
 using tensile::StreamAwarePool;
 
+namespace tensile::nodegroup {
+void AddNodeGroupBindings(py::module_& m);  // tf_plugin/nodegroup/bindings.cc
+}
+
 namespace {
 
 py::dict CountersDict(const tensile::MemoryCounters& m) {
@@ -229,4 +233,6 @@ Streams are jobs; allocate() returns an arena offset.)doc")
     return d;
   });
   m.def("human_bytes", &tensile::HumanBytes, py::arg("nbytes"));
+
+  tensile::nodegroup::AddNodeGroupBindings(m);
 }

@@ -1,0 +1,158 @@
+"""Issue 6 benchmark: memory sharing efficiency of the node-group pipeline
+(seed 004 §5.2, Table 1).
+
+Sharing efficiency = the largest batch each of N identical concurrent jobs
+reaches in a pool of capacity C, divided by the largest batch one job reaches
+alone in C. Batches are found by doubling, then binary search. Modes:
+
+* ``sole``: one job alone in C (the denominator);
+* ``static``: static split, one job alone in C / N (what each job gets);
+* ``free``: N jobs free-running in one shared pool of C;
+* ``nodegroup``: N jobs in C with the node-group pipeline (``split_size``);
+* hybrid with TENSILE: pending (plan execution is not on this branch).
+
+Every trial is a fresh interpreter (its own pool) that trains ``--steps``
+steps of each job; a trial succeeds when every job finishes.
+
+    PYTHONPATH=. python benchmarks/nodegroup_bench.py --model transformer --pool 160MiB --jobs 2 4 \\
+        [--split 4MiB 16MiB auto] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+MODELS = {
+    # name: (JobSpec model, input shape, optimizer); reduced resolution for a 2-core CPU.
+    "resnet50": ({"application": "ResNet50"}, [32, 32, 3], "sgd"),
+    "inceptionv3": ({"application": "InceptionV3"}, [75, 75, 3], "sgd"),
+    "small_cnn": ({"builder": "tensile_tf.zoo:small_cnn", "args": {"filters": [32, 64]}}, [64, 64, 3], "sgd"),
+    "transformer": ({"builder": "tensile_tf.zoo:transformer_encoder",
+                     "args": {"heads": 4, "layers_count": 2, "ff_dim": 256}}, [64, 128], "adam"),
+}
+
+CHILD = """
+import json, sys
+import tensile_tf
+from tensile_tf.config import JobSpec
+from tensile_tf.host import JobHost
+from tensile_tf.jobs import Job
+host = JobHost({pool!r}, admission="none", pipeline={pipeline!r}, split_size={split!r}, barrier_timeout_s=300)
+for i in range({jobs}):
+    host.submit(Job.from_spec(JobSpec.model_validate(dict(name=f"j{{i}}", model={model!r},
+        input_shape={shape!r}, batch_size={batch}, steps={steps}, seed=i,
+        optimizer={{"name": {opt!r}, "learning_rate": 0.001}}))))
+r = host.run()
+print(json.dumps({{"ok": all(s.status.value == "finished" for s in r.jobs), "peak": r.pool["peak"],
+                  "errors": [(s.error or "")[:200] for s in r.jobs if s.error]}}))
+"""
+
+
+def trial(model: str, pool: str, jobs: int, batch: int, pipeline: str, split: str, steps: int) -> dict:
+    spec, shape, opt = MODELS[model]
+    code = CHILD.format(pool=pool, pipeline=pipeline, split=split, jobs=jobs, model=spec, shape=shape,
+                        batch=batch, steps=steps, opt=opt)
+    env = {k: v for k, v in os.environ.items() if k != "TENSILE_POOL_BYTES"}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=1800)
+    out = {"ok": False, "error": proc.stderr[-300:]}
+    for line in reversed(proc.stdout.strip().splitlines()):
+        try:
+            out = json.loads(line)
+            break
+        except json.JSONDecodeError:
+            continue
+    out["seconds"] = time.perf_counter() - t
+    return out
+
+
+def max_batch(fn, start: int, log) -> int:
+    """Largest b with fn(b) true: doubling from `start`, then binary search."""
+    lo, hi = 0, None
+    b = start
+    while hi is None:
+        if fn(b):
+            lo, b = b, b * 2
+        else:
+            hi = b
+        if b > 4096:
+            return lo
+    while hi - lo > max(1, lo // 16):  # resolution: 1/16 of the batch (6%)
+        mid = (lo + hi) // 2
+        if fn(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def parse_bytes(text: str) -> int:
+    units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+    for u, m in units.items():
+        if text.endswith(u):
+            return int(float(text[:-len(u)]) * m)
+    return int(text)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=sorted(MODELS), required=True)
+    ap.add_argument("--pool", required=True, help="capacity C, e.g. 160MiB")
+    ap.add_argument("--jobs", type=int, nargs="+", default=[2])
+    ap.add_argument("--split", nargs="+", default=["auto"], help="split_size values for the nodegroup mode")
+    ap.add_argument("--modes", nargs="+", default=["sole", "static", "free", "nodegroup"])
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--start", type=int, default=8, help="first batch tried")
+    ap.add_argument("--json", help="append results (one JSON object per line) here")
+    args = ap.parse_args()
+    cap = parse_bytes(args.pool)
+    trials: list[dict] = []
+
+    def search(label, jobs, pool, pipeline, split):
+        def ok(b):
+            r = trial(args.model, pool, jobs, b, pipeline, split, args.steps)
+            trials.append({"label": label, "batch": b, **r})
+            print(f"  {label:<24} batch {b:>5}: {'ok ' if r['ok'] else 'OOM'} ({r['seconds']:.0f} s)"
+                  + ("" if r["ok"] else f"  {(r.get('errors') or [r.get('error', '')])[0][:120]!r}"), flush=True)
+            return r["ok"]
+        return max_batch(ok, args.start, None)
+
+    results = {"model": args.model, "pool": args.pool, "steps": args.steps, "modes": {}}
+    sole = None
+    if "sole" in args.modes:
+        sole = search("sole", 1, args.pool, "none", "auto")
+        results["modes"]["sole"] = sole
+        print(f"{args.model}: sole max batch in {args.pool}: {sole}", flush=True)
+    for n in args.jobs:
+        row = {}
+        if "static" in args.modes:
+            row["static"] = search(f"static C/{n}", 1, str(cap // n), "none", "auto")
+        if "free" in args.modes:
+            row["free"] = search(f"free x{n}", n, args.pool, "none", "auto")
+        if "nodegroup" in args.modes:
+            for split in args.split:
+                row[f"nodegroup[{split}]"] = search(f"nodegroup[{split}] x{n}", n, args.pool, "nodegroup", split)
+        row["hybrid"] = "pending: TENSILE plan execution not on this branch"
+        results["modes"][f"x{n}"] = row
+        if sole:
+            eff = {k: (f"{v / sole:.1%}" if isinstance(v, int) else v) for k, v in row.items()}
+            print(f"{args.model} x{n}: max batch {row}; efficiency vs sole {sole}: {eff}", flush=True)
+    results["trials"] = trials
+    if args.json:
+        with open(args.json, "a") as f:
+            f.write(json.dumps(results) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

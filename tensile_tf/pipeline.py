@@ -1,0 +1,173 @@
+"""The node-group pipeline inside the JobHost (``run.pipeline: nodegroup``).
+
+The host calls four hooks, in this order over a job's life:
+
+1. ``graph_transform(name, stream)`` when it builds the job: the returned
+   callable partitions the traced step (``split_size`` bytes, or ``auto``) and
+   inserts the barrier ops. The job's probe step runs outside any schedule
+   (its barriers pass straight through).
+2. ``job_started(state)`` / 3. ``job_ended(state)``: the set of running jobs
+   changed. The coordinator re-runs Algorithm 1 over the running jobs and
+   installs the result as a new schedule version; each job moves to it at its
+   next iteration. An ended or failed job first leaves the pipeline, which
+   releases every barrier it takes part in.
+4. ``summary()`` for results.json.
+
+Separable on purpose: the TENSILE planner's rewrite is another graph
+transform; ``compose`` runs several in order on the same traced step.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from tf_plugin.nodegroup import install_schedule, device_pipeline
+from tf_plugin.nodegroup.partition import Partition, auto_split_size, partition_graph
+from tf_plugin.nodegroup.rewrite import graph_nodes, insert_barriers
+from tf_plugin.nodegroup.schedule import JobProfile, PairSchedule, schedule_pairs
+
+
+def compose(*transforms: Callable | None) -> Callable | None:
+    """One graph transform that runs the given ones (None skipped) in order."""
+    live = [t for t in transforms if t is not None]
+    if not live:
+        return None
+    if len(live) == 1:
+        return live[0]
+
+    def composed(fg) -> None:
+        for t in live:
+            t(fg)
+    return composed
+
+
+@dataclass
+class _JobEntry:
+    name: str
+    stream: int
+    partition: Partition
+    persistent_bytes: int = 0
+    measured_temporary_bytes: int = 0
+
+    def profile(self) -> JobProfile:
+        """Algorithm 1's view of the job, sizes scaled to the measured peak."""
+        p = self.partition
+        est = p.temporary_peak_bytes
+        scale = self.measured_temporary_bytes / est if est > 0 and self.measured_temporary_bytes > 0 else 1.0
+        g = p.groups
+        return JobProfile(self.stream, self.name, p.num_ang, self.persistent_bytes,
+                          tuple(int(x.start_bytes * scale) for x in g), tuple(int(x.peak_bytes * scale) for x in g),
+                          tuple(int(x.end_bytes * scale) for x in g))
+
+
+# Note [Calibrating the partition's sizes]
+# The partition counts the static sizes of op outputs; the pool also serves
+# op scratch memory, inputs and kernel-internal buffers the graph does not
+# show, so the measured temporary peak of the probe step is larger (1.5x on a
+# small CNN). The group boundaries stay where the static sizes put them, but
+# Algorithm 1 sees every group's bytes scaled by measured / estimated peak, so
+# its p and predicted peak are in the pool's real bytes.
+
+
+# Note [Fragmentation reserve]
+# Pairing forces the paired groups to run together: with p large, both jobs'
+# allocating phases advance in lockstep, so their peaks coincide by design.
+# The pool is a best-fit arena without compaction; with two jobs' tensors
+# interleaved, a transformer pair at 88% of the pool failed with 7 MiB free
+# in 63 chunks (none of 768 KiB). Algorithm 1 therefore plans for
+# capacity * (1 - fragmentation_reserve) (default 15%): p drops until the
+# predicted peak leaves that much free.
+
+
+class NodeGroupCoordinator:
+    """Partitions each job's step, pairs the running jobs (Algorithm 1) and
+    keeps the C++ pipeline's schedule current."""
+
+    def __init__(self, capacity: int, split_size: int | str = "auto", *, timeout_s: float = 60.0,
+                 target_groups: int = 8, fragmentation_reserve: float = 0.15, pipeline=None):
+        if split_size != "auto" and (not isinstance(split_size, int) or split_size <= 0):
+            raise ValueError(f"split_size must be a positive byte count or 'auto', got {split_size!r}")
+        self.capacity = capacity
+        # Note [Fragmentation reserve]: Algorithm 1 plans for capacity * (1 - reserve).
+        self.mem_limit = int(capacity * (1.0 - fragmentation_reserve))
+        self.split_size = split_size
+        self.target_groups = target_groups
+        self.pipeline = pipeline or device_pipeline()
+        self.pipeline.set_timeout(float(timeout_s))
+        self._lock = threading.Lock()
+        self._jobs: dict[int, _JobEntry] = {}
+        self._running: set[int] = set()
+        self.schedules: list[dict[str, Any]] = []
+        self.partitions: dict[str, dict[str, Any]] = {}  # by job name, kept after the job ends
+        self.last_schedule: PairSchedule | None = None
+
+    # -------------------------------------------------------------- hooks
+
+    def graph_transform(self, name: str, stream: int) -> Callable:
+        def transform(fg) -> None:
+            nodes, live_out = graph_nodes(fg)
+            split = self.split_size if self.split_size != "auto" else \
+                auto_split_size(nodes, live_out=live_out, target_groups=self.target_groups)
+            part = partition_graph(name, nodes, split, live_out=live_out)
+            insert_barriers(fg, part, stream)
+            with self._lock:
+                self._jobs[stream] = _JobEntry(name, stream, part)
+                self.partitions[name] = part.to_dict()
+        return transform
+
+    def job_started(self, name: str, stream: int, persistent_bytes: int | None,
+                    temporary_bytes: int | None = None) -> None:
+        """``persistent_bytes`` / ``temporary_bytes``: what the probe step measured.
+        The measured temporary peak calibrates the partition's static estimate
+        (Note [Calibrating the partition's sizes])."""
+        with self._lock:
+            entry = self._jobs.get(stream)
+            if entry is None or entry.name != name:
+                return  # never traced with barriers (e.g. built before the pipeline existed)
+            entry.persistent_bytes = int(persistent_bytes or 0)
+            entry.measured_temporary_bytes = int(temporary_bytes or 0)
+            self._running.add(stream)
+            self._reschedule_locked()
+
+    def job_ended(self, name: str, stream: int | None) -> None:
+        """The job leaves: its barriers are released at once, then the rest re-pair."""
+        if stream is None:
+            return
+        with self._lock:
+            # Under the lock: a concurrent re-pairing must not install a
+            # version that still lists this job after it left (its partners
+            # would wait for it until they time out).
+            self.pipeline.leave(stream)
+            entry = self._jobs.get(stream)
+            if entry is None or entry.name != name:
+                return
+            del self._jobs[stream]
+            if stream in self._running:
+                self._running.discard(stream)
+                self._reschedule_locked()
+
+    # ---------------------------------------------------------- schedule
+
+    def _reschedule_locked(self) -> None:
+        entries = [self._jobs[s] for s in sorted(self._running)]
+        profiles = [e.profile() for e in entries]
+        if len(profiles) < 2:
+            # Alone, a job has nobody to pace; an empty schedule lets it run free.
+            sched = schedule_pairs([], self.mem_limit, 1)
+        else:
+            split = max(e.partition.split_size for e in entries)
+            sched = schedule_pairs(profiles, self.mem_limit, split)
+        version = install_schedule(sched, self.pipeline)
+        self.last_schedule = sched
+        self.schedules.append({"version": version, "jobs": [e.name for e in entries], "p": sched.p,
+                               "num_pairs": sched.num_pairs, "predicted_peak_bytes": sched.predicted_peak_bytes,
+                               "fits": sched.fits})
+
+    def summary(self) -> dict[str, Any]:
+        with self._lock:
+            parts = dict(self.partitions)
+            schedules = list(self.schedules)
+        stats = self.pipeline.stats()
+        stats.pop("barriers", None)
+        return {"split_size": self.split_size, "partitions": parts, "schedules": schedules, "runtime": stats}

@@ -1,0 +1,142 @@
+"""Partition and Algorithm 1 on hand-built graphs (pure; no TensorFlow graph work)."""
+import random
+
+import pytest
+
+from tf_plugin.nodegroup.partition import ANG, DNG, GraphNode, depth_order, partition_graph
+from tf_plugin.nodegroup.schedule import JobProfile, NodeGroupRef, predict_peak, schedule_pairs
+
+MiB = 1 << 20
+
+
+def chain_graph(sizes):
+    """A forward/backward-like chain: node i makes tensor ti of sizes[i] MiB and
+    reads t(i-1); node k also reads the mirror tensor, so early tensors live long."""
+    n = len(sizes)
+    nodes = []
+    for i, s in enumerate(sizes):
+        inputs = [f"t{i - 1}"] if i else []
+        mirror = n - 1 - i
+        if mirror < i - 1:
+            inputs.append(f"t{mirror}")
+        preds = [f"n{int(t[1:])}" for t in inputs]
+        nodes.append(GraphNode(f"n{i}", i, tuple(preds), tuple(inputs), ((f"t{i}", s * MiB),)))
+    return nodes
+
+
+def test_depth_is_longest_path_so_groups_never_point_backwards():
+    # a -> b -> c, and a -> c directly: BFS distance of c would be 1, longest path 2.
+    nodes = [GraphNode("a", 0, (), (), (("ta", MiB),)),
+             GraphNode("c", 1, ("a", "b"), ("ta", "tb"), (("tc", MiB),)),
+             GraphNode("b", 2, ("a",), ("ta",), (("tb", MiB),))]
+    order, depth, _, _ = depth_order(nodes)
+    assert [n.name for n in order] == ["a", "b", "c"]
+    assert depth == {"a": 0, "b": 1, "c": 2}
+
+
+def test_cycles_are_cut_by_dfs():
+    nodes = [GraphNode("a", 0, ("c",), (), ()), GraphNode("b", 1, ("a",), (), ()), GraphNode("c", 2, ("b",), (), ())]
+    part = partition_graph("j", nodes, MiB)
+    assert part.dropped_back_edges == [("c", "a")]
+    assert [n for g in part.groups for n in g.nodes] == ["a", "b", "c"]
+
+
+def test_groups_of_split_size_with_ang_then_dng():
+    # 8 nodes of 4 MiB allocate; then the mirror reads free them pairwise.
+    part = partition_graph("j", chain_graph([4] * 8), 8 * MiB)
+    kinds = [g.kind for g in part.groups]
+    assert kinds[0] == ANG and kinds[-1] == DNG
+    assert kinds == sorted(kinds, key=lambda k: k == DNG), kinds  # ANGs first, then DNGs
+    for g in part.groups[:-1]:
+        assert abs(g.net_bytes) >= 8 * MiB
+    # Continuity: each group starts where the previous ended.
+    for a, b in zip(part.groups, part.groups[1:]):
+        assert b.start_bytes == a.end_bytes
+    # The allocating phase runs up to the group holding the peak (it may be a DNG by its sign).
+    assert part.num_ang >= sum(1 for k in kinds if k == ANG)
+    assert part.groups[part.num_ang - 1].peak_bytes == part.temporary_peak_bytes
+    assert part.temporary_peak_bytes == max(g.peak_bytes for g in part.groups)
+
+
+def test_roots_and_leaves_and_every_edge_goes_forward():
+    nodes = chain_graph([3, 1, 4, 1, 5, 9, 2, 6])
+    part = partition_graph("j", nodes, 5 * MiB)
+    group_of = part.group_of()
+    for n in nodes:
+        for p in n.preds:
+            assert group_of[p] <= group_of[n.name]
+    for g in part.groups:
+        inner = set(g.nodes)
+        by_name = {n.name: n for n in nodes}
+        for r in g.roots:
+            assert not any(p in inner for p in by_name[r].preds)
+        for leaf in g.leaves:
+            assert not any(leaf in by_name[m].preds for m in inner)
+        assert g.roots and g.leaves
+
+
+def test_live_out_and_measured_sizes():
+    nodes = [GraphNode("a", 0, (), (), (("ta", MiB),)), GraphNode("b", 1, ("a",), ("ta",), (("tb", MiB),))]
+    part = partition_graph("j", nodes, 100 * MiB, live_out=["tb"])
+    assert part.groups[-1].end_bytes == MiB           # tb stays; ta freed by b
+    part = partition_graph("j", nodes, 100 * MiB, live_out=["tb"], alloc_bytes={"a": 3 * MiB})
+    assert part.temporary_peak_bytes == 4 * MiB
+
+
+def test_algorithm1_reproduces_the_seed_for_two_equal_jobs():
+    a = JobProfile.uniform(1, "a", 4, 4, 10)
+    b = JobProfile.uniform(2, "b", 4, 4, 10)
+    # mem_limit - f_peak = 30: p = 30 / 10 - 1 = 2.
+    s = schedule_pairs([a, b], mem_limit=70, split_size=10, adjust_p=False)
+    R = NodeGroupRef
+    assert s.p == s.p_formula == 2
+    assert s.av == [R(1, 0), R(1, 1), R(1, 2), R(1, 3), R(2, 2), R(2, 3), R(2, 4), R(2, 5), None, R(2, 7)]
+    assert s.dv == [None, None, R(2, 0), R(2, 1), R(1, 4), R(1, 5), R(1, 6), R(1, 7), R(2, 6), None]
+    # (Line 20 as printed would put b.7 at av[8], beside b.6 in the same pair;
+    # the generalisation keeps a job's groups in distinct, increasing pairs.)
+    assert s.predicted_peak_bytes == 70 and s.fits
+
+
+def test_p_is_lowered_until_the_predicted_peak_fits():
+    a = JobProfile.uniform(1, "a", 4, 4, 10, persistent_bytes=5)
+    b = JobProfile.uniform(2, "b", 4, 4, 10, persistent_bytes=5)
+    tight = schedule_pairs([a, b], mem_limit=71, split_size=10)
+    assert tight.p_formula == 1 and tight.p == 1          # (71 - 5 - 45) // 10 - 1
+    assert tight.fits
+    # A limit the formula over-promises for (groups of a real job are uneven) lowers p.
+    uneven = JobProfile(2, "b", 2, 5, (0, 30, 31, 20), (30, 31, 31, 20), (30, 31, 20, 0))
+    s = schedule_pairs([a, uneven], mem_limit=80, split_size=10)
+    assert s.p < min(s.p_formula, 2) and s.fits
+    loose = schedule_pairs([a, b], mem_limit=1000, split_size=10)
+    assert loose.p == 4                                     # clamped to numANG
+    # With p = 0 the second job's ANGs follow the first job's: peak = both persistent + one job + one split.
+    zero = schedule_pairs([a, b], mem_limit=10, split_size=10)
+    assert zero.p == 0 and not zero.fits and zero.predicted_peak_bytes == 10 + 40 + 10
+
+
+def random_profile(rng, job_id):
+    return JobProfile.uniform(job_id, f"j{job_id}", rng.randint(1, 6), rng.randint(1, 6),
+                              rng.choice([5, 10, 20]), persistent_bytes=rng.randint(0, 30))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_schedules_of_any_jobs_are_valid(seed):
+    rng = random.Random(seed)
+    jobs = [random_profile(rng, i) for i in range(rng.randint(1, 8))]
+    s = schedule_pairs(jobs, mem_limit=rng.randint(50, 400), split_size=10)
+    s.validate()   # each job's groups once, in increasing pairs, never two of a job in a pair
+    assert sorted(s.pair_of_group) == sorted(j.job_id for j in jobs)
+    assert all(a is not None or d is not None for a, d in s.pairs())
+    assert s.predicted_peak_bytes == predict_peak(s.av, s.dv, jobs)
+    # Jobs leaving / arriving between iterations: re-pairing the rest is valid too.
+    if len(jobs) > 1:
+        rest = jobs[1:] + [random_profile(rng, 99)]
+        schedule_pairs(rest, mem_limit=300, split_size=10).validate()
+
+
+def test_unequal_jobs_keep_their_own_order():
+    # Algorithm 1 as printed would put b's first DNG (pair 4) before its last ANG (pair 11).
+    s = schedule_pairs([JobProfile.uniform(1, "a", 2, 2, 10), JobProfile.uniform(2, "b", 10, 2, 10)],
+                       mem_limit=100, split_size=10)
+    s.validate()
+    assert s.pair_of_group[2] == sorted(s.pair_of_group[2])

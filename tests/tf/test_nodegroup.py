@@ -1,0 +1,195 @@
+"""The node-group pipeline with TensorFlow: barrier ops in real steps, the
+host's wiring, memory flowing between jobs, and training invariance."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tensile_tf
+from tensile_tf.config import JobSpec
+from tensile_tf.host import JobHost, JobStatus
+from tensile_tf.jobs import Job
+from tensile_tf.memory import JobStream
+from tests import job_factories
+from tests.conftest import last_json_line, run_python
+from tf_plugin.nodegroup import device_pipeline, partition_graph
+from tf_plugin.nodegroup.rewrite import graph_nodes, insert_barriers
+
+TWO_JOBS = """
+import json, sys
+import tensile_tf
+from tensile_tf.config import JobSpec
+from tensile_tf.host import JobHost
+from tensile_tf.jobs import Job
+host = JobHost("120MiB", pipeline=sys.argv[1] if len(sys.argv) > 1 else "{pipeline}", split_size="8MiB",
+               admission="none", barrier_timeout_s=60)
+for i in range(2):
+    host.submit(Job.from_spec(JobSpec(name=f"j{{i}}", model={{"builder": "tensile_tf.zoo:small_cnn",
+        "args": {{"filters": [32, 64]}}}}, input_shape=[64, 64, 3], batch_size=32, steps=4, seed=i,
+        optimizer={{"name": "sgd", "learning_rate": 0.01}})))
+r = host.run()
+ng = r.pool.get("nodegroup", {{}})
+print(json.dumps({{"jobs": [[s.name, s.status.value, s.steps_done, s.error or "", s.persistent_bytes,
+                             s.temporary_bytes] for s in r.jobs],
+                  "peak": r.pool["peak"], "ooms": r.pool["num_ooms"], "capacity": r.capacity,
+                  "schedules": ng.get("schedules", []), "runtime": ng.get("runtime", {{}})}}))
+"""
+
+
+def test_two_jobs_fit_only_when_pipelined():
+    free = last_json_line(run_python(TWO_JOBS.format(pipeline="none")))
+    piped = last_json_line(run_python(TWO_JOBS.format(pipeline="nodegroup")))
+    # The pool holds both jobs' parameters and one job's activations, not two.
+    (_, _, _, _, p0, t0), (_, _, _, _, p1, t1) = piped["jobs"]
+    assert p0 + p1 + max(t0, t1) <= piped["capacity"] < p0 + p1 + t0 + t1
+    # Free-running, the two activation peaks meet and a job runs out of memory.
+    assert free["ooms"] > 0 and any(s == "failed" and "OOM" in e for _, s, _, e, *_ in free["jobs"]), free
+    # Pipelined, the second job's allocations wait for the first's frees: both finish.
+    assert [(n, s, k) for n, s, k, *_ in piped["jobs"]] == [("j0", "finished", 4), ("j1", "finished", 4)], piped
+    assert piped["ooms"] == 0 and piped["peak"] <= piped["capacity"]
+    paired = [s for s in piped["schedules"] if len(s["jobs"]) == 2]
+    assert paired and paired[0]["fits"] and paired[0]["num_pairs"] > 2
+    rt = piped["runtime"]
+    assert rt["waits"] > 0 and rt["pair_starts"] > 0 and rt["timeouts"] == 0
+
+
+BIT_IDENTICAL = """
+import json
+import numpy as np
+import tensorflow as tf
+import tensile_tf, keras
+tf.config.experimental.enable_op_determinism()
+from tensile_tf.host import JobHost
+from tensile_tf.jobs import Job, TrainStep, supervised_train_step
+from tensile_tf import zoo
+
+def make(seed):
+    keras.utils.set_random_seed(seed)
+    model = zoo.residual_net((16, 16, 3), 10, filters=8, blocks=1)
+    opt = keras.optimizers.Adam(1e-3)
+    rng = np.random.default_rng(seed)
+    batches = [(tf.constant(rng.standard_normal((16, 16, 16, 3), dtype=np.float32)),
+                tf.constant(rng.integers(0, 10, 16).astype(np.int32))) for _ in range(3)]
+    step = supervised_train_step(model, opt, keras.losses.SparseCategoricalCrossentropy())
+    return model, TrainStep(step, batches, model.variables, model, opt)
+
+steps = 6
+reference = []
+for seed in (1, 2):
+    model, ts = make(seed)
+    fn = tf.function(ts.step_fn, jit_compile=False)
+    for _ in range(steps):
+        fn(*ts.next_batch())
+    reference.append([v.numpy() for v in model.variables])
+
+host = JobHost(pipeline="nodegroup", split_size="64KiB", admission="none")
+models = []
+for seed in (1, 2):
+    model, ts = make(seed)
+    models.append(model)
+    host.submit(Job.from_train_step(f"job{seed}", ts, steps=steps))
+r = host.run()
+equal = all(np.array_equal(a, v.numpy()) for ref, m in zip(reference, models)
+            for a, v in zip(ref, m.variables))
+ng = r.pool["nodegroup"]
+print(json.dumps({"equal": equal, "status": [s.status.value for s in r.jobs],
+                  "groups": [len(p["groups"]) for p in ng["partitions"].values()],
+                  "paired": any(len(s["jobs"]) == 2 for s in ng["schedules"]),
+                  "waits": ng["runtime"]["waits"]}))
+"""
+
+
+def test_training_is_bit_for_bit_identical_with_barriers():
+    out = last_json_line(run_python(BIT_IDENTICAL))
+    assert out["status"] == ["finished", "finished"], out
+    assert out["paired"] and out["waits"] > 0 and min(out["groups"]) >= 3, out
+    assert out["equal"], out
+
+
+def test_a_failing_job_releases_its_partner():
+    host = JobHost(pipeline="nodegroup", split_size="4KiB", barrier_timeout_s=30, admission="none")
+    boom = host.submit(Job.from_spec(JobSpec.model_validate(dict(
+        name="ng-boom", model={"train_step_factory": "tests.job_factories:dense_regression",
+                               "args": {"fail_at_step": 3}}, steps=12))))
+    ok = host.submit(Job.from_spec(JobSpec.model_validate(dict(
+        name="ng-ok", model={"train_step_factory": "tests.job_factories:dense_regression"}, steps=12))))
+    result = host.run()
+    assert boom.status == JobStatus.failed and "injected failure" in boom.error
+    assert ok.status == JobStatus.finished and ok.steps_done == 12
+    ng = result.pool["nodegroup"]
+    assert any(len(s["jobs"]) == 2 for s in ng["schedules"])
+    assert ng["runtime"]["timeouts"] == 0
+    assert device_pipeline().stats()["jobs"] == []   # everyone left
+
+
+def test_barrier_timeout_is_a_tensorflow_error_naming_the_barrier():
+    stream = JobStream("ng-lonely")
+    pipe = device_pipeline()
+    ts = job_factories.dense_regression(width=32)
+    parts = {}
+
+    def transform(fg):
+        nodes, live_out = graph_nodes(fg)
+        parts["p"] = partition_graph("ng-lonely", nodes, 1024, live_out=live_out, max_groups=3)
+        insert_barriers(fg, parts["p"], stream.stream)
+
+    fn = stream.step_function(ts.step_fn, graph_transform=transform)
+    x, y = ts.next_batch()
+    fn.get_concrete_function(x, y)
+    n = parts["p"].num_groups
+    assert n == 3
+    old_timeout = pipe.timeout
+    pipe.set_timeout(0.5)
+    # A phantom partner owns pair 1 and never runs: the job's group 1 must wait for it.
+    pipe.set_schedule({stream.stream: ("ng-lonely", [0, 2, 3]), 999: ("phantom", [1])}, 4)
+    try:
+        with stream.eager_scope(), pytest.raises(tf.errors.DeadlineExceededError) as err:
+            fn(x, y)
+        msg = str(err.value)
+        assert "CounterBarrier 2" in msg and "'phantom' (stream 999)" in msg and "'ng-lonely'" in msg
+        # Once the phantom leaves, the step runs again.
+        pipe.leave(999)
+        with stream.eager_scope():
+            assert np.isfinite(float(fn(x, y)))
+    finally:
+        pipe.leave(stream.stream)
+        pipe.set_schedule({}, 0)
+        pipe.set_timeout(old_timeout)
+        stream.release()
+
+
+EIGHT_JOBS = """
+import json
+import tensile_tf
+from tensile_tf.config import JobSpec
+from tensile_tf.host import JobHost
+from tensile_tf.jobs import Job
+host = JobHost("1GiB", pipeline="nodegroup", split_size="16KiB", admission="none", barrier_timeout_s=60)
+for i in range(8):
+    host.submit(Job.from_spec(JobSpec.model_validate(dict(name=f"j{i}",
+        model={"train_step_factory": "tests.job_factories:dense_regression", "args": {"width": 64 + 32 * i}},
+        steps=5, seed=i))))
+r = host.run()
+ng = r.pool["nodegroup"]
+print(json.dumps({"status": [s.status.value for s in r.jobs], "errors": [s.error for s in r.jobs if s.error], "most": max(len(s["jobs"]) for s in ng["schedules"]),
+                  "runtime": ng["runtime"]}))
+"""
+
+
+def test_eight_jobs_do_not_deadlock_on_two_cores():
+    out = last_json_line(run_python(EIGHT_JOBS, timeout=240))
+    assert out["status"] == ["finished"] * 8, out
+    assert out["most"] >= 4 and out["runtime"]["waits"] > 0 and out["runtime"]["timeouts"] == 0, out
+
+
+def test_steps_that_create_optimizer_slots_in_their_first_trace_still_lift():
+    """Adam creates its slots while the step is first traced; their zeros
+    initializers are lifted out of the graph, so no barrier may precede them."""
+    host = JobHost(pipeline="nodegroup", split_size="4KiB", admission="none")
+    states = [host.submit(Job.from_spec(JobSpec.model_validate(dict(
+        name=f"ng-adam-{i}", model={"builder": "tensile_tf.zoo:transformer_encoder",
+                                    "args": {"heads": 2, "layers_count": 1, "ff_dim": 32}},
+        input_shape=[16, 32], batch_size=4, steps=3, seed=i, optimizer={"name": "adam"})))) for i in range(2)]
+    result = host.run()
+    assert [s.status for s in states] == [JobStatus.finished] * 2, [s.error for s in states]
+    parts = result.pool["nodegroup"]["partitions"]
+    assert all(len(p["groups"]) >= 3 for p in parts.values())
