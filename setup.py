@@ -38,6 +38,10 @@ sources = [
     "tf_plugin/allocator/tf_pool_allocator.cc",
     "tf_plugin/allocator/bindings.cc",
     "tf_plugin/ops/bind_step_op.cc",
+    "tf_plugin/swap/host_store.cc",
+    "tf_plugin/swap/swap_channel.cc",
+    "tf_plugin/swap/swap_ops.cc",
+    "tf_plugin/swap/swap_bindings.cc",
 ]
 plugin = Pybind11Extension(
     "tf_plugin._tensile_plugin",
@@ -52,6 +56,8 @@ plugin = Pybind11Extension(
         "tf_plugin/allocator/pool_backend.h",
         "tf_plugin/allocator/event_trace.h",
         "tf_plugin/allocator/device_pool.h",
+        "tf_plugin/swap/host_store.h",
+        "tf_plugin/swap/swap_channel.h",
     ],
 )
 

@@ -13,6 +13,11 @@
 namespace py = pybind11;
 using tensile::StreamAwarePool;
 
+namespace tensile {
+// tf_plugin/swap/swap_bindings.cc: host store and swap channel.
+void RegisterSwapBindings(py::module_& m);
+}  // namespace tensile
+
 namespace {
 
 py::dict CountersDict(const tensile::MemoryCounters& m) {
@@ -229,4 +234,5 @@ Streams are jobs; allocate() returns an arena offset.)doc")
     return d;
   });
   m.def("human_bytes", &tensile::HumanBytes, py::arg("nbytes"));
+  tensile::RegisterSwapBindings(m);
 }
