@@ -23,6 +23,17 @@ Phases, top to bottom (``apply_plan``):
 5. Re-import the edited GraphDef into a fresh ``tf.function`` with the same
    inputs, captured variable handles fed explicitly.
 
+Note [Plan order]
+The planner predicts the footprint of one op order (``graph.ops``); TF's
+dataflow executor may run ready ops in another, and the swap anchors and
+release points only match the prediction in the plan's order. So, as
+TENSILE's Executor "executes each operator node in the graph by topological
+order" (§III-B), the rewrite chains the graph's ops with control edges in plan
+order (``enforce_order``). Each op still uses intra-op threads; inter-op
+parallelism between graph ops is given up (on this 2-core machine it buys
+little). ``tensile_tf.execution.executor_order`` picks that order close to
+the one TF's executor would pick anyway.
+
 Every added control edge is checked for cycles first; an anchor that would
 close a cycle is dropped (counted in the report) and correctness still holds
 through the data edges. Events the runtime cannot carry out (constants,
@@ -192,7 +203,8 @@ def _attr(**kw) -> dict[str, Any]:
 
 
 class _Rewriter:
-    def __init__(self, cf, graph: JobGraph, job_plan: JobPlan, delta_scale: float, check_lateness: bool):
+    def __init__(self, cf, graph: JobGraph, job_plan: JobPlan, delta_scale: float, check_lateness: bool,
+                 enforce_order: bool = True):
         self.cf = cf
         self.fg = cf.graph
         self.graph = graph
@@ -201,6 +213,8 @@ class _Rewriter:
         self.check_lateness = check_lateness
         self.edit = _GraphEdit(self.fg.as_graph_def())
         self.pos = {o.name: k for k, o in enumerate(graph.ops)}
+        if enforce_order:
+            self._chain()
         self.report = RewriteReport(job_plan.name)
         self.outputs = {self.edit.canonical(*_split_input(t.name)[:2]) for t in self.fg.outputs}
         self._uid = 0
@@ -217,6 +231,19 @@ class _Rewriter:
                 src, _, ctrl = _split_input(s)
                 if not ctrl and self.edit.nodes.get(src) is not None and self.edit.nodes[src].op == "Placeholder":
                     self.resource_nodes[src].append(n.name)
+
+    def _chain(self) -> None:
+        """Note [Plan order]: a control edge from each op to the next in plan order."""
+        prev = None
+        for o in self.graph.ops:
+            if o.name not in self.edit.nodes:
+                continue
+            if prev is not None:
+                n = self.edit.nodes[o.name]
+                if f"^{prev}" not in n.input:
+                    n.input.append(f"^{prev}")
+                    self.edit.succ[prev].add(o.name)
+            prev = o.name
 
     # -- helpers -------------------------------------------------------------
     def _name(self, kind: str, what: str) -> str:
@@ -500,14 +527,14 @@ def _import_as_function(gdef, cf, name: str) -> Callable:
 
 
 def apply_plan(step_fn, example_args: Sequence, job_plan: JobPlan, graph: JobGraph, *,
-               delta_scale: float = 1.0, check_lateness: bool = True) -> PlannedStep:
+               delta_scale: float = 1.0, check_lateness: bool = True, enforce_order: bool = True) -> PlannedStep:
     """Rewrites ``step_fn`` (a tf.function, traced with ``example_args``) so it
     executes ``job_plan``; ``graph`` is the JobGraph the plan was made from.
 
     ``delta_scale`` scales the plan's delta t (0: start each transfer as soon
     as its trigger op ends)."""
     cf = step_fn.get_concrete_function(*example_args)
-    rw = _Rewriter(cf, graph, job_plan, delta_scale, check_lateness)
+    rw = _Rewriter(cf, graph, job_plan, delta_scale, check_lateness, enforce_order)
     gdef = rw.run()
     fn = _import_as_function(gdef, cf, job_plan.name)
     restore_fn = None
