@@ -55,8 +55,8 @@ of the step (out, then in, before the first read); otherwise the swap-out
 runs after the step's last access and the variable stays on the host between
 steps, so ``PlannedStep.restore()`` must bring such variables back before
 anyone reads them outside the step (the host does this when a job ends or
-its plan is replaced). A plan's gap without its own swap-out reuses the host
-copy (swap-out with copy=false, previous swap-in keeps the host copy).
+its plan is replaced). Every variable gap copies the variable out again, even where the plan
+reuses the host copy (the ops support reuse: copy=false / keep_host).
 """
 from __future__ import annotations
 
@@ -73,6 +73,24 @@ from tf_plugin import swap as _swap
 
 ALIAS_OPS = frozenset({"Identity", "IdentityN"})
 _PREFIX = "tensile"
+_TENSILE_OPS = frozenset({"TensileSwapOut", "TensileSwapIn", "TensileSwapCheck", "TensileVarSwapOut",
+                          "TensileVarSwapIn", "TensileRecomputeGate"})
+
+
+def _exempt_from_automatic_control_deps() -> None:
+    """Note [Automatic control dependencies]: tf.function chains the stateful
+    ops it traces in program order. The re-imported step is traced inside a
+    tf.function, so every swap op would wait for the one created before it
+    (a swap-in for an unrelated swap-out, a lateness probe for its own
+    swap-in). The rewrite orders its ops with explicit edges, so they join
+    TF's list of order-insensitive must-run ops (private: checked on TF 2.21)."""
+    from tensorflow.python.framework import auto_control_deps as acd
+
+    if not _TENSILE_OPS <= acd.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS:
+        acd.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS = acd.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS | _TENSILE_OPS
+
+
+_exempt_from_automatic_control_deps()
 
 
 @dataclass
@@ -220,11 +238,11 @@ class _Rewriter:
         self._uid = 0
         # variables: key "var:<name>" -> internal resource placeholder node
         vars_by_handle = {id(v.handle): v for v in self.fg.variables}
-        self.var_placeholder: dict[str, str] = {}
+        self.var_placeholders: dict[str, list[str]] = defaultdict(list)  # a variable may be captured twice
         for ext, internal in self.fg.captures:
             v = vars_by_handle.get(id(ext))
             if v is not None:
-                self.var_placeholder.setdefault("var:" + v.name.split(":")[0], internal.op.name)
+                self.var_placeholders["var:" + v.name.split(":")[0]].append(internal.op.name)
         self.resource_nodes: dict[str, list[str]] = defaultdict(list)
         for n in self.edit.gdef.node:
             for s in n.input:
@@ -350,11 +368,12 @@ class _Rewriter:
 
     # -- variables ---------------------------------------------------------------
     def variable_swaps(self, tensor: str, outs: list[SwapEvent], ins: list[SwapEvent]) -> None:
-        ph = self.var_placeholder.get(tensor)
-        if ph is None:
+        phs = self.var_placeholders.get(tensor)
+        if not phs:
             self.report.skipped += [(f"swap {tensor}", "no captured variable handle for it")]
             return
-        res_nodes = self.resource_nodes.get(ph, [])
+        ph = phs[0]
+        res_nodes = [n for p in phs for n in self.resource_nodes.get(p, [])]
         if any(n not in self.pos for n in res_nodes):
             self.report.skipped += [(f"swap {tensor}", "a resource op of the variable is not in the job graph")]
             return
@@ -370,9 +389,9 @@ class _Rewriter:
                 before_q = [a for a in acc if a < q]
                 cross = ev.cross_iteration or not before_q
                 vo = self._name("var_swap_out", tensor)
-                copy = out_ev is not None
-                if not copy and prev_in is not None:
-                    self.edit.nodes[prev_in].attr["keep_host"].b = True
+                # Always copy: reusing a host copy is only safe while no write came
+                # in between, which the pairing here cannot prove for every plan.
+                copy = True
                 self.edit.add_node(vo, "TensileVarSwapOut", [ph], _attr(
                     copy=copy, delta_s=self._delta(out_ev) if out_ev else 0.0, label=f"{self.plan.name}:{tensor}"))
                 trig_out = out_ev.trigger_op if out_ev else None
@@ -404,7 +423,7 @@ class _Rewriter:
                 prev_in = vi
                 self.report.variable_swap_outs += 1
                 self.report.variable_swap_ins += 1
-                self.report.swapped_bytes_per_step += (out_ev.size_bytes if copy else 0) + ev.size_bytes
+                self.report.swapped_bytes_per_step += 2 * ev.size_bytes
 
     # -- recomputation -------------------------------------------------------------
     def recompute(self, ev: RecomputeEvent) -> None:
