@@ -10,7 +10,7 @@ sees, the measured planned peak is within 15 % of the planner's prediction.
 Convolutional steps also hold kernel scratch buffers and run in a different
 order unplanned, so for them only "below vanilla" is asserted.
 """
-import sys
+import math
 
 import pytest
 
@@ -66,4 +66,5 @@ def test_mlp_peak_matches_prediction():
     assert planned["jobs"]["job0"]["cross_iteration_slot_swaps"] > 0
     vanilla = _run([*MODELS["mlp"], "--steps", "3"])
     assert planned["jobs"]["job0"]["weights_sha256"] == vanilla["jobs"]["job0"]["weights_sha256"]
-    assert planned["jobs"]["job0"]["loss_values"][-1] < planned["jobs"]["job0"]["loss_values"][0] * 1.5
+    assert planned["jobs"]["job0"]["losses"] == vanilla["jobs"]["job0"]["losses"]
+    assert all(math.isfinite(x) for x in planned["jobs"]["job0"]["loss_values"])
