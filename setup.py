@@ -41,6 +41,10 @@ sources = [
     "tf_plugin/nodegroup/counter_barrier.cc",
     "tf_plugin/nodegroup/boundary_op.cc",
     "tf_plugin/nodegroup/bindings.cc",
+    "tf_plugin/swap/host_store.cc",
+    "tf_plugin/swap/swap_channel.cc",
+    "tf_plugin/swap/swap_ops.cc",
+    "tf_plugin/swap/swap_bindings.cc",
 ]
 plugin = Pybind11Extension(
     "tf_plugin._tensile_plugin",
@@ -56,6 +60,8 @@ plugin = Pybind11Extension(
         "tf_plugin/allocator/event_trace.h",
         "tf_plugin/allocator/device_pool.h",
         "tf_plugin/nodegroup/counter_barrier.h",
+        "tf_plugin/swap/host_store.h",
+        "tf_plugin/swap/swap_channel.h",
     ],
 )
 

@@ -16,6 +16,10 @@ using tensile::StreamAwarePool;
 namespace tensile::nodegroup {
 void AddNodeGroupBindings(py::module_& m);  // tf_plugin/nodegroup/bindings.cc
 }
+namespace tensile {
+// tf_plugin/swap/swap_bindings.cc: host store and swap channel.
+void RegisterSwapBindings(py::module_& m);
+}  // namespace tensile
 
 namespace {
 
@@ -235,4 +239,5 @@ Streams are jobs; allocate() returns an arena offset.)doc")
   m.def("human_bytes", &tensile::HumanBytes, py::arg("nbytes"));
 
   tensile::nodegroup::AddNodeGroupBindings(m);
+  tensile::RegisterSwapBindings(m);
 }

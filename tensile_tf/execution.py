@@ -1,0 +1,180 @@
+"""Plan execution for running jobs: capture -> measure -> plan -> rewrite.
+
+``plan_and_apply(jobs, ...)`` takes jobs whose train steps are traced (the
+host's attributed step functions), captures their graphs, measures op
+latencies and each op's scratch memory, plans them together (one pool, one
+swap channel) and returns each job's ``PlannedStep``.
+
+Note [Scratch memory]
+Some kernels allocate large buffers that are neither inputs nor outputs:
+TensorFlow's CPU convolution backprops build im2col-style patch buffers of
+about kernel_h * kernel_w times the input activation. They decide the peak of
+every convolutional network on this CPU and no plan can swap them.
+``measure_temp_bytes`` reads them from the pool's event trace of one step
+(an allocation freed by the op that made it) and stores them as each op's
+``temp_bytes``, so the planner's footprint (and its predicted peak) counts
+them, as §IV-B counts every allocation the step makes.
+"""
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import tensorflow as tf
+
+import tf_plugin
+from tensile_tf.capture import capture_job_graph, measure_op_latencies
+from tensile_tf.rewrite import PlannedStep, apply_plan
+from tensile_tf.scheduler import DEFAULT_BANDWIDTH_BYTES_PER_S, Plan, Planner, PlannerJob
+from tensile_tf.scheduler.job_graph import JobGraph
+
+
+def _snapshot(step_fn, args):
+    fg = step_fn.get_concrete_function(*args).graph
+    saved = [(v, tf.identity(v)) for v in fg.variables]
+
+    def restore() -> None:
+        for v, val in saved:
+            v.assign(val)
+    return restore
+
+
+def measure_temp_bytes(step_fn, args: Sequence, graph: JobGraph) -> dict[str, int]:
+    """Per op, bytes the op allocated and freed itself during one step (its
+    scratch; Note [Scratch memory]). The variables are restored afterwards."""
+    pool = tf_plugin.device_pool()
+    restore = _snapshot(step_fn, args)
+    pool.clear_trace()
+    step_fn(*args)
+    trace = pool.trace()
+    restore()
+    live: dict[int, tuple[str, int]] = {}
+    temp: dict[str, int] = defaultdict(int)
+    for ev in trace:
+        if ev["kind"] == "alloc":
+            live[ev["offset"]] = (ev["op"], ev["bytes"])
+        elif ev["kind"] == "free" and ev["offset"] in live:
+            op, size = live.pop(ev["offset"])
+            if op and op == ev["op"]:
+                temp[op] += size
+    # The trace keeps 63 characters of an op name: a truncated name may stand
+    # for several ops (Conv2DBackpropInput / ...Filter); they share its bytes.
+    out: dict[str, int] = {}
+    for name, size in temp.items():
+        if any(o.name == name for o in graph.ops):
+            out[name] = out.get(name, 0) + size
+            continue
+        matches = [o.name for o in graph.ops if len(name) >= 63 and o.name.startswith(name)]
+        for m in matches:
+            out[m] = out.get(m, 0) + size // len(matches)
+    return out
+
+
+_LAZY_OPS = frozenset({"ReadVariableOp", "Const", "Identity", "NoOp", "Placeholder"})
+
+
+def executor_order(graph: JobGraph, step_fn, args: Sequence) -> JobGraph:
+    """The JobGraph with its ops in the order the planned step will run them
+    (Note [Plan order] in tensile_tf.rewrite). Depth first over the traced
+    GraphDef (data and control edges): the op that became ready last runs
+    next, so an optimizer update runs as soon as its gradient exists (in
+    creation order all of backprop precedes all of the optimizer and every
+    gradient piles up). Variable reads and other trivial ops run just before
+    their first consumer: a read run early keeps an alias of the variable's
+    buffer alive, and the optimizer's in-place update must then copy it."""
+    gdef = step_fn.get_concrete_function(*args).graph.as_graph_def()
+    nodes = list(gdef.node)
+    index = {n.name: k for k, n in enumerate(nodes)}
+    preds: list[set[int]] = []
+    succ: list[list[int]] = [[] for _ in nodes]
+    for k, n in enumerate(nodes):
+        srcs = {index[i.lstrip("^").split(":")[0]] for i in n.input if i.lstrip("^").split(":")[0] in index}
+        preds.append(srcs)
+        for j in srcs:
+            succ[j].append(k)
+    lazy = [n.op in _LAZY_OPS for n in nodes]
+    done = [False] * len(nodes)
+    rank: dict[str, int] = {}
+
+    def emit(k: int) -> None:
+        # lazy predecessors first (they have no heavy inputs of their own)
+        stack = [k]
+        order = []
+        while stack:
+            x = stack.pop()
+            if done[x] or x in order:
+                continue
+            order.append(x)
+            stack.extend(p for p in preds[x] if not done[p])
+        for x in reversed(order):
+            if not done[x]:
+                done[x] = True
+                rank[nodes[x].name] = len(rank)
+
+    missing = [len([p for p in preds[k] if not lazy[p]]) for k in range(len(nodes))]
+    ready = [k for k in reversed(range(len(nodes))) if missing[k] == 0 and not lazy[k]]
+    while ready:
+        k = ready.pop()
+        if done[k]:
+            continue
+        emit(k)
+        for j in reversed(succ[k]):
+            if not lazy[j]:
+                missing[j] -= 1
+                if missing[j] == 0:
+                    ready.append(j)
+    for k in range(len(nodes)):
+        if not done[k]:
+            emit(k)
+    ops = sorted(graph.ops, key=lambda o: (rank.get(o.name, float("inf")), graph.ops.index(o)))
+    return JobGraph(graph.name, ops, graph.tensors)
+
+
+@dataclass
+class JobToPlan:
+    """What plan_and_apply needs of a job."""
+
+    name: str
+    step_fn: Any                 # a traced tf.function (the host's attributed step)
+    example_args: tuple
+    optimizer: Any = None
+    max_swapping_rate: float = 1.0
+    start_offset_s: float = 0.0
+
+
+def capture_for_planning(job: JobToPlan, *, latency_repeats: int = 3,
+                         with_temp: bool = True) -> tuple[JobGraph, PlannerJob]:
+    graph = capture_job_graph(job.name, job.step_fn, job.example_args, optimizer=job.optimizer)
+    graph = executor_order(graph, job.step_fn, job.example_args)
+    if with_temp:
+        temps = measure_temp_bytes(job.step_fn, job.example_args, graph)
+        for o in graph.ops:
+            o.temp_bytes = temps.get(o.name, o.temp_bytes)
+    lat = measure_op_latencies(job.step_fn, job.example_args, graph=graph, repeats=latency_repeats)
+    return graph, PlannerJob(graph, lat, job.start_offset_s, job.max_swapping_rate)
+
+
+def plan_and_apply(jobs: Sequence[JobToPlan], *, pool_bytes: int | None,
+                   bandwidth_bytes_per_s: float | None = None, enable_recompute: bool = True,
+                   latency_repeats: int = 3, delta_scale: float = 1.0,
+                   horizon_iterations: float = 2.0) -> tuple[Plan, dict[str, PlannedStep]]:
+    """Plans ``jobs`` together and rewrites each one's step. ``pool_bytes``:
+    the budget (None: minimise the peak by swapping only). ``bandwidth``: the
+    link the planner assumes (default: PCIe 3.0 x16); cap the runtime's link
+    with ``tf_plugin.swap.set_swap_bandwidth`` to match."""
+    graphs, pjobs = {}, []
+    for job in jobs:
+        try:
+            g, pj = capture_for_planning(job, latency_repeats=latency_repeats)
+        except Exception as e:  # noqa: BLE001 - name the job
+            raise RuntimeError(f"job '{job.name}': could not capture or profile its train step: {e}") from e
+        graphs[job.name] = g
+        pjobs.append(pj)
+    plan = Planner(pjobs, pool_bytes=pool_bytes,
+                   bandwidth_bytes_per_s=bandwidth_bytes_per_s or DEFAULT_BANDWIDTH_BYTES_PER_S,
+                   horizon_iterations=horizon_iterations, enable_recompute=enable_recompute).plan()
+    steps = {job.name: apply_plan(job.step_fn, job.example_args, plan.jobs[job.name], graphs[job.name],
+                                  delta_scale=delta_scale)
+             for job in jobs}
+    return plan, steps

@@ -1,0 +1,576 @@
+"""Plan execution by graph rewrite: a job's traced train step plus its
+``JobPlan`` -> a new step function that runs the plan's swaps and
+recomputations and computes exactly what the original computes (seed 000
+§III-B "Executor", §III-C, §IV-C/D).
+
+Phases, top to bottom (``apply_plan``):
+
+1. Read the traced step's GraphDef (DESIGN.md route 2: GraphDef edit +
+   re-import with the captured variable handles fed explicitly).
+2. Activation swaps: ``TensileSwapOut`` reads the tensor (data edge), started
+   after its trigger op (control edge); each ``TensileSwapIn`` reads the
+   swap-out's handle, is started by its trigger op (control edge), and every
+   consumer after its gap now reads the swap-in's output instead. The device
+   copy is freed by TensorFlow's refcounting once the accesses before the gap
+   and the swap-out are done (Note [Release by rewiring] in
+   tf_plugin/swap/swap_ops.cc). A ``TensileSwapCheck`` after the op the plan
+   puts right before the consumer counts late swap-ins.
+3. Variable swaps (parameters, optimizer slots, other state), within an
+   iteration or across iterations: see Note [Variable swaps].
+4. Recomputation: the chain's ops are cloned; their inputs from outside the
+   chain pass through a ``TensileRecomputeGate`` started by the trigger op;
+   every consumer of the target from ``before_op`` on reads the clone.
+5. Re-import the edited GraphDef into a fresh ``tf.function`` with the same
+   inputs, captured variable handles fed explicitly.
+
+Note [Plan order]
+The planner predicts the footprint of one op order (``graph.ops``); TF's
+dataflow executor may run ready ops in another, and the swap anchors and
+release points only match the prediction in the plan's order. So, as
+TENSILE's Executor "executes each operator node in the graph by topological
+order" (§III-B), the rewrite chains the graph's ops with control edges in plan
+order (``enforce_order``). Each op still uses intra-op threads; inter-op
+parallelism between graph ops is given up (on this 2-core machine it buys
+little). ``tensile_tf.execution.executor_order`` picks that order close to
+the one TF's executor would pick anyway.
+
+Every added control edge is checked for cycles first; an anchor that would
+close a cycle is dropped (counted in the report) and correctness still holds
+through the data edges. Events the runtime cannot carry out (constants,
+function outputs, tensors of unsupported dtype) are skipped and listed.
+
+Note [Variable swaps]
+A resource variable's buffer leaves the pool through ``TensileVarSwapOut``:
+it copies the buffer to the host store and leaves the variable holding an
+empty tensor, so the pool chunk is freed (once no read aliases it);
+``TensileVarSwapIn`` allocates a fresh pool buffer, copies the host copy back
+and puts it in the variable. Both act on the variable itself, under its lock,
+so every reader sees either the whole value or an empty tensor, which no
+reader can be given: each resource op of the variable after the gap has a
+control edge from the swap-in, and the swap-out has control edges from every
+access before the gap. Across iterations (the gap runs from the optimizer's
+update to the first read of the next step): if the plan starts the swap-out
+before the variable's first access of the step, the pair runs at the start
+of the step (out, then in, before the first read); otherwise the swap-out
+runs after the step's last access and the variable stays on the host between
+steps, so ``PlannedStep.restore()`` must bring such variables back before
+anyone reads them outside the step (the host does this when a job ends or
+its plan is replaced). Every variable gap copies the variable out again, even where the plan
+reuses the host copy (the ops support reuse: copy=false / keep_host).
+"""
+from __future__ import annotations
+
+import copy as _copy
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import tensorflow as tf
+
+from tensile_tf.scheduler.job_graph import JobGraph
+from tensile_tf.scheduler.plan import JobPlan, RecomputeEvent, SwapEvent
+from tf_plugin import swap as _swap
+
+ALIAS_OPS = frozenset({"Identity", "IdentityN"})
+_PREFIX = "tensile"
+_TENSILE_OPS = frozenset({"TensileSwapOut", "TensileSwapIn", "TensileSwapCheck", "TensileVarSwapOut",
+                          "TensileVarSwapIn", "TensileRecomputeGate"})
+
+
+def _exempt_from_automatic_control_deps() -> None:
+    """Note [Automatic control dependencies]: tf.function chains the stateful
+    ops it traces in program order. The re-imported step is traced inside a
+    tf.function, so every swap op would wait for the one created before it
+    (a swap-in for an unrelated swap-out, a lateness probe for its own
+    swap-in). The rewrite orders its ops with explicit edges, so they join
+    TF's list of order-insensitive must-run ops (private: checked on TF 2.21)."""
+    from tensorflow.python.framework import auto_control_deps as acd
+
+    if not _TENSILE_OPS <= acd.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS:
+        acd.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS = acd.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS | _TENSILE_OPS
+
+
+_exempt_from_automatic_control_deps()
+
+
+@dataclass
+class RewriteReport:
+    """What the rewrite carried out, and what it could not (with reasons)."""
+
+    job: str
+    activation_swap_outs: int = 0
+    activation_swap_ins: int = 0
+    variable_swap_outs: int = 0
+    variable_swap_ins: int = 0
+    recomputes: int = 0
+    recomputed_ops: int = 0
+    swapped_bytes_per_step: int = 0       # planned bytes over the link per step (out + in)
+    rewired_edges: int = 0
+    dropped_anchors: int = 0              # control edges left out because they would close a cycle
+    restore_needed: list[str] = field(default_factory=list)   # variables kept on the host between steps
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (event, reason)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _split_input(s: str) -> tuple[str, int, bool]:
+    """'node:1' -> ('node', 1, False); '^node' -> ('node', 0, True)."""
+    if s.startswith("^"):
+        return s[1:], 0, True
+    name, _, idx = s.partition(":")
+    return name, int(idx) if idx else 0, False
+
+
+def _tname(node: str, idx: int) -> str:
+    return f"{node}:{idx}"
+
+
+class _GraphEdit:
+    """A mutable GraphDef with producer/consumer lookups and cycle-safe edges."""
+
+    def __init__(self, gdef: tf.compat.v1.GraphDef):
+        self.gdef = gdef
+        self.nodes = {n.name: n for n in gdef.node}
+        self.succ: dict[str, set[str]] = defaultdict(set)
+        for n in gdef.node:
+            for s in n.input:
+                src, _, _ = _split_input(s)
+                self.succ[src].add(n.name)
+
+    def canonical(self, node: str, idx: int) -> tuple[str, int]:
+        """Follows Identity/IdentityN aliases back to the producing output."""
+        seen = 0
+        while node in self.nodes and self.nodes[node].op in ALIAS_OPS and seen < 64:
+            n = self.nodes[node]
+            data = [i for i in n.input if not i.startswith("^")]
+            src = data[idx if n.op == "IdentityN" else 0]
+            node, idx, _ = _split_input(src)
+            seen += 1
+        return node, idx
+
+    def reaches(self, src: str, dst: str) -> bool:
+        if src == dst:
+            return True
+        stack, seen = [src], {src}
+        while stack:
+            for nxt in self.succ.get(stack.pop(), ()):
+                if nxt == dst:
+                    return True
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append(nxt)
+        return False
+
+    def add_node(self, name: str, op: str, inputs: Sequence[str], attrs: dict[str, Any]) -> Any:
+        n = self.gdef.node.add()
+        n.name, n.op = name, op
+        for i in inputs:
+            n.input.append(i)
+            self.succ[_split_input(i)[0]].add(name)
+        for k, v in attrs.items():
+            n.attr[k].CopyFrom(v)
+        self.nodes[name] = n
+        return n
+
+    def add_control(self, src: str, dst: str) -> bool:
+        """Adds src -> dst unless it would close a cycle (False then)."""
+        if src not in self.nodes or dst not in self.nodes:
+            return False
+        if self.reaches(dst, src):
+            return False
+        n = self.nodes[dst]
+        if f"^{src}" not in n.input:
+            n.input.append(f"^{src}")
+            self.succ[src].add(dst)
+        return True
+
+    def set_input(self, node: str, k: int, value: str) -> None:
+        n = self.nodes[node]
+        old = _split_input(n.input[k])[0]
+        n.input[k] = value
+        self.succ[_split_input(value)[0]].add(node)
+        if not any(_split_input(i)[0] == old for i in n.input):
+            self.succ[old].discard(node)
+
+
+def _attr(**kw) -> dict[str, Any]:
+    from tensorflow.core.framework import attr_value_pb2
+
+    out = {}
+    for k, v in kw.items():
+        a = attr_value_pb2.AttrValue()
+        if isinstance(v, bool):
+            a.b = v
+        elif isinstance(v, int):
+            a.i = v
+        elif isinstance(v, float):
+            a.f = v
+        elif isinstance(v, str):
+            a.s = v.encode()
+        elif isinstance(v, tf.DType):
+            a.type = v.as_datatype_enum
+        elif isinstance(v, tf.TensorShape):
+            a.shape.CopyFrom(v.as_proto())
+        elif isinstance(v, list):  # list of dtypes
+            a.list.type.extend(t.as_datatype_enum for t in v)
+        else:
+            raise TypeError(f"attr {k}: unsupported {type(v)}")
+        out[k] = a
+    return out
+
+
+class _Rewriter:
+    def __init__(self, cf, graph: JobGraph, job_plan: JobPlan, delta_scale: float, check_lateness: bool,
+                 enforce_order: bool = True):
+        self.cf = cf
+        self.fg = cf.graph
+        self.graph = graph
+        self.plan = job_plan
+        self.delta_scale = delta_scale
+        self.check_lateness = check_lateness
+        self.edit = _GraphEdit(self.fg.as_graph_def())
+        self.pos = {o.name: k for k, o in enumerate(graph.ops)}
+        if enforce_order:
+            self._chain()
+        self.report = RewriteReport(job_plan.name)
+        self.outputs = {self.edit.canonical(*_split_input(t.name)[:2]) for t in self.fg.outputs}
+        self._uid = 0
+        # variables: key "var:<name>" -> internal resource placeholder node
+        vars_by_handle = {id(v.handle): v for v in self.fg.variables}
+        self.var_placeholders: dict[str, list[str]] = defaultdict(list)  # a variable may be captured twice
+        for ext, internal in self.fg.captures:
+            v = vars_by_handle.get(id(ext))
+            if v is not None:
+                self.var_placeholders["var:" + v.name.split(":")[0]].append(internal.op.name)
+        self.resource_nodes: dict[str, list[str]] = defaultdict(list)
+        for n in self.edit.gdef.node:
+            for s in n.input:
+                src, _, ctrl = _split_input(s)
+                if not ctrl and self.edit.nodes.get(src) is not None and self.edit.nodes[src].op == "Placeholder":
+                    self.resource_nodes[src].append(n.name)
+
+    def _chain(self) -> None:
+        """Note [Plan order]: a control edge from each op to the next in plan order."""
+        prev = None
+        for o in self.graph.ops:
+            if o.name not in self.edit.nodes:
+                continue
+            if prev is not None:
+                n = self.edit.nodes[o.name]
+                if f"^{prev}" not in n.input:
+                    n.input.append(f"^{prev}")
+                    self.edit.succ[prev].add(o.name)
+            prev = o.name
+
+    # -- helpers -------------------------------------------------------------
+    def _name(self, kind: str, what: str) -> str:
+        self._uid += 1
+        safe = what.replace(":", "_").replace("/", "_")[-60:]
+        return f"{_PREFIX}/{kind}_{self._uid}_{safe}"
+
+    def _delta(self, ev) -> float:
+        return float(max(0.0, ev.delta_s * self.delta_scale))
+
+    def _anchor(self, trigger: str | None, node: str) -> None:
+        if trigger is None or trigger not in self.edit.nodes:
+            return
+        if not self.edit.add_control(trigger, node):
+            self.report.dropped_anchors += 1
+
+    def _accesses(self, tensor: str) -> list[int]:
+        info = self.graph.tensors[tensor]
+        ops = [*info.consumers, *info.updated_by] + ([info.producer] if info.producer else [])
+        return sorted({self.pos[o] for o in ops if o in self.pos})
+
+    def _tensor_of(self, key: str) -> tf.Tensor | None:
+        try:
+            return self.fg.get_tensor_by_name(key)
+        except (KeyError, ValueError):
+            return None
+
+    # -- activations -------------------------------------------------------------
+    def _group_gaps(self, tensor: str, outs: list[SwapEvent], ins: list[SwapEvent]):
+        """Pairs each swap-in with the swap-out whose host copy it reads."""
+        ins = sorted(ins, key=lambda e: self.pos.get(e.serves_op, -1) + e.iteration_shift * len(self.pos))
+        outs = sorted(outs, key=lambda e: self.pos.get(e.release_after_op, -1))
+        groups: list[tuple[SwapEvent | None, list[SwapEvent]]] = []
+        for ev in ins:
+            q = self.pos.get(ev.serves_op)
+            best = None
+            for o in outs:
+                r = self.pos.get(o.release_after_op)
+                if r is not None and q is not None and (r < q or ev.cross_iteration):
+                    best = o
+            if groups and groups[-1][0] is best:
+                groups[-1][1].append(ev)
+            else:
+                groups.append((best, [ev]))
+        return groups
+
+    def activation_swaps(self, tensor: str, outs: list[SwapEvent], ins: list[SwapEvent]) -> None:
+        node, idx = _split_input(tensor)[:2]
+        t = self._tensor_of(tensor)
+        why = None
+        if node not in self.edit.nodes or t is None:
+            why = "tensor not in the traced graph"
+        elif (node, idx) in self.outputs:
+            why = "the step returns it"
+        elif t.dtype in (tf.string, tf.resource, tf.variant):
+            why = f"dtype {t.dtype.name} cannot be swapped"
+        elif any(ev.cross_iteration for ev in ins):
+            why = "an activation cannot be swapped across iterations"
+        elif any(ev.serves_op not in self.pos for ev in ins):
+            why = "swap-in serves an op the graph lacks"
+        if why:
+            self.report.skipped += [(f"swap {tensor}", why)]
+            return
+        # consumer edges of the tensor (through aliases), by position
+        edges = []
+        for n in self.edit.gdef.node:
+            if n.name not in self.pos:
+                continue
+            for k, s in enumerate(n.input):
+                src, sidx, ctrl = _split_input(s)
+                if not ctrl and self.edit.canonical(src, sidx) == (node, idx):
+                    edges.append((self.pos[n.name], n.name, k))
+        for out_ev, group in self._group_gaps(tensor, outs, ins):
+            if out_ev is None:
+                self.report.skipped += [(f"swap-in {tensor}@{e.serves_op}", "no swap-out to read from")
+                                        for e in group]
+                continue
+            so = self._name("swap_out", tensor)
+            self.edit.add_node(so, "TensileSwapOut", [tensor], _attr(
+                T=t.dtype, num_swap_ins=len(group), delta_s=self._delta(out_ev), label=f"{self.plan.name}:{tensor}"))
+            self._anchor(out_ev.trigger_op, so)
+            self.report.activation_swap_outs += 1
+            self.report.swapped_bytes_per_step += out_ev.size_bytes
+            bounds = [self.pos[e.serves_op] for e in group] + [len(self.pos)]
+            for j, ev in enumerate(group):
+                si = self._name("swap_in", tensor)
+                event = f"{self.plan.name}:{tensor}@{ev.serves_op}"
+                self.edit.add_node(si, "TensileSwapIn", [so], _attr(
+                    T=t.dtype, shape=t.shape, delta_s=self._delta(ev), label=f"{self.plan.name}:{tensor}",
+                    event=event if self.check_lateness else ""))
+                self._anchor(ev.trigger_op, si)
+                for p, cname, k in edges:
+                    if bounds[j] <= p < bounds[j + 1]:
+                        self.edit.set_input(cname, k, _tname(si, 0))
+                        self.report.rewired_edges += 1
+                if self.check_lateness:
+                    q = self.pos[ev.serves_op]
+                    before = self.graph.ops[q - 1].name if q > 0 else None
+                    if before in self.edit.nodes:
+                        chk = self._name("swap_check", tensor)
+                        self.edit.add_node(chk, "TensileSwapCheck", [f"^{before}"], _attr(event=event))
+                self.report.activation_swap_ins += 1
+                self.report.swapped_bytes_per_step += ev.size_bytes
+
+    # -- variables ---------------------------------------------------------------
+    def variable_swaps(self, tensor: str, outs: list[SwapEvent], ins: list[SwapEvent]) -> None:
+        phs = self.var_placeholders.get(tensor)
+        if not phs:
+            self.report.skipped += [(f"swap {tensor}", "no captured variable handle for it")]
+            return
+        ph = phs[0]
+        res_nodes = [n for p in phs for n in self.resource_nodes.get(p, [])]
+        if any(n not in self.pos for n in res_nodes):
+            self.report.skipped += [(f"swap {tensor}", "a resource op of the variable is not in the job graph")]
+            return
+        acc = self._accesses(tensor)
+        groups = self._group_gaps(tensor, outs, ins)
+        prev_in = None
+        for out_ev, group in groups:
+            for ev in group:
+                q = self.pos.get(ev.serves_op)
+                if q is None:
+                    self.report.skipped += [(f"swap-in {tensor}@{ev.serves_op}", "serves an op the graph lacks")]
+                    continue
+                before_q = [a for a in acc if a < q]
+                cross = ev.cross_iteration or not before_q
+                vo = self._name("var_swap_out", tensor)
+                # Always copy: reusing a host copy is only safe while no write came
+                # in between, which the pairing here cannot prove for every plan.
+                copy = True
+                self.edit.add_node(vo, "TensileVarSwapOut", [ph], _attr(
+                    copy=copy, delta_s=self._delta(out_ev) if out_ev else 0.0, label=f"{self.plan.name}:{tensor}"))
+                trig_out = out_ev.trigger_op if out_ev else None
+                early_out = cross and (trig_out is None or self.pos.get(trig_out, 1 << 30) < q)
+                # Out late in the step, in early in the next: no edge between the two
+                # within one step (steps of a job run one after another).
+                late_out = cross and not early_out
+                vi = self._name("var_swap_in", tensor)
+                self.edit.add_node(vi, "TensileVarSwapIn", [ph] + ([] if late_out else [f"^{vo}"]), _attr(
+                    keep_host=False, delta_s=self._delta(ev), label=f"{self.plan.name}:{tensor}"))
+                if late_out:
+                    pre = acc                       # after the step's last access; back next step
+                    self.report.restore_needed.append(tensor)
+                elif cross:
+                    pre = []                        # at the start of the step, before the first access
+                else:
+                    pre = before_q
+                ok = True
+                for a in pre:
+                    ok &= self.edit.add_control(self.graph.ops[a].name, vo)
+                for n in res_nodes:
+                    if self.pos[n] >= q or cross:
+                        ok &= self.edit.add_control(vi, n)
+                if not ok:
+                    raise RuntimeError(f"job '{self.plan.name}': swapping {tensor} around {ev.serves_op} would "
+                                       "close a cycle in the step graph (plan and graph disagree on op order)")
+                self._anchor(trig_out if copy else None, vo)
+                self._anchor(ev.trigger_op, vi)
+                prev_in = vi
+                self.report.variable_swap_outs += 1
+                self.report.variable_swap_ins += 1
+                self.report.swapped_bytes_per_step += 2 * ev.size_bytes
+
+    # -- recomputation -------------------------------------------------------------
+    def recompute(self, ev: RecomputeEvent) -> None:
+        node, idx = _split_input(ev.target)[:2]
+        bad = [o for o in ev.ops if o not in self.edit.nodes]
+        if bad or ev.before_op not in self.pos or node not in self.edit.nodes:
+            self.report.skipped.append((f"recompute {ev.target}", f"ops not in the graph: {bad or ev.before_op}"))
+            return
+        if (node, idx) in self.outputs:
+            self.report.skipped.append((f"recompute {ev.target}", "the step returns it"))
+            return
+        chain = set(ev.ops)
+        clone = {o: self._name("recompute", o) for o in ev.ops}
+        external: list[str] = []
+        for o in ev.ops:
+            for s in self.edit.nodes[o].input:
+                src, sidx, ctrl = _split_input(s)
+                if ctrl:
+                    continue
+                c = self.edit.canonical(src, sidx)
+                if c[0] not in chain and _tname(*c) not in external:
+                    external.append(_tname(*c))
+        gate = self._name("recompute_gate", ev.target)
+        dtypes = [self.fg.get_tensor_by_name(x).dtype for x in external]
+        self.edit.add_node(gate, "TensileRecomputeGate", external, _attr(T=dtypes))
+        self._anchor(ev.trigger_op, gate)
+        for o in ev.ops:
+            orig = self.edit.nodes[o]
+            new_inputs = []
+            for s in orig.input:
+                src, sidx, ctrl = _split_input(s)
+                if ctrl:
+                    continue  # a stateless op's value depends on its data inputs only
+                c = self.edit.canonical(src, sidx)
+                new_inputs.append(_tname(clone[c[0]], c[1]) if c[0] in chain else
+                                  _tname(gate, external.index(_tname(*c))))
+            n = self.edit.add_node(clone[o], orig.op, new_inputs, {})
+            for k, v in orig.attr.items():
+                n.attr[k].CopyFrom(v)
+            n.device = orig.device
+        q = self.pos[ev.before_op]
+        target = _tname(clone[node], idx)
+        for n in list(self.edit.gdef.node):
+            if self.pos.get(n.name, -1) < q:
+                continue
+            for k, s in enumerate(n.input):
+                src, sidx, ctrl = _split_input(s)
+                if not ctrl and self.edit.canonical(src, sidx) == (node, idx):
+                    self.edit.set_input(n.name, k, target)
+                    self.report.rewired_edges += 1
+        self.report.recomputes += 1
+        self.report.recomputed_ops += len(ev.ops)
+
+    # -- all -------------------------------------------------------------------------
+    def run(self) -> tf.compat.v1.GraphDef:
+        outs, ins = defaultdict(list), defaultdict(list)
+        for e in self.plan.swap_outs:
+            outs[e.tensor].append(e)
+        for e in self.plan.swap_ins:
+            ins[e.tensor].append(e)
+        for tensor in sorted(set(ins) | set(outs)):
+            info = self.graph.tensors.get(tensor)
+            if info is None:
+                self.report.skipped.append((f"swap {tensor}", "not in the job graph"))
+            elif tensor.startswith("var:"):
+                self.variable_swaps(tensor, outs[tensor], ins[tensor])
+            elif info.kind == "activation":
+                self.activation_swaps(tensor, outs[tensor], ins[tensor])
+            else:
+                self.report.skipped.append((f"swap {tensor}", f"{info.kind} tensor without a variable "
+                                            "(constants live in their op kernel)"))
+        for ev in self.plan.recomputes:
+            self.recompute(ev)
+        return self.edit.gdef
+
+
+@dataclass
+class PlannedStep:
+    """A job's train step with a plan applied. Call it like the original step.
+
+    ``restore()`` brings variables the plan keeps on the host between steps
+    back into the pool (before reading weights outside the step, replacing
+    the plan, or ending the job)."""
+
+    fn: Callable
+    job_plan: JobPlan
+    report: RewriteReport
+    graph_def: Any = field(repr=False, default=None)
+    _restore_fn: Callable | None = field(repr=False, default=None)
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+    def restore(self) -> None:
+        if self._restore_fn is not None:
+            self._restore_fn()
+        _swap.drain_swap_channel()
+
+
+def _import_as_function(gdef, cf, name: str) -> Callable:
+    fg = cf.graph
+    cap_names = {internal.op.name for _, internal in fg.captures}
+    args = [t for t in fg.inputs if t.op.name not in cap_names]
+    specs = [tf.TensorSpec(t.shape, t.dtype) for t in args]
+    returns = [t.name for t in fg.outputs]
+    captures = list(fg.captures)
+    structure = cf.structured_outputs
+
+    def planned(*xs):
+        g = tf.compat.v1.get_default_graph()
+        input_map = {ph.name: x for ph, x in zip(args, xs)}
+        for ext, internal in captures:
+            input_map[internal.name] = g.capture(ext)
+        outs = tf.graph_util.import_graph_def(gdef, input_map=input_map, return_elements=returns,
+                                              name=_PREFIX)
+        return tf.nest.pack_sequence_as(structure, outs, expand_composites=True) if returns else None
+
+    planned.__name__ = f"planned_{name}".replace("-", "_").replace(".", "_")
+    return tf.function(planned, input_signature=specs, jit_compile=False, autograph=False)
+
+
+def apply_plan(step_fn, example_args: Sequence, job_plan: JobPlan, graph: JobGraph, *,
+               delta_scale: float = 1.0, check_lateness: bool = True, enforce_order: bool = True) -> PlannedStep:
+    """Rewrites ``step_fn`` (a tf.function, traced with ``example_args``) so it
+    executes ``job_plan``; ``graph`` is the JobGraph the plan was made from.
+
+    ``delta_scale`` scales the plan's delta t (0: start each transfer as soon
+    as its trigger op ends)."""
+    cf = step_fn.get_concrete_function(*example_args)
+    rw = _Rewriter(cf, graph, job_plan, delta_scale, check_lateness, enforce_order)
+    gdef = rw.run()
+    fn = _import_as_function(gdef, cf, job_plan.name)
+    restore_fn = None
+    if rw.report.restore_needed:
+        handles = []
+        vars_by_handle = {id(v.handle): v for v in cf.graph.variables}
+        wanted = set(rw.report.restore_needed)
+        seen = set()
+        for ext, _ in cf.graph.captures:
+            v = vars_by_handle.get(id(ext))
+            if v is not None and "var:" + v.name.split(":")[0] in wanted and id(ext) not in seen:
+                seen.add(id(ext))
+                handles.append(ext)
+
+        def restore():
+            for h in handles:
+                _swap.ops.tensile_var_swap_in(h)
+
+        restore_fn = tf.function(restore, autograph=False)
+    return PlannedStep(fn, job_plan, rw.report, gdef, restore_fn)

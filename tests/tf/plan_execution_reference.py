@@ -1,0 +1,121 @@
+"""Trains one zoo model for a few steps, vanilla or with a TENSILE plan, in a
+fresh process (its own device pool), and prints JSON (last line): losses (as
+hex of their float32 bytes), a digest of every variable (model and optimizer),
+the pool's measured peak per step, and for a planned run the plan's
+predictions, the rewrite report and the swap stats. Used by
+tests/tf/test_plan_execution.py and benchmarks/plan_execution_bench.py."""
+import argparse
+import hashlib
+import json
+import os
+import time
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--model", default="mlp")
+parser.add_argument("--input-shape", default="784")
+parser.add_argument("--batch", type=int, default=32)
+parser.add_argument("--steps", type=int, default=4)
+parser.add_argument("--planned", action="store_true")
+parser.add_argument("--budget-frac", type=float, default=0.0, help="budget = frac * predicted vanilla peak (0: minimise)")
+parser.add_argument("--no-recompute", action="store_true")
+parser.add_argument("--bandwidth", type=float, default=0.0, help="swap link cap, bytes/s (0: unlimited)")
+parser.add_argument("--jobs", type=int, default=1)
+parser.add_argument("--optimizer", default="adam")
+args = parser.parse_args()
+
+import tensorflow as tf  # noqa: E402
+
+import tensile_tf  # noqa: E402,F401
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import tf_plugin  # noqa: E402
+from tensile_tf import zoo  # noqa: E402
+from tensile_tf.jobs import supervised_train_step  # noqa: E402
+from tensile_tf.memory import JobStream  # noqa: E402
+from tf_plugin import swap  # noqa: E402
+
+tf.config.experimental.enable_op_determinism()
+shape = tuple(int(s) for s in args.input_shape.split("x"))
+pool = tf_plugin.device_pool()
+swap.set_swap_bandwidth(args.bandwidth)
+
+
+def build(name: str, seed: int):
+    stream = JobStream(name)
+    with stream.eager_scope():
+        keras.utils.set_random_seed(seed)
+        if hasattr(zoo, args.model):
+            model = getattr(zoo, args.model)(shape, 10)
+        else:
+            model = getattr(keras.applications, args.model)(weights=None, input_shape=shape, classes=10)
+        opt = keras.optimizers.get({"class_name": args.optimizer, "config": {"learning_rate": 1e-3}})
+        step = stream.step_function(supervised_train_step(
+            model, opt, keras.losses.SparseCategoricalCrossentropy()))
+        rng = np.random.default_rng(seed)
+        batches = [(tf.constant(rng.standard_normal((args.batch, *shape)).astype("float32")),
+                    tf.constant(rng.integers(0, 10, args.batch).astype("int32"))) for _ in range(3)]
+        step(*batches[0])  # the probe step: builds the optimizer's slots
+    return {"name": name, "stream": stream, "model": model, "opt": opt, "step": step, "batches": batches}
+
+
+jobs = [build(f"job{j}", j) for j in range(args.jobs)]
+out = {"model": args.model, "planned": args.planned, "jobs": {}}
+if args.planned:
+    from tensile_tf.execution import JobToPlan, plan_and_apply
+    to_plan = [JobToPlan(j["name"], j["step"], j["batches"][0], j["opt"]) for j in jobs]
+    t0 = time.perf_counter()
+    budget = None
+    if args.budget_frac:
+        probe, _ = plan_and_apply(to_plan, pool_bytes=None, enable_recompute=False, latency_repeats=1)
+        budget = int(probe.pool_vanilla_peak_bytes * args.budget_frac)
+    plan, steps = plan_and_apply(to_plan, pool_bytes=budget, enable_recompute=not args.no_recompute,
+                                 bandwidth_bytes_per_s=args.bandwidth or None)
+    out["planning_s"] = time.perf_counter() - t0
+    out["plan"] = {"pool_vanilla_peak": plan.pool_vanilla_peak_bytes, "pool_planned_peak": plan.pool_planned_peak_bytes,
+                   "budget": budget, "budget_met": plan.budget_met, "stop_reason": plan.stop_reason}
+    for j in jobs:
+        jp = plan.jobs[j["name"]]
+        j["run"] = steps[j["name"]]
+        out["jobs"][j["name"]] = {"plan_vanilla_peak": jp.vanilla_peak_bytes, "plan_planned_peak": jp.planned_peak_bytes,
+                                  "report": {k: v for k, v in steps[j["name"]].report.to_dict().items()
+                                             if k not in ("skipped", "restore_needed")},
+                                  "skipped": len(steps[j["name"]].report.skipped),
+                                  "cross_iteration_slot_swaps": sum(
+                                      1 for e in jp.swap_ins if e.cross_iteration and e.tensor.startswith("var:")
+                                      and ("momentum" in e.tensor or "velocity" in e.tensor))}
+else:
+    for j in jobs:
+        j["run"] = j["step"]
+
+swap.reset_swap_stats()
+peaks, times = [], []
+import threading  # noqa: E402
+for i in range(args.steps):
+    pool.reset_peak()
+    t0 = time.perf_counter()
+    if len(jobs) == 1:
+        jobs[0].setdefault("losses", []).append(jobs[0]["run"](*jobs[0]["batches"][i % 3]))
+    else:
+        def one(j):
+            with j["stream"].eager_scope():
+                j.setdefault("losses", []).append(j["run"](*j["batches"][i % 3]))
+        threads = [threading.Thread(target=one, args=(j,)) for j in jobs]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+    times.append(time.perf_counter() - t0)
+    peaks.append(pool.stats()["peak"])
+for j in jobs:
+    if args.planned:
+        with j["stream"].eager_scope():
+            j["run"].restore()
+    weights = j["model"].weights + list(j["opt"].variables)
+    digest = hashlib.sha256(b"".join(np.asarray(v.numpy()).tobytes() for v in weights)).hexdigest()
+    rec = out["jobs"].setdefault(j["name"], {})
+    rec["losses"] = [np.asarray(x.numpy()).tobytes().hex() for x in j["losses"]]
+    rec["loss_values"] = [float(np.mean(x.numpy())) for x in j["losses"]]
+    rec["weights_sha256"] = digest
+out["peaks"] = peaks
+out["step_s"] = times
+out["swap"] = swap.swap_stats()
+print(json.dumps(out))

@@ -1,0 +1,95 @@
+"""Swap ops on their own: host store bound, bandwidth cap, late swap-ins."""
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tf_plugin import swap
+
+
+@pytest.fixture(autouse=True)
+def _restore_settings():
+    yield
+    swap.configure_host_store(16 << 30)
+    swap.set_swap_bandwidth(0)
+    swap.drain_swap_channel()
+
+
+def _roundtrip(n, event=""):
+    @tf.function
+    def f(x):
+        if event:
+            # First in program order, so tf.function's automatic control
+            # dependencies run it before the swap-in completes: a late probe.
+            swap.ops.tensile_swap_check(event=event)
+        h = swap.ops.tensile_swap_out(x * 1.0, label="t")
+        y = swap.ops.tensile_swap_in(h, T=tf.float32, shape=[n], label="t", event=event)
+        return y + 0.0
+    return f
+
+
+def test_swap_roundtrip_is_exact_and_frees_host_copy():
+    x = tf.random.normal([4096])
+    before = swap.host_store_stats()
+    y = _roundtrip(4096)(x)
+    assert np.array_equal(x.numpy(), y.numpy())
+    after = swap.host_store_stats()
+    assert after["current"] == before["current"]
+    assert after["allocated"] - before["allocated"] == 4096 * 4
+
+
+def test_host_store_is_bounded_with_a_clear_error():
+    swap.configure_host_store(1024)
+    with pytest.raises(tf.errors.ResourceExhaustedError, match="host store out of memory"):
+        _roundtrip(4096)(tf.ones([4096]))
+    assert swap.host_store_stats()["num_rejected"] >= 1
+
+
+def test_bandwidth_cap_is_honoured():
+    n = 256 * 1024  # 1 MiB out and 1 MiB in
+    f = _roundtrip(n)
+    f(tf.ones([n]))  # trace outside the timing
+    swap.set_swap_bandwidth(10 * 2**20)  # 10 MiB/s: >= 0.2 s for 2 MiB
+    t0 = time.perf_counter()
+    y = f(tf.ones([n]))
+    elapsed = time.perf_counter() - t0
+    assert elapsed >= 0.19
+    assert float(tf.reduce_sum(y)) == n
+
+
+def test_late_swap_in_waits_and_is_counted():
+    n = 256 * 1024
+    f = _roundtrip(n, event="late-test")
+    x = tf.random.normal([n])
+    f(x)
+    swap.set_swap_bandwidth(20 * 2**20)
+    swap.reset_swap_stats()
+    y = f(x)  # the consumer must wait for the slow link and read the real data
+    assert np.array_equal(x.numpy(), y.numpy())
+    stats = swap.swap_channel_stats()
+    assert stats["checked_swap_ins"] == 1 and stats["late_swap_ins"] == 1
+
+
+def test_variable_swap_leaves_and_reenters_the_pool():
+    import tensile_tf
+
+    v = tf.Variable(tf.random.normal([512, 512]))
+    value = v.numpy()
+
+    @tf.function
+    def out():
+        swap.ops.tensile_var_swap_out(v.handle)
+
+    @tf.function
+    def back():
+        swap.ops.tensile_var_swap_in(v.handle)
+
+    before = tensile_tf.pool_stats()["current"]
+    out()
+    swap.drain_swap_channel()
+    assert tensile_tf.pool_stats()["current"] <= before - 512 * 512 * 4
+    assert swap.host_store_stats()["current"] >= 512 * 512 * 4
+    back()
+    swap.drain_swap_channel()
+    assert np.array_equal(v.numpy(), value)

@@ -1,0 +1,146 @@
+#include "tf_plugin/swap/host_store.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "tf_plugin/allocator/stream_aware_pool.h"  // HumanBytes
+
+namespace tensile {
+
+std::shared_ptr<HostEntry> HostStore::Reserve(size_t bytes,
+                                              const std::string& label,
+                                              std::string* error) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t free_bytes = static_cast<int64_t>(capacity_) - stats_.current;
+    if (static_cast<int64_t>(bytes) > free_bytes) {
+      stats_.num_rejected += 1;
+      *error = "host store out of memory: swap-out of '" + label + "' needs " +
+               HumanBytes(bytes) + " but the host store holds " +
+               HumanBytes(stats_.current) + " of its " + HumanBytes(capacity_) +
+               " in " + std::to_string(stats_.num_entries) +
+               " entries; raise it (TENSILE_HOST_BYTES or "
+               "tf_plugin.swap.configure_host_store) or plan with less swapping";
+      return nullptr;
+    }
+    stats_.current += static_cast<int64_t>(bytes);
+    stats_.peak = std::max(stats_.peak, stats_.current);
+    stats_.allocated += static_cast<int64_t>(bytes);
+    stats_.num_puts += 1;
+    stats_.num_entries += 1;
+  }
+  auto e = std::make_shared<HostEntry>();
+  e->data.reset(new char[std::max<size_t>(bytes, 1)]);
+  e->bytes = bytes;
+  e->label = label;
+  return e;
+}
+
+void HostStore::FreeLocked(const HostEntry& e) {
+  stats_.current -= static_cast<int64_t>(e.bytes);
+  stats_.freed += static_cast<int64_t>(e.bytes);
+  stats_.num_frees += 1;
+  stats_.num_entries -= 1;
+}
+
+void HostStore::Unreserve(const std::shared_ptr<HostEntry>& entry) {
+  std::lock_guard<std::mutex> lock(mu_);
+  FreeLocked(*entry);
+}
+
+void HostStore::Insert(int64_t handle, std::shared_ptr<HostEntry> entry) {
+  std::lock_guard<std::mutex> lock(mu_);
+  activations_[handle] = std::move(entry);
+}
+
+std::shared_ptr<HostEntry> HostStore::Acquire(int64_t handle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = activations_.find(handle);
+  if (it == activations_.end()) return nullptr;
+  std::shared_ptr<HostEntry> e = it->second;
+  if (--e->refs <= 0) {
+    // The caller's shared_ptr keeps the bytes alive while it copies; the
+    // accounting drops now, as the copy is the entry's last use.
+    FreeLocked(*e);
+    activations_.erase(it);
+  }
+  return e;
+}
+
+void HostStore::PutVariable(const std::string& key,
+                            std::shared_ptr<HostEntry> entry) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = variables_.find(key);
+  if (it != variables_.end()) {
+    FreeLocked(*it->second);
+    it->second = std::move(entry);
+  } else {
+    variables_.emplace(key, std::move(entry));
+  }
+}
+
+std::shared_ptr<HostEntry> HostStore::GetVariable(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = variables_.find(key);
+  return it == variables_.end() ? nullptr : it->second;
+}
+
+bool HostStore::HasVariable(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return variables_.count(key) != 0;
+}
+
+void HostStore::DropVariable(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = variables_.find(key);
+  if (it == variables_.end()) return;
+  FreeLocked(*it->second);
+  variables_.erase(it);
+}
+
+int64_t HostStore::ReleaseStream(int32_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t freed = 0;
+  for (auto it = activations_.begin(); it != activations_.end();) {
+    if (it->second->stream == stream) {
+      freed += static_cast<int64_t>(it->second->bytes);
+      FreeLocked(*it->second);
+      it = activations_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return freed;
+}
+
+void HostStore::SetCapacity(size_t capacity) {
+  std::lock_guard<std::mutex> lock(mu_);
+  capacity_ = capacity;
+}
+
+HostStoreStats HostStore::Stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  HostStoreStats s = stats_;
+  s.capacity = static_cast<int64_t>(capacity_);
+  return s;
+}
+
+void HostStore::ResetPeak() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.peak = stats_.current;
+}
+
+HostStore& GetHostStore() {
+  static HostStore* store = [] {
+    size_t capacity = kDefaultHostStoreBytes;
+    if (const char* env = std::getenv("TENSILE_HOST_BYTES")) {
+      char* end = nullptr;
+      const unsigned long long v = std::strtoull(env, &end, 10);
+      if (end != env && *end == '\0' && v > 0) capacity = v;
+    }
+    return new HostStore(capacity);  // never destroyed (TF frees at exit)
+  }();
+  return *store;
+}
+
+}  // namespace tensile

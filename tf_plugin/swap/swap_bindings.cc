@@ -1,0 +1,72 @@
+// pybind11 bindings of the swap runtime: host store and swap channel stats
+// and settings. Registered into the plugin's one module by bindings.cc.
+#include <pybind11/pybind11.h>
+
+#include "tf_plugin/swap/host_store.h"
+#include "tf_plugin/swap/swap_channel.h"
+
+namespace py = pybind11;
+
+namespace tensile {
+
+void RegisterSwapBindings(py::module_& m) {
+  m.def("host_store_stats", []() {
+    const HostStoreStats s = GetHostStore().Stats();
+    py::dict d;
+    d["capacity"] = s.capacity;
+    d["current"] = s.current;
+    d["peak"] = s.peak;
+    d["allocated"] = s.allocated;
+    d["freed"] = s.freed;
+    d["num_puts"] = s.num_puts;
+    d["num_frees"] = s.num_frees;
+    d["num_rejected"] = s.num_rejected;
+    d["num_entries"] = s.num_entries;
+    return d;
+  });
+  m.def(
+      "configure_host_store",
+      [](int64_t capacity) {
+        if (capacity <= 0) throw py::value_error("host store capacity must be > 0");
+        GetHostStore().SetCapacity(static_cast<size_t>(capacity));
+      },
+      py::arg("capacity"));
+  m.def("host_store_reset_peak", []() { GetHostStore().ResetPeak(); });
+  m.def(
+      "host_store_release_stream",
+      [](int stream) { return GetHostStore().ReleaseStream(stream); },
+      py::arg("stream"),
+      "Drops the activation copies a job put (after a failed step); returns bytes.");
+  m.def("swap_channel_stats", []() {
+    const SwapChannelStats s = GetSwapChannel().Stats();
+    py::dict d;
+    d["bandwidth_bytes_per_s"] = s.bandwidth_bytes_per_s;
+    d["swap_outs"] = s.swap_outs;
+    d["swap_ins"] = s.swap_ins;
+    d["bytes_out"] = s.bytes_out;
+    d["bytes_in"] = s.bytes_in;
+    d["busy_s"] = s.busy_ns * 1e-9;
+    d["copy_s"] = s.copy_ns * 1e-9;
+    d["queue_wait_s"] = s.queue_wait_ns * 1e-9;
+    d["max_queue_depth"] = s.max_queue_depth;
+    d["pending"] = s.pending;
+    d["late_swap_ins"] = s.late_swap_ins;
+    d["checked_swap_ins"] = s.checked_swap_ins;
+    return d;
+  });
+  m.def("reset_swap_channel_stats", []() { GetSwapChannel().ResetStats(); });
+  m.def(
+      "set_swap_bandwidth",
+      [](double bytes_per_s) {
+        if (bytes_per_s < 0) throw py::value_error("bandwidth must be >= 0 (0: unlimited)");
+        GetSwapChannel().SetBandwidth(bytes_per_s);
+      },
+      py::arg("bytes_per_s"));
+  m.def("swap_bandwidth", []() { return GetSwapChannel().Bandwidth(); });
+  m.def(
+      "drain_swap_channel", []() { GetSwapChannel().Drain(); },
+      py::call_guard<py::gil_scoped_release>(),
+      "Waits until every submitted transfer is done.");
+}
+
+}  // namespace tensile

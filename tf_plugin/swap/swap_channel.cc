@@ -1,0 +1,128 @@
+#include "tf_plugin/swap/swap_channel.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+
+namespace tensile {
+
+int64_t SwapChannel::NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+SwapChannel::SwapChannel() : thread_([this] { Loop(); }) {}
+
+SwapChannel::~SwapChannel() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void SwapChannel::Submit(Transfer t) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t now = NowNs();
+    queue_.push(Queued{std::max(t.not_before_ns, now), next_seq_++, now,
+                       std::move(t)});
+    stats_.pending += 1;
+    stats_.max_queue_depth =
+        std::max<int64_t>(stats_.max_queue_depth, queue_.size());
+  }
+  cv_.notify_all();
+}
+
+void SwapChannel::SetBandwidth(double bytes_per_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  bandwidth_ = bytes_per_s > 0 ? bytes_per_s : 0;
+}
+
+double SwapChannel::Bandwidth() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bandwidth_;
+}
+
+void SwapChannel::Drain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  idle_cv_.wait(lock, [this] { return stats_.pending == 0; });
+}
+
+void SwapChannel::RecordLateness(bool late) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.checked_swap_ins += 1;
+  if (late) stats_.late_swap_ins += 1;
+}
+
+SwapChannelStats SwapChannel::Stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  SwapChannelStats s = stats_;
+  s.bandwidth_bytes_per_s = bandwidth_;
+  return s;
+}
+
+void SwapChannel::ResetStats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t pending = stats_.pending;
+  stats_ = SwapChannelStats();
+  stats_.pending = pending;
+}
+
+void SwapChannel::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+    if (stop_ && queue_.empty()) return;
+    const int64_t due = queue_.top().not_before_ns;
+    const int64_t now = NowNs();
+    if (due > now) {
+      // An earlier transfer may arrive meanwhile: wake on submit too.
+      cv_.wait_for(lock, std::chrono::nanoseconds(due - now));
+      continue;
+    }
+    Queued q = std::move(const_cast<Queued&>(queue_.top()));
+    queue_.pop();
+    const double bandwidth = bandwidth_;
+    lock.unlock();
+
+    const int64_t start = NowNs();
+    const int64_t bytes = q.t.work ? q.t.work() : 0;
+    const int64_t copied = NowNs();
+    if (bandwidth > 0) {
+      const int64_t link_ns = static_cast<int64_t>(1e9 * bytes / bandwidth);
+      if (copied - start < link_ns) {
+        std::this_thread::sleep_for(
+            std::chrono::nanoseconds(link_ns - (copied - start)));
+      }
+    }
+    const int64_t end = NowNs();
+    if (q.t.done) q.t.done();
+
+    lock.lock();
+    (q.t.kind == TransferKind::kSwapOut ? stats_.swap_outs : stats_.swap_ins) += 1;
+    (q.t.kind == TransferKind::kSwapOut ? stats_.bytes_out : stats_.bytes_in) += bytes;
+    stats_.busy_ns += end - start;
+    stats_.copy_ns += copied - start;
+    stats_.queue_wait_ns += start - q.not_before_ns;
+    stats_.pending -= 1;
+    if (stats_.pending == 0) idle_cv_.notify_all();
+  }
+}
+
+SwapChannel& GetSwapChannel() {
+  static SwapChannel* channel = [] {
+    auto* c = new SwapChannel();  // never destroyed: ops may run at exit
+    if (const char* env = std::getenv("TENSILE_SWAP_BANDWIDTH")) {
+      char* end = nullptr;
+      const double v = std::strtod(env, &end);
+      if (end != env && v > 0) c->SetBandwidth(v);
+    }
+    return c;
+  }();
+  return *channel;
+}
+
+}  // namespace tensile
