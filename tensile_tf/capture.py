@@ -25,6 +25,7 @@ import tempfile
 from collections import defaultdict
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 import tensile_tf
@@ -226,8 +227,11 @@ def capture_job_graph(name: str, step_fn: Callable, args: Sequence, *, optimizer
     return JobGraph(name, cap.ops, tensors)
 
 
-def _restore_variables(fg) -> Callable[[], None]:
-    saved = [(v, tf.identity(v)) for v in fg.variables]
+def snapshot_variables(fg) -> Callable[[], None]:
+    """Copies the graph's variables to host memory (numpy, outside the pool:
+    copies in the pool would pin chunks while the measured steps run);
+    returns a function that writes them back in place."""
+    saved = [(v, np.array(v.numpy(), copy=True)) for v in fg.variables]
 
     def restore() -> None:
         for v, val in saved:
@@ -238,7 +242,7 @@ def _restore_variables(fg) -> Callable[[], None]:
 def _fill_dynamic_sizes(cap: _Capture, step_fn, args, fg) -> None:
     """Sizes of dynamic-shape outputs from the pool trace of one step (bytes the
     op allocated, split evenly over its dynamic outputs)."""
-    restore = _restore_variables(fg)
+    restore = snapshot_variables(fg)
     n0 = len(tensile_tf.pool_trace())
     step_fn(*args)
     trace = tensile_tf.pool_trace()[n0:]
@@ -278,7 +282,7 @@ def measure_op_latencies(step_fn: Callable, args: Sequence, *, graph: JobGraph |
     in the profile and fall back to their op type's median (see LatencyTable).
     """
     cf = step_fn.get_concrete_function(*args)
-    restore = _restore_variables(cf.graph)
+    restore = snapshot_variables(cf.graph)
     for _ in range(warmup):
         step_fn(*args)
     logdir = tempfile.mkdtemp(prefix="tensile_profile_")

@@ -1,6 +1,7 @@
 """The ``tensile`` command (also ``python -m tensile_tf``).
 
     tensile run CONFIG [--out DIR]      train the config's jobs concurrently
+    tensile run CONFIG --compare-vanilla  the same, unplanned then planned, and compare
     tensile validate CONFIG             check a config without running it
     tensile plan CONFIG [--out DIR]     trace and plan the jobs (TENSILE), write plan.json
     tensile search CONFIG [--out DIR] [--storage URL] [--resume]
@@ -9,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -108,6 +110,20 @@ def _summary_table(result, console) -> None:
             console.print(f"[red]{s.name} {s.status.value}[/red]: {s.error}", soft_wrap=True)
 
 
+def _run_host(cfg, console, *, planner: str, record_weights: bool = False):
+    from tensile_tf.host import JobHost
+    from tensile_tf.jobs import Job
+
+    with RichProgress(console) as progress:
+        host = JobHost(cfg.pool, concurrency=cfg.run.concurrency, admission=cfg.run.admission,
+                       progress=progress, pipeline=cfg.run.pipeline, split_size=cfg.run.split_size,
+                       barrier_timeout_s=cfg.run.barrier_timeout_s, planner=planner,
+                       swap_bandwidth=cfg.run.swap_bandwidth, record_weights=record_weights)
+        for spec in cfg.jobs:
+            host.submit(Job.from_spec(spec))
+        return host.run()
+
+
 def _cmd_run(args) -> int:
     from tensile_tf.config import ConfigError, load_config
 
@@ -119,24 +135,46 @@ def _cmd_run(args) -> int:
     import tensile_tf  # noqa: F401  (installs the pool before any TF op)
     from rich.console import Console
 
-    from tensile_tf.host import JobHost, JobStatus
-    from tensile_tf.jobs import Job
+    from tensile_tf.host import JobStatus
     from tensile_tf.reports import write_outputs
 
     console = Console(width=max(Console().width, 120))
     out_dir = Path(args.out or cfg.run.out_dir)
-    with RichProgress(console) as progress:
-        host = JobHost(cfg.pool, concurrency=cfg.run.concurrency, admission=cfg.run.admission,
-                       progress=progress, pipeline=cfg.run.pipeline, split_size=cfg.run.split_size,
-                       barrier_timeout_s=cfg.run.barrier_timeout_s)
-        for spec in cfg.jobs:
-            host.submit(Job.from_spec(spec))
-        result = host.run()
+    if args.compare_vanilla:
+        return _compare_vanilla(cfg, console, out_dir)
+    result = _run_host(cfg, console, planner=cfg.run.planner)
     _summary_table(result, console)
     paths = write_outputs(result, out_dir)
     console.print(f"wrote {paths['results']}, {paths['trace']}, {paths['memory']}")
     failed = [s for s in result.jobs if s.status != JobStatus.finished]
     return 1 if failed and len(failed) == len(result.jobs) else 0
+
+
+def _compare_vanilla(cfg, console, out_dir: Path) -> int:
+    """Runs the config unplanned, then with the TENSILE planner, in this
+    process with deterministic ops; reports peaks, MSR, time ratio, swaps,
+    recomputation, late swap-ins and whether losses and weights matched bit
+    for bit (tensile_tf.compare)."""
+    import tensorflow as tf
+
+    from tensile_tf.compare import compare_runs, format_comparison
+    from tensile_tf.reports import write_outputs
+
+    tf.config.experimental.enable_op_determinism()
+    results = {}
+    for mode in ("vanilla", "planned"):
+        console.rule(f"{mode} run")
+        results[mode] = _run_host(cfg, console, planner="tensile" if mode == "planned" else "none",
+                                  record_weights=True)
+        _summary_table(results[mode], console)
+        write_outputs(results[mode], out_dir / mode)
+    comparison = compare_runs(results["vanilla"], results["planned"])
+    console.print(format_comparison(comparison), soft_wrap=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "compare.json").write_text(json.dumps(comparison, indent=2))
+    console.print(f"wrote {out_dir / 'compare.json'} and the runs' outputs in {out_dir / 'vanilla'}, "
+                  f"{out_dir / 'planned'}")
+    return 0 if comparison["all_match"] else 1
 
 
 def _cmd_plan(args) -> int:
@@ -181,6 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="train the jobs of a YAML config concurrently in one process")
     run.add_argument("config")
     run.add_argument("--out", help="output directory (default: the config's run.out_dir)")
+    run.add_argument("--compare-vanilla", action="store_true",
+                     help="run the config unplanned, then planned (TENSILE), with deterministic ops; report "
+                          "peaks, MSR, time ratio, swaps, recomputation, late swap-ins, bit-for-bit match; "
+                          "writes compare.json")
     run.set_defaults(func=_cmd_run)
     validate = sub.add_parser("validate", help="check a YAML config without running it")
     validate.add_argument("config")

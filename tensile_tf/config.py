@@ -134,7 +134,11 @@ class RunSpec(_Strict):
     concurrency: int | None = Field(None, ge=1, description="most jobs running at once")
     out_dir: str = "runs/latest"
     admission: Admission = Admission.salus
-    planner: Literal["none", "tensile"] = "none"
+    planner: Literal["none", "tensile"] = Field(
+        "none", description="tensile: plan swaps and recomputation for the jobs so they fit the pool together")
+    swap_bandwidth: int | None = Field(
+        None, description="planner: the emulated swap link in bytes per second, e.g. 2GiB (default: unlimited; "
+        "the planner then assumes PCIe 3.0 x16)")
     pipeline: Literal["none", "nodegroup"] = "none"
     split_size: int | Literal["auto"] = Field(
         "auto", description="node-group pipeline: net bytes (de)allocated per node group, e.g. 16MiB, "
@@ -146,6 +150,11 @@ class RunSpec(_Strict):
     @classmethod
     def _split_size(cls, v: Any) -> int | str:
         return v if v == "auto" else _size(v, "split_size")
+
+    @field_validator("swap_bandwidth", mode="before")
+    @classmethod
+    def _swap_bandwidth(cls, v: Any) -> int | None:
+        return None if v is None else _size(v, "swap_bandwidth")
 
 
 class RunConfig(_Strict):

@@ -3,7 +3,10 @@
 ``plan_and_apply(jobs, ...)`` takes jobs whose train steps are traced (the
 host's attributed step functions), captures their graphs, measures op
 latencies and each op's scratch memory, plans them together (one pool, one
-swap channel) and returns each job's ``PlannedStep``.
+swap channel) and returns each job's ``PlannedStep``. The two halves are
+``capture_for_planning`` (per job, runs its step) and ``plan_captured``
+(all jobs at once): the host captures each job right after its probe step,
+while the pool can still hold it, and plans later.
 
 Note [Scratch memory]
 Some kernels allocate large buffers that are neither inputs nor outputs:
@@ -24,27 +27,17 @@ from typing import Any, Sequence
 import tensorflow as tf
 
 import tf_plugin
-from tensile_tf.capture import capture_job_graph, measure_op_latencies
+from tensile_tf.capture import capture_job_graph, measure_op_latencies, snapshot_variables
 from tensile_tf.rewrite import PlannedStep, apply_plan
 from tensile_tf.scheduler import DEFAULT_BANDWIDTH_BYTES_PER_S, Plan, Planner, PlannerJob
 from tensile_tf.scheduler.job_graph import JobGraph
-
-
-def _snapshot(step_fn, args):
-    fg = step_fn.get_concrete_function(*args).graph
-    saved = [(v, tf.identity(v)) for v in fg.variables]
-
-    def restore() -> None:
-        for v, val in saved:
-            v.assign(val)
-    return restore
 
 
 def measure_temp_bytes(step_fn, args: Sequence, graph: JobGraph) -> dict[str, int]:
     """Per op, bytes the op allocated and freed itself during one step (its
     scratch; Note [Scratch memory]). The variables are restored afterwards."""
     pool = tf_plugin.device_pool()
-    restore = _snapshot(step_fn, args)
+    restore = snapshot_variables(step_fn.get_concrete_function(*args).graph)
     pool.clear_trace()
     step_fn(*args)
     trace = pool.trace()
@@ -143,16 +136,43 @@ class JobToPlan:
     start_offset_s: float = 0.0
 
 
-def capture_for_planning(job: JobToPlan, *, latency_repeats: int = 3,
-                         with_temp: bool = True) -> tuple[JobGraph, PlannerJob]:
-    graph = capture_job_graph(job.name, job.step_fn, job.example_args, optimizer=job.optimizer)
-    graph = executor_order(graph, job.step_fn, job.example_args)
-    if with_temp:
-        temps = measure_temp_bytes(job.step_fn, job.example_args, graph)
-        for o in graph.ops:
-            o.temp_bytes = temps.get(o.name, o.temp_bytes)
-    lat = measure_op_latencies(job.step_fn, job.example_args, graph=graph, repeats=latency_repeats)
-    return graph, PlannerJob(graph, lat, job.start_offset_s, job.max_swapping_rate)
+@dataclass
+class CapturedJob:
+    """A job traced and profiled for planning: its graph in executor order
+    (with scratch bytes) and the planner's view of it."""
+
+    job: JobToPlan
+    graph: JobGraph
+    planner_job: PlannerJob
+
+
+def capture_for_planning(job: JobToPlan, *, latency_repeats: int = 3, with_temp: bool = True) -> CapturedJob:
+    """Runs the job's step a few times (variables restored afterwards) to
+    capture its graph, scratch bytes and op latencies. Errors name the job."""
+    try:
+        graph = capture_job_graph(job.name, job.step_fn, job.example_args, optimizer=job.optimizer)
+        graph = executor_order(graph, job.step_fn, job.example_args)
+        if with_temp:
+            temps = measure_temp_bytes(job.step_fn, job.example_args, graph)
+            for o in graph.ops:
+                o.temp_bytes = temps.get(o.name, o.temp_bytes)
+        lat = measure_op_latencies(job.step_fn, job.example_args, graph=graph, repeats=latency_repeats)
+    except Exception as e:  # noqa: BLE001 - name the job
+        raise RuntimeError(f"job '{job.name}': could not capture or profile its train step: {e}") from e
+    return CapturedJob(job, graph, PlannerJob(graph, lat, job.start_offset_s, job.max_swapping_rate))
+
+
+def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
+                  bandwidth_bytes_per_s: float | None = None, enable_recompute: bool = True,
+                  delta_scale: float = 1.0, horizon_iterations: float = 2.0) -> tuple[Plan, dict[str, PlannedStep]]:
+    """Plans captured jobs together and rewrites each one's step."""
+    plan = Planner([c.planner_job for c in captured], pool_bytes=pool_bytes,
+                   bandwidth_bytes_per_s=bandwidth_bytes_per_s or DEFAULT_BANDWIDTH_BYTES_PER_S,
+                   horizon_iterations=horizon_iterations, enable_recompute=enable_recompute).plan()
+    steps = {c.job.name: apply_plan(c.job.step_fn, c.job.example_args, plan.jobs[c.job.name], c.graph,
+                                    delta_scale=delta_scale)
+             for c in captured}
+    return plan, steps
 
 
 def plan_and_apply(jobs: Sequence[JobToPlan], *, pool_bytes: int | None,
@@ -163,18 +183,7 @@ def plan_and_apply(jobs: Sequence[JobToPlan], *, pool_bytes: int | None,
     the budget (None: minimise the peak by swapping only). ``bandwidth``: the
     link the planner assumes (default: PCIe 3.0 x16); cap the runtime's link
     with ``tf_plugin.swap.set_swap_bandwidth`` to match."""
-    graphs, pjobs = {}, []
-    for job in jobs:
-        try:
-            g, pj = capture_for_planning(job, latency_repeats=latency_repeats)
-        except Exception as e:  # noqa: BLE001 - name the job
-            raise RuntimeError(f"job '{job.name}': could not capture or profile its train step: {e}") from e
-        graphs[job.name] = g
-        pjobs.append(pj)
-    plan = Planner(pjobs, pool_bytes=pool_bytes,
-                   bandwidth_bytes_per_s=bandwidth_bytes_per_s or DEFAULT_BANDWIDTH_BYTES_PER_S,
-                   horizon_iterations=horizon_iterations, enable_recompute=enable_recompute).plan()
-    steps = {job.name: apply_plan(job.step_fn, job.example_args, plan.jobs[job.name], graphs[job.name],
-                                  delta_scale=delta_scale)
-             for job in jobs}
-    return plan, steps
+    captured = [capture_for_planning(job, latency_repeats=latency_repeats) for job in jobs]
+    return plan_captured(captured, pool_bytes=pool_bytes, bandwidth_bytes_per_s=bandwidth_bytes_per_s,
+                         enable_recompute=enable_recompute, delta_scale=delta_scale,
+                         horizon_iterations=horizon_iterations)

@@ -24,6 +24,24 @@ Lifecycle, in order (the main thread does every step but the training loops):
 
 Failure isolation: an exception in one job (OOM included) marks that job
 failed with its error; the others go on.
+
+With ``planner="tensile"`` (Note [Planning in the host]) the jobs probed at
+the start are planned together (seed 000: one plan, one swap link, for the
+whole pool) and run their planned steps; admission then uses each job's
+planned temporary bytes instead of its measured T.
+
+Note [Planning in the host]
+Every job is probed with its vanilla step first: the probe measures P and T
+and, on the way, builds the optimizer's slots, so the traced step is the one
+the plan rewrites. The jobs probed at the start of ``run()`` stay built and
+are planned together for the pool's capacity less PLAN_HEADROOM; a job
+admitted later (queued, or from job_source) is planned alone for what the
+running jobs leave (capacity - sum of their needs). The plan's predicted
+saving for a job (its predicted vanilla peak - planned peak) is taken off
+its measured T for admission. A job whose planning fails runs vanilla with
+the reason in ``plan_error``. Before a planned job ends, variables its plan
+keeps on the host between steps come back into the pool (``restore()``), so
+weights read after the run are the real ones.
 """
 from __future__ import annotations
 
@@ -47,6 +65,11 @@ from tensile_tf.memory import JobStream, configure_pool, parse_bytes, pool_stats
 from tensile_tf.tf_internals import custom_gradient_names, forget_custom_gradients
 
 
+# Share of the pool a plan leaves free: the planner's peak prediction is
+# within ~10-15% of what the pool measures, and chunks fragment.
+PLAN_HEADROOM = 0.10
+
+
 class JobStatus(str, Enum):
     pending = "pending"      # submitted, not probed yet
     queued = "queued"        # waiting for memory
@@ -55,6 +78,9 @@ class JobStatus(str, Enum):
     stopped = "stopped"      # ended early by its on_step callback (e.g. pruned)
     failed = "failed"
     rejected = "rejected"    # can never fit the pool
+
+
+_FINAL = frozenset({JobStatus.finished, JobStatus.stopped, JobStatus.failed, JobStatus.rejected})
 
 
 class NonFiniteLoss(RuntimeError):
@@ -83,6 +109,7 @@ class JobState:
     persistent_bytes: int | None = None
     temporary_bytes: int | None = None
     peak_bytes: int = 0              # the job's own peak pool bytes
+    training_peak_bytes: int | None = None  # its peak while training in its thread (see RunResult)
     leaked_bytes: int = 0            # bytes still attributed to it after teardown
     stream: int | None = None
     attempts: int = 0                # probes / builds
@@ -94,6 +121,15 @@ class JobState:
     job_stream: JobStream | None = field(default=None, repr=False)
     first_batch: tuple | None = field(default=None, repr=False)
     custom_gradients: set[str] = field(default_factory=set, repr=False)
+    # TENSILE plan (planner="tensile"): a summary for reports, the needs it
+    # gives admission, why planning failed; the planned step at runtime.
+    plan: dict[str, Any] | None = None
+    planned_needs: tuple[int, int] | None = None
+    plan_error: str | None = None
+    planned_step: Any = field(default=None, repr=False)
+    captured: Any = field(default=None, repr=False)   # execution.CapturedJob of the current build
+    weights_digest: str | None = None    # sha256 of the final variables (record_weights=True)
+    end_notified: bool = field(default=False, repr=False)  # on_end called
 
     @property
     def name(self) -> str:
@@ -128,6 +164,9 @@ class MemorySample:
 @dataclass
 class RunResult:
     capacity: int
+    # pool_stats() at the end; "peak" is the whole run's, "training_peak" the
+    # peak since the jobs probed at the start began training (a job's
+    # training_peak_bytes likewise; for a job probed later it includes its probe).
     pool: dict[str, Any]
     jobs: list[JobState]
     samples: list[MemorySample]
@@ -135,6 +174,7 @@ class RunResult:
     started_at: float  # time.time() at start
     wall_s: float
     trace_origin_ns: int  # steady-clock ns at the run's start (pool event times)
+    planner: dict[str, Any] | None = None  # planner="tensile": plans made and swap stats
 
 
 def summarize_error(message: str, limit: int = 2000) -> str:
@@ -160,6 +200,27 @@ def summarize_error(message: str, limit: int = 2000) -> str:
     return summary[:limit]
 
 
+def variables_digest(variables) -> str:
+    """sha256 over the variables' dtypes, shapes and bytes, in order (not their
+    names: a rebuilt model's variables get new unique names)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for v in variables:
+        value = v.numpy()
+        h.update(f"{value.dtype}:{value.shape}".encode())
+        h.update(value.tobytes())
+    return h.hexdigest()
+
+
+def _plan_summary(plan) -> dict[str, Any]:
+    return {"jobs": list(plan.jobs), "budget_bytes": plan.pool_bytes, "budget_met": plan.budget_met,
+            "predicted_pool_vanilla_peak_bytes": plan.pool_vanilla_peak_bytes,
+            "predicted_pool_planned_peak_bytes": plan.pool_planned_peak_bytes,
+            "predicted_msr": plan.msr, "bandwidth_bytes_per_s": plan.bandwidth_bytes_per_s,
+            "planning_s": plan.planning_s, "iterations": plan.iterations, "stop_reason": plan.stop_reason}
+
+
 def _make_pipeline(kind: str, capacity: int, split_size: int | str, timeout_s: float):
     if kind in (None, "none"):
         return None
@@ -181,8 +242,19 @@ class JobHost:
     def __init__(self, pool_bytes: int | str | None = None, *, concurrency: int | None = None,
                  admission: Admission | str = Admission.salus, sample_interval_s: float = 0.05,
                  progress: ProgressSink | None = None, pipeline: str = "none",
-                 split_size: int | str = "auto", barrier_timeout_s: float = 60.0):
+                 split_size: int | str = "auto", barrier_timeout_s: float = 60.0,
+                 planner: str = "none", swap_bandwidth: int | str | None = None,
+                 record_weights: bool = False):
         self._ensure_pool(pool_bytes)
+        if planner not in ("none", "tensile"):
+            raise ValueError(f"JobHost: planner must be 'none' or 'tensile', got {planner!r}")
+        self.planner = planner
+        # The emulated swap link (bytes/s; None: unlimited). The planner assumes
+        # this link, or PCIe 3.0 x16 when it is unlimited.
+        self.swap_bandwidth = parse_bytes(swap_bandwidth, what="swap_bandwidth") if swap_bandwidth else None
+        self.record_weights = record_weights
+        self.plans: list[Any] = []        # every Plan made, in order (scheduler.Plan)
+        self._run_peak = 0                # pool peak of the start's probes and planning
         self.capacity = tf_plugin.device_pool().capacity
         # Node-group pipeline (seed 004): None unless pipeline == "nodegroup".
         self._pipeline = _make_pipeline(pipeline, self.capacity, split_size, barrier_timeout_s)
@@ -228,6 +300,13 @@ class JobHost:
         """
         started_at = time.time()
         self._t0 = time.perf_counter()
+        self._run_peak = 0
+        tf_plugin.device_pool().reset_peak()
+        if self.planner == "tensile":
+            from tf_plugin import swap
+
+            swap.set_swap_bandwidth(self.swap_bandwidth or 0)
+            swap.reset_swap_stats()
         origin_ns = time.monotonic_ns()
         samples: list[MemorySample] = []
         stop_sampling = threading.Event()
@@ -239,14 +318,21 @@ class JobHost:
         try:
             # Probe every job serially before any job thread starts.
             admitted: list[JobState] = []
+            planning = self.planner == "tensile"
             for state in list(waiting):
                 waiting.popleft()
-                self._probe(state, admitted)
+                self._probe(state, admitted, keep_built=planning)
                 if state.status == JobStatus.running:
                     admitted.append(state)
                 elif state.status == JobStatus.queued:
                     waiting.append(state)
                 self._report(state)
+                self._ended(state)
+            if planning:
+                admitted = self._plan_initial(waiting)
+            # Peaks from here on are the training's (probing and planning run vanilla steps).
+            self._run_peak = tf_plugin.device_pool().stats()["peak"]
+            tf_plugin.device_pool().reset_peak()
             for state in admitted:
                 self._start_thread(state, running)
             while True:
@@ -275,13 +361,99 @@ class JobHost:
         for state in waiting:  # could not be admitted even when alone
             state.status = JobStatus.rejected
             state.error = state.error or "never fit the pool"
+            self._ended(state)
         wall = time.perf_counter() - self._t0
         pool = pool_stats()
+        pool["training_peak"] = pool["peak"]  # since the jobs probed at the start began training
+        pool["peak"] = max(pool["peak"], self._run_peak)
         if self._pipeline is not None:
             pool["nodegroup"] = self._pipeline.summary()
+        planner = None
+        if self.planner == "tensile":
+            from tf_plugin import swap
+
+            planner = {"swap_bandwidth": self.swap_bandwidth, "swap": swap.swap_stats(),
+                       "plans": [_plan_summary(p) for p in self.plans]}
         return RunResult(capacity=self.capacity, pool=pool, jobs=list(self.states),
                          samples=samples, pool_events=tf_plugin.device_pool().trace(),
-                         started_at=started_at, wall_s=wall, trace_origin_ns=origin_ns)
+                         started_at=started_at, wall_s=wall, trace_origin_ns=origin_ns, planner=planner)
+
+    # ------------------------------------------------------------- planning
+
+    def _plan_initial(self, waiting: deque) -> list[JobState]:
+        """Plans the built, probed jobs together; admits those that fit with
+        their planned needs, in submit order; tears down the rest."""
+        built = [s for s in waiting if s.train is not None]
+        if built:
+            budget = int((self.capacity - self._reserved_by_others()) * (1 - PLAN_HEADROOM))
+            self._plan(built, budget)
+        admitted: list[JobState] = []
+        for state in built:
+            if self._fits(state, admitted):
+                waiting.remove(state)
+                admitted.append(state)
+            elif state.job.rebuildable:
+                self._teardown(state)
+        return admitted
+
+    def _plan_alone(self, state: JobState, alongside: list[JobState]) -> None:
+        """Plans a job admitted after the start for what the running jobs leave."""
+        needs = [self._predict(s) or (0, 0) for s in alongside if s is not state]
+        free = self.capacity - self._reserved_by_others() - sum(p + t for p, t in needs)
+        self._plan([state], int(max(0, free) * (1 - PLAN_HEADROOM)))
+
+    def _capture(self, state: JobState) -> None:
+        """Traces and profiles a built, probed job for planning, while the pool
+        can still run its vanilla step (Note [Planning in the host])."""
+        from tensile_tf.execution import JobToPlan, capture_for_planning
+
+        job = JobToPlan(state.name, state.step_fn, state.first_batch, optimizer=state.train.optimizer)
+        try:
+            with state.job_stream.eager_scope():
+                state.captured = capture_for_planning(job)
+        except Exception as e:  # noqa: BLE001 - the job still runs, unplanned
+            state.plan_error = summarize_error(getattr(e, "message", None) or str(e)) or type(e).__name__
+
+    def _plan(self, states: list[JobState], budget: int) -> None:
+        """TENSILE over ``states`` for ``budget`` pool bytes; each job's step
+        becomes its planned step (Note [Planning in the host])."""
+        from tensile_tf.execution import plan_captured
+
+        states = [s for s in states if s.captured is not None]
+        if not states:
+            return
+        try:
+            plan, steps = plan_captured([s.captured for s in states], pool_bytes=budget,
+                                        bandwidth_bytes_per_s=self.swap_bandwidth)
+        except Exception as e:  # noqa: BLE001 - the jobs still run, unplanned
+            why = summarize_error(getattr(e, "message", None) or str(e)) or type(e).__name__
+            for s in states:
+                s.plan_error = why
+            return
+        self.plans.append(plan)
+        for s in states:
+            jp, step = plan.jobs[s.name], steps[s.name]
+            if jp.swap_outs or jp.swap_ins or jp.recomputes:
+                s.planned_step = step
+                s.step_fn = step
+            # else: nothing to do for this job; it keeps its own step.
+            # The predicted saving comes off the measured P + T (variables swapped
+            # across iterations lower P itself).
+            saved = max(0, jp.vanilla_peak_bytes - jp.planned_peak_bytes)
+            total = max(0, s.persistent_bytes + s.temporary_bytes - saved)
+            s.planned_needs = (min(s.persistent_bytes, total), total - min(s.persistent_bytes, total))
+            s.plan = {
+                "budget_bytes": budget,
+                "budget_met": plan.budget_met,
+                "predicted_vanilla_peak_bytes": jp.vanilla_peak_bytes,
+                "predicted_planned_peak_bytes": jp.planned_peak_bytes,
+                "predicted_msr": jp.msr,
+                "swap_outs": len(jp.swap_outs),
+                "swap_ins": len(jp.swap_ins),
+                "recomputes": len(jp.recomputes),
+                "planning_s": plan.planning_s,
+                "rewrite": step.report.to_dict(),
+            }
 
     def _pull_jobs(self, job_source, waiting: deque, running: dict) -> None:
         """Takes new jobs from job_source while there is room, and admits them."""
@@ -295,6 +467,11 @@ class JobHost:
             self._admit_waiting(waiting, running)
 
     def _ended(self, state: JobState) -> None:
+        """Calls the job's on_end once, when it reached a final status (also
+        for jobs failed or rejected while probing, or never admitted)."""
+        if state.end_notified or state.status not in _FINAL:
+            return
+        state.end_notified = True
         if state.job.on_end is not None:
             try:
                 state.job.on_end(state)
@@ -351,6 +528,8 @@ class JobHost:
         the larger of the two (synthetic batches grow with it too), so the
         prediction errs on the safe side.
         """
+        if state.planned_needs is not None:
+            return state.planned_needs
         if state.measured:
             return state.persistent_bytes, state.temporary_bytes
         sig = self._signature(state)
@@ -383,13 +562,20 @@ class JobHost:
                 elif state.status == JobStatus.queued:
                     waiting.append(state)
                 self._report(state)
+                self._ended(state)
                 continue
             if not self._fits(state, active):
                 continue
             waiting.remove(state)
             if state.train is None and not self._build(state):
+                if state.status == JobStatus.queued:
+                    waiting.append(state)
                 self._report(state)
+                self._ended(state)
                 continue
+            if self.planner == "tensile" and state.planned_step is None:
+                self._capture(state)
+                self._plan_alone(state, active)
             self._start_thread(state, running)
 
     # ------------------------------------------------- probe, build, teardown
@@ -410,6 +596,13 @@ class JobHost:
                 state.step_fn = state.job_stream.step_function(state.train.step_fn, graph_transform=transform)
                 state.first_batch = state.train.next_batch()
                 state.step_fn.get_concrete_function(*state.first_batch)  # trace once, here, serially
+        except tf.errors.ResourceExhaustedError as e:
+            # Building (variables, optimizer slots) ran out of pool memory.
+            if any(s.train is not None and s is not state for s in self.states):
+                state.status = JobStatus.queued  # others hold memory: try again later
+            else:
+                self._fail(state, e, status=JobStatus.rejected)
+            failed = True
         except Exception as e:  # noqa: BLE001 - a bad job must not stop the host
             self._fail(state, e)
             failed = True
@@ -420,14 +613,18 @@ class JobHost:
             self._teardown(state)
         return not failed
 
-    def _probe(self, state: JobState, alongside: list[JobState]) -> None:
-        """Build, trace, run step 1 measuring P and T; then admit, queue or reject."""
+    def _probe(self, state: JobState, alongside: list[JobState], *, keep_built: bool = False) -> None:
+        """Build, trace, run step 1 measuring P and T; then admit, queue or reject.
+
+        ``keep_built``: leave a measured job built and queued, admission to
+        follow once the start's jobs are planned together."""
         if not self._build(state):
             return
         stream = state.job_stream
         pool = tf_plugin.device_pool()
+        # The stream is new (built just now), so its peak is this build's and
+        # this probe's: no pool-wide reset needed (it would hide others' peaks).
         before = stream.stats()["current"]
-        pool.reset_peak()
         outcome = None
         try:
             with stream.eager_scope():
@@ -465,7 +662,14 @@ class JobHost:
             state.status = JobStatus.finished
             self._teardown(state)
             return
+        if self.planner == "tensile":
+            self._capture(state)
+        if keep_built:
+            state.status = JobStatus.queued
+            return
         if self._fits(state, alongside):
+            if self.planner == "tensile":
+                self._plan_alone(state, alongside)
             state.status = JobStatus.running
             return
         state.status = JobStatus.queued
@@ -506,6 +710,11 @@ class JobHost:
                     if state.job.on_step is not None and state.job.on_step(state) is False:
                         status = JobStatus.stopped
                         break
+                if state.planned_step is not None:
+                    state.planned_step.restore()  # variables the plan keeps on the host
+                if self.record_weights:
+                    optimizer_vars = list(getattr(state.train.optimizer, "variables", None) or [])
+                    state.weights_digest = variables_digest([*state.train.variables, *optimizer_vars])
             state.status = status
         except BaseException as e:  # noqa: BLE001 - isolate the failure to this job
             self._fail(state, e)
@@ -526,6 +735,20 @@ class JobHost:
     def _teardown(self, state: JobState) -> None:
         """Drops the job's objects; its pool bytes must return to zero."""
         stream = state.job_stream
+        planned, state.planned_step = state.planned_step, None
+        state.captured = None  # a rebuild traces new ops; it is captured and planned again
+        state.planned_needs = None
+        if planned is not None:
+            from tf_plugin import swap
+
+            try:  # variables left on the host by a failed step: back, then dropped with the job
+                planned.restore()
+            except Exception:  # noqa: BLE001 - teardown must go on
+                pass
+            swap.drain_swap_channel()
+            if stream is not None:
+                swap.release_stream_host_copies(stream.stream)  # activation copies a failed step left
+            del planned
         state.train = None
         state.step_fn = None
         state.first_batch = None
@@ -540,6 +763,8 @@ class JobHost:
         gc.collect()
         stats = stream.stats()
         state.peak_bytes = max(state.peak_bytes, stats.get("peak", 0))
+        if state.admitted_at_s is not None:
+            state.training_peak_bytes = stats.get("peak", 0)
         state.leaked_bytes = stats.get("current", 0)
         stream.release()
         state.job_stream = None

@@ -6,7 +6,9 @@ results.json schema::
      "wall_s": float,
      "jobs": [{"name", "status", "error", "error_type", "steps", "median_step_s",
                "peak_pool_bytes", "persistent_bytes", "temporary_bytes",
-               "leaked_bytes", "final_loss", "losses"}]}
+               "leaked_bytes", "final_loss", "losses", "weights_digest",
+               "plan": {...} or null, "plan_error"}],
+     "planner": {"plans": [...], "swap": {"channel": {...}, "host": {...}}} (planner runs)}
 
 trace.json holds one track per job with its steps (complete events), the
 pool's bytes in use as a counter, and the pool's sync and OOM events.
@@ -40,6 +42,7 @@ def results_dict(result: RunResult) -> dict[str, Any]:
             "steps_requested": s.job.steps,
             "median_step_s": s.median_step_s,
             "peak_pool_bytes": s.peak_bytes,
+            "training_peak_pool_bytes": s.training_peak_bytes,
             "persistent_bytes": s.persistent_bytes,
             "temporary_bytes": s.temporary_bytes,
             "leaked_bytes": s.leaked_bytes,
@@ -47,13 +50,18 @@ def results_dict(result: RunResult) -> dict[str, Any]:
             "losses": [_finite(r.loss) for r in s.records],
             "admitted_at_s": s.admitted_at_s,
             "ended_at_s": s.ended_at_s,
+            "weights_digest": s.weights_digest,
+            "plan": s.plan,
+            "plan_error": s.plan_error,
         })
     stats = {k: v for k, v in result.pool.items() if k != "jobs"}
     return {
         "pool": {"capacity": result.capacity, "peak": result.pool["peak"],
+                 "training_peak": result.pool.get("training_peak"),
                  "current": result.pool["current"], "stats": stats},
         "wall_s": result.wall_s,
         "jobs": jobs,
+        **({"planner": result.planner} if result.planner is not None else {}),
     }
 
 

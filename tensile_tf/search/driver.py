@@ -26,9 +26,10 @@ Lifecycle of one trial, in order:
    not through its params: it is failed as interrupted and re-queued (at
    most MAX_OOM_RETRIES times; see ``_packing_oom``).
 
-The host calls ``on_end`` only for jobs that trained in a thread; a job that
-fails or is rejected while probed is picked up by a sweep of the host's
-states, which runs on every host progress update and job_source call.
+The host calls ``on_end`` once for every job that reached a final status,
+including jobs failed or rejected while probed and jobs never admitted; a
+sweep of the host's states (on every progress update and job_source call)
+is a second, idempotent path to the same ``_finish``.
 """
 from __future__ import annotations
 
