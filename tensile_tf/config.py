@@ -235,8 +235,9 @@ def config_from_data(data: Any, *, source: str = "<config>", marks: dict | None 
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from None
 
 
-def load_config(path: str | Path) -> RunConfig:
-    """Reads and validates a YAML run configuration; ConfigError says what and where."""
+def read_yaml(path: str | Path) -> tuple[Any, dict[tuple, yaml.Mark]]:
+    """The parsed YAML file and the location of every key path in it;
+    ConfigError when it cannot be read or parsed."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -249,5 +250,10 @@ def load_config(path: str | Path) -> RunConfig:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
         raise ConfigError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
-    marks = _mark_map(node) if node is not None else {}
+    return data, (_mark_map(node) if node is not None else {})
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """Reads and validates a YAML run configuration; ConfigError says what and where."""
+    data, marks = read_yaml(path)
     return config_from_data(data, source=str(path), marks=marks)

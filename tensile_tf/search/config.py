@@ -34,7 +34,6 @@ from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tensile_tf.config import (
@@ -44,7 +43,7 @@ from tensile_tf.config import (
     _clean_loc,
     _format_loc,
     _locate,
-    _mark_map,
+    read_yaml,
 )
 from tensile_tf.memory import parse_bytes
 
@@ -389,17 +388,5 @@ def search_config_from_data(data: Any, *, source: str = "<config>", marks: dict 
 
 def load_search_config(path: str | Path) -> SearchConfig:
     """Reads and validates a YAML search configuration."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read the configuration ({e.strerror})") from None
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        raise ConfigError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
-    marks = _mark_map(node) if node is not None else {}
+    data, marks = read_yaml(path)
     return search_config_from_data(data, source=str(path), marks=marks)
