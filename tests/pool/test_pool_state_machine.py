@@ -31,6 +31,8 @@ class PoolMachine(RuleBasedStateMachine):
             off = self.pool.allocate(nbytes, sid)
         except PoolOutOfMemory:
             s = self.pool.stats()
+            if s["num_syncs"] > syncs_before:  # the failed search synced first
+                self.freed_by.clear()
             # An OOM is honest: no free chunk of the rounded size exists even after the sync it did.
             rounded = max(1, -(-nbytes // MIN_CHUNK_BYTES)) * MIN_CHUNK_BYTES
             assert s["largest_free_chunk"] < rounded

@@ -52,6 +52,28 @@ def test_other_stream_never_gets_unsynced_chunk_while_synced_memory_fits():
     assert pool.stats()["num_syncs"] == 0
 
 
+def test_best_fit_spans_own_unsynced_and_synced_chunks():
+    """Note [Best fit across own and synced]: a small request must not split
+    the large chunk its stream has just freed while a synced chunk fits."""
+    pool, (a, _) = make_pool(capacity=64 * KiB)
+    big = pool.allocate(32 * KiB, a)
+    pool.allocate(8 * KiB, a)  # keeps `big` from merging into the tail
+    pool.deallocate(big)  # a's unsynced 32 KiB; the synced tail is 24 KiB
+    small = pool.allocate(8 * KiB, a)
+    assert small != big  # the synced tail is the better fit
+    assert pool.allocate(32 * KiB, a) == big  # the large hole is still whole
+    assert pool.stats()["num_syncs"] == 0
+    pool.check_invariants()
+
+
+def test_equal_fit_prefers_the_streams_own_unsynced_chunk():
+    pool, (a, _) = make_pool(capacity=24 * KiB)
+    x = pool.allocate(8 * KiB, a)
+    pool.allocate(8 * KiB, a)
+    pool.deallocate(x)  # a's unsynced 8 KiB and a synced 8 KiB tail
+    assert pool.allocate(8 * KiB, a) == x
+
+
 def test_allocate_syncs_only_when_it_must_take_other_streams_chunks():
     pool, (a, b) = make_pool(capacity=16 * KiB)
     x = pool.allocate(8 * KiB, a)

@@ -193,10 +193,15 @@ void* StreamAwarePool::Allocate(size_t bytes, StreamId stream,
     stream = kDefaultStream;  // unknown streams are attributed to default
   }
   if (rounded <= capacity_) {
-    // 1. The stream's own unsynced chunks: safe without a sync.
+    // 1-2. The stream's own unsynced chunks and the synced chunks: both are
+    //      safe without a sync, so take the best fit across the two (own
+    //      chunk on equal size). See Note [Best fit across own and synced].
     ChunkHandle h = BestFit(*unsynced_[stream], rounded);
-    // 2. Synced chunks.
-    if (h == kNoChunk) h = BestFit(synced_, rounded);
+    const ChunkHandle synced = BestFit(synced_, rounded);
+    if (synced != kNoChunk &&
+        (h == kNoChunk || chunks_[synced].size < chunks_[h].size)) {
+      h = synced;
+    }
     // 3. Other streams' unsynced chunks, which need a sync first. The sync
     //    also coalesces, so it can help even when only this stream's
     //    unsynced chunks sit next to synced ones.
