@@ -94,7 +94,7 @@ def _summary_table(result, console) -> None:
     from tf_plugin import human_bytes
 
     table = Table(title=f"pool {human_bytes(result.capacity)}: peak {human_bytes(result.pool['peak'])}, "
-                        f"{result.pool['num_ooms']} OOMs, wall {result.wall_s:.1f} s")
+                        f"{result.pool['run_ooms']} OOMs, wall {result.wall_s:.1f} s")
     for col in ("job", "status", "steps", "median step", "peak pool", "persistent", "temporary", "final loss"):
         table.add_column(col, no_wrap=True)
     for s in result.jobs:
@@ -118,7 +118,8 @@ def _run_host(cfg, console, *, planner: str, record_weights: bool = False):
         host = JobHost(cfg.pool, concurrency=cfg.run.concurrency, admission=cfg.run.admission,
                        progress=progress, pipeline=cfg.run.pipeline, split_size=cfg.run.split_size,
                        barrier_timeout_s=cfg.run.barrier_timeout_s, planner=planner,
-                       swap_bandwidth=cfg.run.swap_bandwidth, record_weights=record_weights)
+                       swap_bandwidth=cfg.run.swap_bandwidth, plan_budget=cfg.run.plan_budget,
+                       record_weights=record_weights)
         for spec in cfg.jobs:
             host.submit(Job.from_spec(spec))
         return host.run()

@@ -76,8 +76,8 @@ def compare_runs(vanilla: RunResult, planned: RunResult) -> dict[str, Any]:
         "checked_swap_ins": channel.get("checked_swap_ins", 0),
         "host_store_peak_bytes": host.get("peak", 0),
         "swap_bandwidth_bytes_per_s": (planned.planner or {}).get("swap_bandwidth"),
-        "vanilla_ooms": vanilla.pool.get("num_ooms", 0),
-        "planned_ooms": planned.pool.get("num_ooms", 0),
+        "vanilla_ooms": vanilla.pool["run_ooms"],
+        "planned_ooms": planned.pool["run_ooms"],
     }
     return {"jobs": jobs, "pool": pool,
             "all_match": bool(jobs) and all(j["losses_match"] and j["weights_match"] for j in jobs)}

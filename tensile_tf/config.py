@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from tensile_tf.memory import parse_bytes
 
@@ -139,6 +139,9 @@ class RunSpec(_Strict):
     swap_bandwidth: int | None = Field(
         None, description="planner: the emulated swap link in bytes per second, e.g. 2GiB (default: unlimited; "
         "the planner then assumes PCIe 3.0 x16)")
+    plan_budget: int | None = Field(
+        None, description="planner: the pool bytes the jobs planned together may use at their combined peak, "
+        "e.g. 80MiB (default: the pool less a 10% headroom)")
     pipeline: Literal["none", "nodegroup"] = "none"
     split_size: int | Literal["auto"] = Field(
         "auto", description="node-group pipeline: net bytes (de)allocated per node group, e.g. 16MiB, "
@@ -151,10 +154,10 @@ class RunSpec(_Strict):
     def _split_size(cls, v: Any) -> int | str:
         return v if v == "auto" else _size(v, "split_size")
 
-    @field_validator("swap_bandwidth", mode="before")
+    @field_validator("swap_bandwidth", "plan_budget", mode="before")
     @classmethod
-    def _swap_bandwidth(cls, v: Any) -> int | None:
-        return None if v is None else _size(v, "swap_bandwidth")
+    def _optional_size(cls, v: Any, info: ValidationInfo) -> int | None:
+        return None if v is None else _size(v, info.field_name)
 
 
 class RunConfig(_Strict):

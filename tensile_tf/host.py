@@ -10,9 +10,9 @@ Lifecycle, in order (the main thread does every step but the training loops):
    and temporary peak T (activations; seed 002 calls these persistent and
    ephemeral memory).
 3. Admission control (seed 002 §2.2, the Salus safety condition): a job runs
-   only if, with it, sum(P) + max(T) over running jobs fits the pool
-   (``admission="sum"`` uses sum(T), safe for free-running jobs; ``"none"``
-   admits up to the concurrency limit). A probed job that does not fit yet is
+   only if, with it, sum(P) + max(T) over running jobs fits the pool less
+   POOL_HEADROOM (``admission="sum"`` uses sum(T), safe for free-running
+   jobs; ``"none"`` admits up to the concurrency limit). A probed job that does not fit yet is
    torn down (if it can be rebuilt) and queued with its measurement; a job
    whose P + T exceeds the pool, or whose first step runs out of memory with
    the pool otherwise empty, is rejected with the reason.
@@ -34,7 +34,8 @@ Note [Planning in the host]
 Every job is probed with its vanilla step first: the probe measures P and T
 and, on the way, builds the optimizer's slots, so the traced step is the one
 the plan rewrites. The jobs probed at the start of ``run()`` stay built and
-are planned together for the pool's capacity less PLAN_HEADROOM; a job
+are planned together for the pool's capacity less POOL_HEADROOM and, if the
+plan meets that budget, admitted together on its prediction; a job
 admitted later (queued, or from job_source) is planned alone for what the
 running jobs leave (capacity - sum of their needs). The plan's predicted
 saving for a job (its predicted vanilla peak - planned peak) is taken off
@@ -65,9 +66,11 @@ from tensile_tf.memory import JobStream, configure_pool, parse_bytes, pool_stats
 from tensile_tf.tf_internals import custom_gradient_names, forget_custom_gradients
 
 
-# Share of the pool a plan leaves free: the planner's peak prediction is
-# within ~10-15% of what the pool measures, and chunks fragment.
-PLAN_HEADROOM = 0.10
+# Share of the pool that plans and admission leave free when jobs share it:
+# chunks fragment (replayed steps needed 1.06-1.17x their peak bytes as arena,
+# benchmarks/RESULTS.md "Fragmentation"), and the planner's peak prediction
+# is within ~10-15% of what the pool measures. A job alone may use it all.
+POOL_HEADROOM = 0.10
 
 
 class JobStatus(str, Enum):
@@ -244,7 +247,7 @@ class JobHost:
                  progress: ProgressSink | None = None, pipeline: str = "none",
                  split_size: int | str = "auto", barrier_timeout_s: float = 60.0,
                  planner: str = "none", swap_bandwidth: int | str | None = None,
-                 record_weights: bool = False):
+                 plan_budget: int | str | None = None, record_weights: bool = False):
         self._ensure_pool(pool_bytes)
         if planner not in ("none", "tensile"):
             raise ValueError(f"JobHost: planner must be 'none' or 'tensile', got {planner!r}")
@@ -252,6 +255,9 @@ class JobHost:
         # The emulated swap link (bytes/s; None: unlimited). The planner assumes
         # this link, or PCIe 3.0 x16 when it is unlimited.
         self.swap_bandwidth = parse_bytes(swap_bandwidth, what="swap_bandwidth") if swap_bandwidth else None
+        # Bytes the jobs planned at the start may use together (None: the
+        # pool less POOL_HEADROOM).
+        self.plan_budget = parse_bytes(plan_budget, what="plan_budget") if plan_budget else None
         self.record_weights = record_weights
         self.plans: list[Any] = []        # every Plan made, in order (scheduler.Plan)
         self._run_peak = 0                # pool peak of the start's probes and planning
@@ -299,6 +305,7 @@ class JobHost:
         source has nothing more (search drivers keep the pool full with it).
         """
         started_at = time.time()
+        ooms_before = pool_stats()["num_ooms"]
         self._t0 = time.perf_counter()
         self._run_peak = 0
         tf_plugin.device_pool().reset_peak()
@@ -366,6 +373,7 @@ class JobHost:
         pool = pool_stats()
         pool["training_peak"] = pool["peak"]  # since the jobs probed at the start began training
         pool["peak"] = max(pool["peak"], self._run_peak)
+        pool["run_ooms"] = pool["num_ooms"] - ooms_before  # num_ooms counts since the process began
         if self._pipeline is not None:
             pool["nodegroup"] = self._pipeline.summary()
         planner = None
@@ -384,12 +392,19 @@ class JobHost:
         """Plans the built, probed jobs together; admits those that fit with
         their planned needs, in submit order; tears down the rest."""
         built = [s for s in waiting if s.train is not None]
+        plan = None
         if built:
-            budget = int((self.capacity - self._reserved_by_others()) * (1 - PLAN_HEADROOM))
-            self._plan(built, budget)
+            budget = int((self.capacity - self._reserved_by_others()) * (1 - POOL_HEADROOM))
+            if self.plan_budget is not None:
+                budget = min(budget, self.plan_budget)
+            plan = self._plan(built, budget)
+        # A plan that met its budget is the admission prediction for the jobs
+        # in it (their combined peak over time, not the sum of their peaks).
+        jointly = set(plan.jobs) if plan is not None and plan.budget_met else set()
         admitted: list[JobState] = []
         for state in built:
-            if self._fits(state, admitted):
+            room = self.concurrency is None or len(admitted) < self.concurrency
+            if (state.name in jointly and room) or self._fits(state, admitted):
                 waiting.remove(state)
                 admitted.append(state)
             elif state.job.rebuildable:
@@ -400,7 +415,7 @@ class JobHost:
         """Plans a job admitted after the start for what the running jobs leave."""
         needs = [self._predict(s) or (0, 0) for s in alongside if s is not state]
         free = self.capacity - self._reserved_by_others() - sum(p + t for p, t in needs)
-        self._plan([state], int(max(0, free) * (1 - PLAN_HEADROOM)))
+        self._plan([state], int(max(0, free) * (1 - POOL_HEADROOM)))
 
     def _capture(self, state: JobState) -> None:
         """Traces and profiles a built, probed job for planning, while the pool
@@ -414,14 +429,15 @@ class JobHost:
         except Exception as e:  # noqa: BLE001 - the job still runs, unplanned
             state.plan_error = summarize_error(getattr(e, "message", None) or str(e)) or type(e).__name__
 
-    def _plan(self, states: list[JobState], budget: int) -> None:
+    def _plan(self, states: list[JobState], budget: int):
         """TENSILE over ``states`` for ``budget`` pool bytes; each job's step
-        becomes its planned step (Note [Planning in the host])."""
+        becomes its planned step (Note [Planning in the host]). Returns the
+        Plan, or None if there was nothing to plan or planning failed."""
         from tensile_tf.execution import plan_captured
 
         states = [s for s in states if s.captured is not None]
         if not states:
-            return
+            return None
         try:
             plan, steps = plan_captured([s.captured for s in states], pool_bytes=budget,
                                         bandwidth_bytes_per_s=self.swap_bandwidth)
@@ -429,7 +445,7 @@ class JobHost:
             why = summarize_error(getattr(e, "message", None) or str(e)) or type(e).__name__
             for s in states:
                 s.plan_error = why
-            return
+            return None
         self.plans.append(plan)
         for s in states:
             jp, step = plan.jobs[s.name], steps[s.name]
@@ -454,6 +470,7 @@ class JobHost:
                 "planning_s": plan.planning_s,
                 "rewrite": step.report.to_dict(),
             }
+        return plan
 
     def _pull_jobs(self, job_source, waiting: deque, running: dict) -> None:
         """Takes new jobs from job_source while there is room, and admits them."""
@@ -510,7 +527,10 @@ class JobHost:
         persistent = sum(p for p, _ in needs)
         temps = [t for _, t in needs]
         temporary = max(temps) if self.admission == Admission.salus else sum(temps)
-        return persistent + temporary <= self.capacity - self._reserved_by_others()
+        room = self.capacity - self._reserved_by_others()
+        if len(group) > 1:
+            room = int(room * (1 - POOL_HEADROOM))
+        return persistent + temporary <= room
 
     @staticmethod
     def _signature(state: JobState) -> str | None:

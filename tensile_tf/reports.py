@@ -58,6 +58,7 @@ def results_dict(result: RunResult) -> dict[str, Any]:
     return {
         "pool": {"capacity": result.capacity, "peak": result.pool["peak"],
                  "training_peak": result.pool.get("training_peak"),
+                 "run_ooms": result.pool.get("run_ooms"),
                  "current": result.pool["current"], "stats": stats},
         "wall_s": result.wall_s,
         "jobs": jobs,

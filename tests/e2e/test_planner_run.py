@@ -1,15 +1,15 @@
 """The TENSILE planner in the host, end to end: `tensile run --compare-vanilla`
 runs a config unplanned and planned (deterministic ops, same seeds) in one
-process and must report identical losses and weights; with a pool too small
-for both jobs at once unplanned, the planned run swaps and runs them
-together."""
+process and must report identical losses and weights; planned for a budget
+below the jobs' combined peak, the planned run swaps, runs them together and
+still trains bit for bit the same."""
 import json
 
 from tests.e2e.test_cli import tensile, write
 
 TWO_MLPS = """
 pool: {pool}
-run: {{out_dir: unused, admission: sum}}
+run: {{out_dir: unused, admission: sum{plan_budget}}}
 jobs:
   - name: mlp-a
     model: {{builder: "tensile_tf.zoo:mlp", args: {{hidden: [1024, 1024, 1024]}}}}
@@ -28,8 +28,9 @@ jobs:
 """
 
 
-def _compare(tmp_path, pool):
-    cfg = write(tmp_path, TWO_MLPS.format(pool=pool))
+def _compare(tmp_path, pool, plan_budget=None):
+    budget = f", plan_budget: {plan_budget}" if plan_budget else ""
+    cfg = write(tmp_path, TWO_MLPS.format(pool=pool, plan_budget=budget))
     out = tmp_path / "out"
     proc = tensile("run", str(cfg), "--out", str(out), "--compare-vanilla")
     compare = json.loads((out / "compare.json").read_text()) if (out / "compare.json").exists() else None
@@ -52,17 +53,23 @@ def test_compare_vanilla_with_room_to_spare_changes_nothing(tmp_path):
     assert runs["planned"]["planner"]["plans"][0]["jobs"] == ["mlp-a", "mlp-b"]  # planned together
 
 
-def test_plan_lets_jobs_share_a_pool_they_cannot_share_unplanned(tmp_path):
-    # Each job needs ~50 MiB (P ~36 MiB with Adam, T ~15 MiB); admission `sum`
-    # runs them one after the other in 100 MiB unplanned.
-    proc, compare, runs = _compare(tmp_path, "100MiB")
+def test_plan_fits_two_jobs_into_a_budget_their_peaks_exceed(tmp_path):
+    # Each job needs ~50 MiB (P ~36 MiB with Adam, T ~10-15 MiB). Planned for
+    # 80 MiB together, which even P_a + P_b + max(T) exceeds, the plan must
+    # swap, and its prediction admits both at once. (The pool is larger than
+    # the budget: each job's vanilla probe and capture run beside the other's
+    # persistent memory first.)
+    proc, compare, runs = _compare(tmp_path, "130MiB", plan_budget="80MiB")
     vanilla = {j["name"]: j for j in runs["vanilla"]["jobs"]}
     planned = {j["name"]: j for j in runs["planned"]["jobs"]}
-    assert vanilla["mlp-b"]["admitted_at_s"] >= vanilla["mlp-a"]["ended_at_s"]  # serial unplanned
+    assert vanilla["mlp-a"]["status"] == vanilla["mlp-b"]["status"] == "finished"
     assert planned["mlp-a"]["plan"]["swap_outs"] + planned["mlp-b"]["plan"]["swap_outs"] > 0
     assert planned["mlp-b"]["admitted_at_s"] < planned["mlp-a"]["ended_at_s"]  # together planned
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert compare["all_match"], proc.stdout[-3000:]
     assert compare["pool"]["swapped_bytes"] > 0
+    plan = runs["planned"]["planner"]["plans"][0]
+    assert plan["budget_bytes"] == 80 * 2**20 and plan["budget_met"]
+    assert plan["predicted_pool_planned_peak_bytes"] <= 80 * 2**20 < plan["predicted_pool_vanilla_peak_bytes"]
     assert runs["planned"]["planner"]["swap"]["host"]["current"] == 0  # every host copy came back
     assert all(j["leaked_bytes"] == 0 for j in planned.values())
