@@ -178,3 +178,30 @@ def test_an_aborted_step_does_not_stall_the_next_iteration():
     a.join(timeout=10)
     assert not a_err and not b_err and len(a_log) == 4 and len(b_log) == 4
     assert pipe.stats()["timeouts"] == 0
+
+
+def test_a_job_skipping_a_version_leaves_it():
+    """Note [Versions]: b runs version 1 while versions 2 and 3 are installed;
+    a paces with b under version 2. When b moves straight to version 3 it must
+    leave version 2 too, or a waits there for b forever (seen as a 60 s
+    timeout with eight jobs coming and going)."""
+    pipe = NodeGroupPipeline()
+    pipe.set_timeout(10)
+    pipe.set_schedule({2: ("b", [0])}, 1)
+    assert pipe.boundary(2, 0, 1)[0] == "ok"                         # b: version 1
+    pipe.set_schedule({1: ("a", [0, 2]), 2: ("b", [1, 3])}, 4)
+    assert pipe.boundary(1, 0, 2)[0] == "ok"                         # a: version 2
+    pipe.set_schedule({1: ("a", [0, 2]), 2: ("b", [1, 3])}, 4)       # version 3
+    done = {}
+    a = threading.Thread(target=lambda: done.setdefault("a1", pipe.boundary(1, 1, 2)))
+    a.start()                                 # a's group 1 (pair 2) waits for b's pair 1 in version 2
+    time.sleep(0.2)
+    assert a.is_alive()
+    assert pipe.boundary(2, 1, 1)[0] == "ok"                         # b ends its version-1 step
+    b = threading.Thread(target=lambda: done.setdefault("b0", pipe.boundary(2, 0, 2)))
+    b.start()                                 # b joins version 3, leaving 1 and 2
+    a.join(timeout=5)
+    assert done.get("a1") == ("ok", ""), done
+    pipe.leave(1)
+    b.join(timeout=5)
+    assert done.get("b0") == ("ok", "") and pipe.stats()["timeouts"] == 0

@@ -200,7 +200,17 @@ void NodeGroupPipeline::Boundary(uint64_t waiter_id, JobKey job, int boundary, i
     } else {
       std::shared_ptr<Version>& current = job_version_[job];
       if (boundary == 0 && current != latest_) {
-        if (current) RemoveJobLocked(*current, job, &out, &pair_start);
+        // Leave every older version still in use, not only the one this job
+        // ran under: a version installed while it was between them names it
+        // too, and other jobs there would wait for it forever.
+        std::set<Version*> seen;
+        std::vector<std::shared_ptr<Version>> older = {current};
+        for (const auto& [j, v] : job_version_) older.push_back(v);
+        for (const auto& v : older) {
+          if (v && v != latest_ && seen.insert(v.get()).second) {
+            RemoveJobLocked(*v, job, &out, &pair_start);
+          }
+        }
         current = latest_;
       }
       Version* v = current.get();

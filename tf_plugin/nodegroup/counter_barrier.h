@@ -34,8 +34,10 @@
 // Note [Versions: adding and removing barriers between iterations]
 // SetSchedule installs a new *version* (new barriers) without touching the
 // graphs: the ops only name (job, boundary). A job switches to the newest
-// version at its boundary 0 (between iterations), leaving the old version
-// first, which releases old-version waiters that counted on it. So jobs can
+// version at its boundary 0 (between iterations), leaving every older
+// version first (not only its own: a version installed while the job was
+// running an older one names it too), which releases old-version waiters
+// that counted on it. So jobs can
 // come and go: a job that ends or fails calls Leave(), which removes it from
 // every barrier of every version and releases waits that it was holding up.
 //
