@@ -1,0 +1,138 @@
+"""Plan execution benchmark (issue 5): measured MSR, time ratio (EOR) and CBR
+of TENSILE plans executed in TensorFlow, per model, for 1 and 2 concurrent
+jobs, on an unlimited and on a capped swap link.
+
+    python benchmarks/plan_execution_bench.py [--models vgg16,resnet50,...] [--jobs 1,2]
+        [--budget-frac 0.5] [--steps 4] [--json OUT]
+
+Each configuration runs in a fresh process (tests/tf/plan_execution_reference.py,
+its own device pool, deterministic ops): once vanilla, then planned for a
+budget of ``budget-frac`` x the planner's predicted vanilla pool peak, on each
+link. Metrics (DESIGN.md, TENSILE's definitions):
+
+- VMP / EMP: the pool's measured peak per step, the largest over the steps
+  after the first (the first planned step pays for the variables' first
+  trip to the host);
+- MSR = (VMP - EMP) / VMP;
+- time ratio = EOR = median planned step / median vanilla step;
+- CBR = MSR / EOR;
+- bit-for-bit: every loss and every model and optimizer variable equal.
+
+The capped link: a GPU moves PCIe 3.0 x16 bytes (~12 GB/s) in the time it
+computes ~15.7 TFLOP (V100 fp32). This machine's CPU runs the benchmark's
+own matmul at F FLOP/s, so the link that keeps the transfer-to-compute ratio
+is 12e9 * F / 15.7e12 bytes/s; the script measures F and prints the cap.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REFERENCE = os.path.join(ROOT, "tests", "tf", "plan_execution_reference.py")
+
+# name -> (model for the reference script, input shape "HxWxC" or "SxD")
+MODELS = {
+    "vgg16": ("VGG16", "64x64x3"),
+    "resnet50": ("ResNet50", "64x64x3"),
+    "inceptionv3": ("InceptionV3", "75x75x3"),
+    "densenet121": ("DenseNet121", "64x64x3"),
+    "transformer": ("transformer_encoder", "64x128"),
+}
+GPU_LINK_BYTES_PER_S = 12e9      # PCIe 3.0 x16, practical
+GPU_FLOPS = 15.7e12              # V100 fp32
+
+
+def cpu_flops() -> float:
+    """FLOP/s of a 1024^3 float32 matmul in this process (best of 5)."""
+    import numpy as np
+
+    a = np.random.default_rng(0).standard_normal((1024, 1024), dtype=np.float32)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        a @ a
+        best = min(best, time.perf_counter() - t0)
+    return 2 * 1024**3 / best
+
+
+def run(model: str, shape: str, jobs: int, steps: int, *, planned: bool, budget_frac: float,
+        bandwidth: float) -> dict:
+    cmd = [sys.executable, REFERENCE, "--model", model, "--input-shape", shape, "--batch", "16",
+           "--steps", str(steps), "--jobs", str(jobs)]
+    if planned:
+        cmd += ["--planned", "--budget-frac", str(budget_frac), "--bandwidth", str(bandwidth)]
+    env = dict(os.environ, PYTHONPATH=ROOT, TENSILE_POOL_BYTES="8GiB", TF_CPP_MIN_LOG_LEVEL="2")
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    if p.returncode != 0 or not lines:
+        return {"error": (p.stderr or p.stdout)[-800:]}
+    return json.loads(lines[-1])
+
+
+def compare(vanilla: dict, planned: dict) -> dict:
+    vmp, emp = max(vanilla["peaks"][1:]), max(planned["peaks"][1:])
+    vtc, etc = statistics.median(vanilla["step_s"][1:]), statistics.median(planned["step_s"][1:])
+    msr, eor = (vmp - emp) / vmp, etc / vtc
+    same = all(vanilla["jobs"][j]["losses"] == planned["jobs"][j]["losses"]
+               and vanilla["jobs"][j]["weights_sha256"] == planned["jobs"][j]["weights_sha256"]
+               for j in vanilla["jobs"])
+    plan = planned["plan"]
+    ch = planned["swap"]["channel"]
+    return {
+        "vmp_MiB": vmp / 2**20, "emp_MiB": emp / 2**20, "msr": msr, "eor": eor, "cbr": msr / eor,
+        "vanilla_step_ms": vtc * 1e3, "planned_step_ms": etc * 1e3,
+        "predicted_msr": 1 - plan["pool_planned_peak"] / plan["pool_vanilla_peak"],
+        "budget_met": plan["budget_met"], "planning_s": planned["planning_s"],
+        "swapped_MiB_per_step": sum(j["report"]["swapped_bytes_per_step"] for j in planned["jobs"].values()) / 2**20,
+        "recomputed_ops": sum(j["report"]["recomputed_ops"] for j in planned["jobs"].values()),
+        "late_swap_ins": ch["late_swap_ins"], "bit_for_bit": same,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--jobs", default="1,2")
+    ap.add_argument("--budget-frac", type=float, default=0.5)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--json", default=None, help="write all rows as JSON here")
+    a = ap.parse_args()
+    flops = cpu_flops()
+    cap = GPU_LINK_BYTES_PER_S * flops / GPU_FLOPS
+    print(f"CPU matmul {flops / 1e9:.1f} GFLOP/s -> capped link {cap / 2**20:.1f} MiB/s "
+          f"(PCIe 3.0 x16 12 GB/s : V100 15.7 TFLOP/s)", flush=True)
+    rows = []
+    for name in a.models.split(","):
+        model, shape = MODELS[name]
+        for k in (int(x) for x in a.jobs.split(",")):
+            vanilla = run(model, shape, k, a.steps, planned=False, budget_frac=0, bandwidth=0)
+            if "error" in vanilla:
+                print(f"{name} x{k}: vanilla run failed: {vanilla['error']}", flush=True)
+                continue
+            for link, bw in (("unlimited", 0.0), ("capped", cap)):
+                planned = run(model, shape, k, a.steps, planned=True, budget_frac=a.budget_frac, bandwidth=bw)
+                if "error" in planned:
+                    print(f"{name} x{k} {link}: planned run failed: {planned['error']}", flush=True)
+                    continue
+                row = {"model": name, "input": shape, "jobs": k, "link": link,
+                       "link_MiB_s": None if bw == 0 else bw / 2**20, **compare(vanilla, planned)}
+                rows.append(row)
+                print(f"{name:12s} x{k} {link:9s} VMP {row['vmp_MiB']:7.1f} EMP {row['emp_MiB']:7.1f} MiB  "
+                      f"MSR {row['msr']:6.1%} (pred {row['predicted_msr']:6.1%})  EOR {row['eor']:5.2f}  "
+                      f"CBR {row['cbr']:5.2f}  swap {row['swapped_MiB_per_step']:7.1f} MiB/step  "
+                      f"recomp {row['recomputed_ops']:3d}  late {row['late_swap_ins']:3d}  "
+                      f"step {row['vanilla_step_ms']:.0f}->{row['planned_step_ms']:.0f} ms  "
+                      f"bit-for-bit {'yes' if row['bit_for_bit'] else 'NO'}", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
