@@ -168,17 +168,22 @@ void NodeGroupPipeline::FastForwardLocked(Version& v, JobKey job, int from,
   }
 }
 
+void NodeGroupPipeline::RemoveJobFromVersionsLocked(JobKey job, const Version* keep,
+                                                      std::vector<Release>* out, bool* pair_start) {
+  std::set<Version*> seen;
+  std::vector<std::shared_ptr<Version>> versions = {latest_};
+  for (const auto& [j, v] : job_version_) versions.push_back(v);
+  for (const auto& v : versions) {
+    if (v && v.get() != keep && seen.insert(v.get()).second) RemoveJobLocked(*v, job, out, pair_start);
+  }
+}
+
 void NodeGroupPipeline::Leave(JobKey job) {
   std::vector<Release> out;
   bool pair_start = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    std::set<Version*> seen;
-    std::vector<std::shared_ptr<Version>> versions = {latest_};
-    for (const auto& [j, v] : job_version_) versions.push_back(v);
-    for (const auto& v : versions) {
-      if (v && seen.insert(v.get()).second) RemoveJobLocked(*v, job, &out, &pair_start);
-    }
+    RemoveJobFromVersionsLocked(job, /*keep=*/nullptr, &out, &pair_start);
     job_version_.erase(job);
   }
   Deliver(std::move(out), pair_start);
@@ -203,14 +208,7 @@ void NodeGroupPipeline::Boundary(uint64_t waiter_id, JobKey job, int boundary, i
         // Leave every older version still in use, not only the one this job
         // ran under: a version installed while it was between them names it
         // too, and other jobs there would wait for it forever.
-        std::set<Version*> seen;
-        std::vector<std::shared_ptr<Version>> older = {current};
-        for (const auto& [j, v] : job_version_) older.push_back(v);
-        for (const auto& v : older) {
-          if (v && v != latest_ && seen.insert(v.get()).second) {
-            RemoveJobLocked(*v, job, &out, &pair_start);
-          }
-        }
+        RemoveJobFromVersionsLocked(job, /*keep=*/latest_.get(), &out, &pair_start);
         current = latest_;
       }
       Version* v = current.get();

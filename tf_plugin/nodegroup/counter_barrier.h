@@ -201,6 +201,10 @@ class NodeGroupPipeline {
   void ReleaseReadyLocked(Version& v, int k, std::vector<Release>* out, bool* pair_start,
                           bool by_leave);
   void RemoveJobLocked(Version& v, JobKey job, std::vector<Release>* out, bool* pair_start);
+  // RemoveJobLocked on the latest version and every version a job runs
+  // under, except `keep` (nullptr: all).
+  void RemoveJobFromVersionsLocked(JobKey job, const Version* keep, std::vector<Release>* out,
+                                   bool* pair_start);
   // Note [A step that did not finish]: counts the arrivals and passes of
   // boundaries [from, num_groups] that the job's aborted step skipped.
   void FastForwardLocked(Version& v, JobKey job, int from, std::vector<Release>* out,
