@@ -156,12 +156,11 @@ def _compare_vanilla(cfg, console, out_dir: Path) -> int:
     process with deterministic ops; reports peaks, MSR, time ratio, swaps,
     recomputation, late swap-ins and whether losses and weights matched bit
     for bit (tensile_tf.compare)."""
-    import tensorflow as tf
-
     from tensile_tf.compare import compare_runs, format_comparison
+    from tensile_tf.determinism import enable_deterministic_training
     from tensile_tf.reports import write_outputs
 
-    tf.config.experimental.enable_op_determinism()
+    enable_deterministic_training()  # both runs: same kernels, same Grappler rewrites
     results = {}
     for mode in ("vanilla", "planned"):
         console.rule(f"{mode} run")

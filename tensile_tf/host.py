@@ -61,6 +61,7 @@ import tensorflow as tf
 
 import tf_plugin
 from tensile_tf.config import Admission
+from tensile_tf.determinism import disable_graph_dependent_rewrites
 from tensile_tf.jobs import Job, TrainStep
 from tensile_tf.memory import JobStream, configure_pool, parse_bytes, pool_stats
 from tensile_tf.tf_internals import custom_gradient_names, forget_custom_gradients
@@ -264,6 +265,10 @@ class JobHost:
         self.capacity = tf_plugin.device_pool().capacity
         # Node-group pipeline (seed 004): None unless pipeline == "nodegroup".
         self._pipeline = _make_pipeline(pipeline, self.capacity, split_size, barrier_timeout_s)
+        if planner == "tensile" or self._pipeline is not None:
+            # Rewritten steps must compute what the unplanned ones compute
+            # (Note [Graph-dependent Grappler rewrites] in tensile_tf.determinism).
+            disable_graph_dependent_rewrites()
         self.concurrency = concurrency
         self.admission = Admission(admission)
         self.sample_interval_s = sample_interval_s

@@ -21,6 +21,10 @@ parser.add_argument("--no-recompute", action="store_true")
 parser.add_argument("--bandwidth", type=float, default=0.0, help="swap link cap, bytes/s (0: unlimited)")
 parser.add_argument("--jobs", type=int, default=1)
 parser.add_argument("--optimizer", default="adam")
+parser.add_argument("--empty-plan", action="store_true", help="apply a plan without events (order + re-import only)")
+parser.add_argument("--graph-dependent-rewrites", action="store_true",
+                    help="leave Grappler's graph-dependent rewrites on (Note [Graph-dependent Grappler rewrites])")
+parser.add_argument("--grappler-off", default="", help="comma-separated Grappler optimizers to turn off")
 args = parser.parse_args()
 
 import tensorflow as tf  # noqa: E402
@@ -35,7 +39,14 @@ from tensile_tf.jobs import supervised_train_step  # noqa: E402
 from tensile_tf.memory import JobStream  # noqa: E402
 from tf_plugin import swap  # noqa: E402
 
-tf.config.experimental.enable_op_determinism()
+from tensile_tf.determinism import enable_deterministic_training  # noqa: E402
+
+if args.graph_dependent_rewrites:
+    tf.config.experimental.enable_op_determinism()
+else:
+    enable_deterministic_training()
+if args.grappler_off:
+    tf.config.optimizer.set_experimental_options({k: False for k in args.grappler_off.split(",")})
 shape = tuple(int(s) for s in args.input_shape.split("x"))
 pool = tf_plugin.device_pool()
 swap.set_swap_bandwidth(args.bandwidth)
@@ -69,6 +80,8 @@ if args.planned:
     if args.budget_frac:
         probe, _ = plan_and_apply(to_plan, pool_bytes=None, enable_recompute=False, latency_repeats=1)
         budget = int(probe.pool_vanilla_peak_bytes * args.budget_frac)
+    if args.empty_plan:
+        budget = 1 << 50  # met by the vanilla order: no events
     plan, steps = plan_and_apply(to_plan, pool_bytes=budget, enable_recompute=not args.no_recompute,
                                  bandwidth_bytes_per_s=args.bandwidth or None)
     out["planning_s"] = time.perf_counter() - t0

@@ -57,7 +57,8 @@ import json
 import numpy as np
 import tensorflow as tf
 import tensile_tf, keras
-tf.config.experimental.enable_op_determinism()
+from tensile_tf.determinism import enable_deterministic_training
+enable_deterministic_training()
 from tensile_tf.host import JobHost
 from tensile_tf.jobs import Job, TrainStep, supervised_train_step
 from tensile_tf import zoo
