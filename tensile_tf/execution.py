@@ -89,34 +89,35 @@ def executor_order(graph: JobGraph, step_fn, args: Sequence) -> JobGraph:
     lazy = [n.op in _LAZY_OPS for n in nodes]
     done = [False] * len(nodes)
     rank: dict[str, int] = {}
-
-    def emit(k: int) -> None:
-        # lazy predecessors first (they have no heavy inputs of their own)
-        stack = [k]
-        order = []
-        while stack:
-            x = stack.pop()
-            if done[x] or x in order:
-                continue
-            order.append(x)
-            stack.extend(p for p in preds[x] if not done[p])
-        for x in reversed(order):
-            if not done[x]:
-                done[x] = True
-                rank[nodes[x].name] = len(rank)
-
     missing = [len([p for p in preds[k] if not lazy[p]]) for k in range(len(nodes))]
     ready = [k for k in reversed(range(len(nodes))) if missing[k] == 0 and not lazy[k]]
+
+    def emit(k: int) -> None:
+        """Runs k after whatever it still waits for (lazy predecessors, and
+        anything they wait for, e.g. a node-group barrier's leaves), depth
+        first, predecessors before successors."""
+        stack = [(k, False)]
+        while stack:
+            x, expanded = stack.pop()
+            if done[x]:
+                continue
+            if not expanded:
+                stack.append((x, True))
+                stack.extend((p, False) for p in preds[x] if not done[p])
+                continue
+            done[x] = True
+            rank[nodes[x].name] = len(rank)
+            if not lazy[x]:
+                for j in reversed(succ[x]):
+                    if not lazy[j]:
+                        missing[j] -= 1
+                        if missing[j] == 0 and not done[j]:
+                            ready.append(j)
+
     while ready:
         k = ready.pop()
-        if done[k]:
-            continue
-        emit(k)
-        for j in reversed(succ[k]):
-            if not lazy[j]:
-                missing[j] -= 1
-                if missing[j] == 0:
-                    ready.append(j)
+        if not done[k]:
+            emit(k)
     for k in range(len(nodes)):
         if not done[k]:
             emit(k)

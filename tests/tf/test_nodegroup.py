@@ -82,7 +82,8 @@ for seed in (1, 2):
         fn(*ts.next_batch())
     reference.append([v.numpy() for v in model.variables])
 
-host = JobHost(pipeline="nodegroup", split_size="64KiB", admission="none")
+# PLANNER: "none" (barriers only) or "tensile" (the hybrid: planner swaps plus node groups)
+host = JobHost(pipeline="nodegroup", split_size="64KiB", admission="none", planner=PLANNER, plan_budget="256KiB")
 models = []
 for seed in (1, 2):
     model, ts = make(seed)
@@ -95,14 +96,31 @@ ng = r.pool["nodegroup"]
 print(json.dumps({"equal": equal, "status": [s.status.value for s in r.jobs],
                   "groups": [len(p["groups"]) for p in ng["partitions"].values()],
                   "paired": any(len(s["jobs"]) == 2 for s in ng["schedules"]),
-                  "waits": ng["runtime"]["waits"]}))
+                  "waits": ng["runtime"]["waits"], "timeouts": ng["runtime"]["timeouts"],
+                  "plan_errors": [s.plan_error for s in r.jobs],
+                  "rewrites": [(s.plan or {}).get("rewrite") for s in r.jobs],
+                  "swap": (r.planner or {}).get("swap")}))
 """
 
 
 def test_training_is_bit_for_bit_identical_with_barriers():
-    out = last_json_line(run_python(BIT_IDENTICAL))
+    out = last_json_line(run_python(BIT_IDENTICAL.replace("PLANNER", '"none"')))
     assert out["status"] == ["finished", "finished"], out
     assert out["paired"] and out["waits"] > 0 and min(out["groups"]) >= 3, out
+    assert out["equal"], out
+
+
+def test_hybrid_planner_swaps_and_barriers_train_bit_for_bit():
+    """planner: tensile + pipeline: nodegroup. The plan is made on the step with
+    its barriers and keeps them; both jobs swap through the link and wait at
+    barriers, and train exactly as the plain tf.function does."""
+    out = last_json_line(run_python(BIT_IDENTICAL.replace("PLANNER", '"tensile"'), timeout=600))
+    assert out["status"] == ["finished", "finished"], out
+    assert out["plan_errors"] == [None, None], out
+    for rewrite in out["rewrites"]:
+        assert rewrite and rewrite["activation_swap_outs"] + rewrite["variable_swap_outs"] > 0, out
+    assert out["swap"]["channel"]["bytes_out"] > 0 and out["swap"]["channel"]["bytes_in"] > 0, out
+    assert out["paired"] and out["waits"] > 0 and out["timeouts"] == 0, out
     assert out["equal"], out
 
 
