@@ -29,7 +29,7 @@ import tensorflow as tf
 import tf_plugin
 from tensile_tf.capture import capture_job_graph, measure_op_latencies, snapshot_variables
 from tensile_tf.rewrite import PlannedStep, apply_plan
-from tensile_tf.scheduler import DEFAULT_BANDWIDTH_BYTES_PER_S, Plan, Planner, PlannerJob
+from tensile_tf.scheduler import DEFAULT_BANDWIDTH_BYTES_PER_S, ColdStartLatency, Plan, Planner, PlannerJob
 from tensile_tf.scheduler.job_graph import JobGraph
 
 
@@ -145,6 +145,7 @@ class CapturedJob:
     job: JobToPlan
     graph: JobGraph
     planner_job: PlannerJob
+    cold: bool = False           # captured without running the step (capture_cold)
 
 
 def capture_for_planning(job: JobToPlan, *, latency_repeats: int = 3, with_temp: bool = True) -> CapturedJob:
@@ -163,6 +164,21 @@ def capture_for_planning(job: JobToPlan, *, latency_repeats: int = 3, with_temp:
     return CapturedJob(job, graph, PlannerJob(graph, lat, job.start_offset_s, job.max_swapping_rate))
 
 
+def capture_cold(job: JobToPlan) -> CapturedJob:
+    """Captures a job for planning without running its step (§IV-A cold
+    start): for a job whose vanilla step does not fit the pool, so it can be
+    neither profiled nor measured. Static shapes (dynamic ones count 0),
+    no scratch bytes, ``ColdStartLatency`` predictions."""
+    try:
+        graph = capture_job_graph(job.name, job.step_fn, job.example_args, optimizer=job.optimizer,
+                                  measure_dynamic=False)
+        graph = executor_order(graph, job.step_fn, job.example_args)
+    except Exception as e:  # noqa: BLE001 - name the job
+        raise RuntimeError(f"job '{job.name}': could not capture its train step: {e}") from e
+    return CapturedJob(job, graph, PlannerJob(graph, ColdStartLatency(graph), job.start_offset_s,
+                                              job.max_swapping_rate), cold=True)
+
+
 def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
                   bandwidth_bytes_per_s: float | None = None, enable_recompute: bool = True,
                   delta_scale: float = 1.0, horizon_iterations: float = 2.0) -> tuple[Plan, dict[str, PlannedStep]]:
@@ -170,8 +186,10 @@ def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
     plan = Planner([c.planner_job for c in captured], pool_bytes=pool_bytes,
                    bandwidth_bytes_per_s=bandwidth_bytes_per_s or DEFAULT_BANDWIDTH_BYTES_PER_S,
                    horizon_iterations=horizon_iterations, enable_recompute=enable_recompute).plan()
+    # A cold capture's latencies are guesses: its transfers start as soon as
+    # their trigger op ends instead of waiting a predicted delta t.
     steps = {c.job.name: apply_plan(c.job.step_fn, c.job.example_args, plan.jobs[c.job.name], c.graph,
-                                    delta_scale=delta_scale)
+                                    delta_scale=0.0 if c.cold else delta_scale)
              for c in captured}
     return plan, steps
 
@@ -179,12 +197,14 @@ def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
 def plan_and_apply(jobs: Sequence[JobToPlan], *, pool_bytes: int | None,
                    bandwidth_bytes_per_s: float | None = None, enable_recompute: bool = True,
                    latency_repeats: int = 3, delta_scale: float = 1.0,
-                   horizon_iterations: float = 2.0) -> tuple[Plan, dict[str, PlannedStep]]:
+                   horizon_iterations: float = 2.0, cold: bool = False) -> tuple[Plan, dict[str, PlannedStep]]:
     """Plans ``jobs`` together and rewrites each one's step. ``pool_bytes``:
     the budget (None: minimise the peak by swapping only). ``bandwidth``: the
     link the planner assumes (default: PCIe 3.0 x16); cap the runtime's link
-    with ``tf_plugin.swap.set_swap_bandwidth`` to match."""
-    captured = [capture_for_planning(job, latency_repeats=latency_repeats) for job in jobs]
+    with ``tf_plugin.swap.set_swap_bandwidth`` to match. ``cold``: plan from
+    the traced graphs alone, without running a step (``capture_cold``)."""
+    captured = [capture_cold(job) if cold else capture_for_planning(job, latency_repeats=latency_repeats)
+                for job in jobs]
     return plan_captured(captured, pool_bytes=pool_bytes, bandwidth_bytes_per_s=bandwidth_bytes_per_s,
                          enable_recompute=enable_recompute, delta_scale=delta_scale,
                          horizon_iterations=horizon_iterations)

@@ -43,6 +43,20 @@ its measured T for admission. A job whose planning fails runs vanilla with
 the reason in ``plan_error``. Before a planned job ends, variables its plan
 keeps on the host between steps come back into the pool (``restore()``), so
 weights read after the run are the real ones.
+
+Note [Cold-start planning]
+A job whose vanilla step does not fit what the pool has left cannot be
+probed, profiled or planned the usual way, yet fitting it is what swapping
+is for. With the planner on, the host snapshots the job's variables (host
+copies) before its probe; if the probe runs out of memory it writes them
+back (the failed step may have updated some), captures the traced graph
+without running it (static sizes, no scratch bytes, op latencies from
+``ColdStartLatency``: seed 000 §IV-A's cold start) and plans it alone for the
+pool's free bytes less POOL_HEADROOM (and at most ``plan_budget``). The
+planned step is then the probe: P and T are measured on it, and admission
+uses them as they are. If it runs out of memory too, the job is queued or
+rejected as any probe that does not fit. ``plan["cold_start"]`` marks such
+jobs in results.json.
 """
 from __future__ import annotations
 
@@ -132,6 +146,7 @@ class JobState:
     plan_error: str | None = None
     planned_step: Any = field(default=None, repr=False)
     captured: Any = field(default=None, repr=False)   # execution.CapturedJob of the current build
+    cold_planned: bool = False    # planned before its step ever ran (Note [Cold-start planning])
     weights_digest: str | None = None    # sha256 of the final variables (record_weights=True)
     end_notified: bool = field(default=False, repr=False)  # on_end called
 
@@ -425,14 +440,26 @@ class JobHost:
     def _capture(self, state: JobState) -> None:
         """Traces and profiles a built, probed job for planning, while the pool
         can still run its vanilla step (Note [Planning in the host])."""
-        from tensile_tf.execution import JobToPlan, capture_for_planning
+        from tensile_tf.execution import JobToPlan, capture_cold, capture_for_planning
 
         job = JobToPlan(state.name, state.step_fn, state.first_batch, optimizer=state.train.optimizer)
+        restore_variables = self._snapshot_variables(state)
+        out_of_memory = False
         try:
             with state.job_stream.eager_scope():
                 state.captured = capture_for_planning(job)
         except Exception as e:  # noqa: BLE001 - the job still runs, unplanned
+            out_of_memory = isinstance(e.__cause__, tf.errors.ResourceExhaustedError)
             state.plan_error = summarize_error(getattr(e, "message", None) or str(e)) or type(e).__name__
+        if out_of_memory and restore_variables is not None:
+            # The profiling steps did not fit beside the others (or fragmented
+            # the pool): plan from the graph alone (Note [Cold-start planning]).
+            restore_variables()
+            try:
+                state.captured = capture_cold(job)
+                state.plan_error = None
+            except Exception as e:  # noqa: BLE001
+                state.plan_error = summarize_error(str(e)) or type(e).__name__
 
     def _plan(self, states: list[JobState], budget: int):
         """TENSILE over ``states`` for ``budget`` pool bytes; each job's step
@@ -455,14 +482,20 @@ class JobHost:
         for s in states:
             jp, step = plan.jobs[s.name], steps[s.name]
             if jp.swap_outs or jp.swap_ins or jp.recomputes:
+                with s.job_stream.eager_scope():
+                    if s.planned_step is not None:
+                        s.planned_step.restore()  # the old plan's variables back before the new plan
+                    step.evict()  # the first planned step starts as every later one
                 s.planned_step = step
                 s.step_fn = step
             # else: nothing to do for this job; it keeps its own step.
             # The predicted saving comes off the measured P + T (variables swapped
             # across iterations lower P itself).
-            saved = max(0, jp.vanilla_peak_bytes - jp.planned_peak_bytes)
-            total = max(0, s.persistent_bytes + s.temporary_bytes - saved)
-            s.planned_needs = (min(s.persistent_bytes, total), total - min(s.persistent_bytes, total))
+            # (A cold-planned job's P and T were measured on a planned step already.)
+            saved = 0 if s.cold_planned else max(0, jp.vanilla_peak_bytes - jp.planned_peak_bytes)
+            p_bytes, t_bytes = s.persistent_bytes or 0, s.temporary_bytes or 0
+            total = max(0, p_bytes + t_bytes - saved)
+            s.planned_needs = (min(p_bytes, total), total - min(p_bytes, total))
             s.plan = {
                 "budget_bytes": budget,
                 "budget_met": plan.budget_met,
@@ -473,6 +506,7 @@ class JobHost:
                 "swap_ins": len(jp.swap_ins),
                 "recomputes": len(jp.recomputes),
                 "planning_s": plan.planning_s,
+                "cold_start": s.captured.cold,
                 "rewrite": step.report.to_dict(),
             }
         return plan
@@ -651,11 +685,17 @@ class JobHost:
         # this probe's: no pool-wide reset needed (it would hide others' peaks).
         before = stream.stats()["current"]
         outcome = None
+        # Note [Cold-start planning]: with the planner on, a vanilla probe that
+        # runs out of memory is retried with a plan made without running the step.
+        snapshot = self._snapshot_variables(state) if self.planner == "tensile" else None
+        cold_retry = False
         try:
             with stream.eager_scope():
                 self._run_step(state, state.first_batch)
         except tf.errors.ResourceExhaustedError as e:
-            if any(s.train is not None and s is not state for s in self.states):
+            if snapshot is not None:
+                cold_retry = True
+            elif any(s.train is not None and s is not state for s in self.states):
                 outcome = JobStatus.queued  # try again when the pool is emptier
             else:
                 self._fail(state, e, status=JobStatus.rejected)
@@ -663,6 +703,9 @@ class JobHost:
         except Exception as e:  # noqa: BLE001
             self._fail(state, e)
             outcome = JobStatus.failed
+        if cold_retry:
+            outcome = self._probe_cold_planned(state, snapshot)
+        del snapshot
         if outcome is not None:
             # Outside the except blocks: a live traceback would keep the job's objects alive.
             state.status = outcome
@@ -671,7 +714,7 @@ class JobHost:
         after = stream.stats()
         state.persistent_bytes = after["current"]
         state.temporary_bytes = max(0, after["peak"] - max(before, after["current"]))
-        sig = self._signature(state)
+        sig = self._signature(state) if not state.cold_planned else None  # planned bytes: not a vanilla job's
         if sig is not None:
             self._measured_by_signature[sig] = (state.job.spec.batch_size, state.persistent_bytes,
                                                 state.temporary_bytes)
@@ -687,19 +730,73 @@ class JobHost:
             state.status = JobStatus.finished
             self._teardown(state)
             return
-        if self.planner == "tensile":
+        if self.planner == "tensile" and not state.cold_planned:
             self._capture(state)
         if keep_built:
             state.status = JobStatus.queued
             return
         if self._fits(state, alongside):
-            if self.planner == "tensile":
+            if self.planner == "tensile" and not state.cold_planned:
                 self._plan_alone(state, alongside)
             state.status = JobStatus.running
             return
         state.status = JobStatus.queued
         if state.job.rebuildable:
             self._teardown(state)
+
+    @staticmethod
+    def _snapshot_variables(state: JobState):
+        """Host copies of the job's variables (restores them), or None."""
+        from tensile_tf.capture import snapshot_variables
+
+        try:
+            return snapshot_variables(state.step_fn.get_concrete_function(*state.first_batch).graph)
+        except Exception:  # noqa: BLE001 - no snapshot: an OOM probe is then not retried
+            return None
+
+    def _probe_cold_planned(self, state: JobState, restore_variables) -> JobStatus | None:
+        """Note [Cold-start planning]: the vanilla probe ran out of memory. Undo
+        what the failed step wrote, plan the job from its traced graph alone for
+        the memory the pool has left, and probe with the planned step. Returns
+        None on success (P and T are then the planned step's), else the probe's
+        outcome (queued or rejected, as for an OOM probe; failed)."""
+        from tensile_tf.execution import JobToPlan, capture_cold
+
+        restore_variables()
+        stream = state.job_stream
+        others = tf_plugin.device_pool().stats()["current"] - stream.stats()["current"]
+        budget = int(max(0, self.capacity - others) * (1 - POOL_HEADROOM))
+        if self.plan_budget is not None:
+            budget = min(budget, self.plan_budget)
+        job = JobToPlan(state.name, state.step_fn, state.first_batch, optimizer=state.train.optimizer)
+        try:
+            state.captured = capture_cold(job)
+        except Exception as e:  # noqa: BLE001 - reported; the job cannot run vanilla either
+            state.plan_error = summarize_error(str(e)) or type(e).__name__
+        state.cold_planned = True
+        if state.captured is None or self._plan([state], budget) is None or state.planned_step is None:
+            state.cold_planned = False
+            self._fail(state, RuntimeError(
+                f"its first step ran out of pool memory and no cold-start plan could be applied "
+                f"({state.plan_error or 'the plan has no swaps or recomputation'}); raise the pool or lower "
+                "the batch size"), status=JobStatus.rejected)
+            return JobStatus.rejected
+        state.planned_needs = None  # the planned probe measures them
+        stream.reset_peak()
+        outcome = None
+        try:
+            with stream.eager_scope():
+                self._run_step(state, state.first_batch)
+        except tf.errors.ResourceExhaustedError as e:
+            if any(s.train is not None and s is not state for s in self.states):
+                outcome = JobStatus.queued
+            else:
+                self._fail(state, e, status=JobStatus.rejected)
+                outcome = JobStatus.rejected
+        except Exception as e:  # noqa: BLE001
+            self._fail(state, e)
+            outcome = JobStatus.failed
+        return outcome
 
     def _run_step(self, state: JobState, batch: tuple) -> None:
         start = self._now()
@@ -762,6 +859,7 @@ class JobHost:
         stream = state.job_stream
         planned, state.planned_step = state.planned_step, None
         state.captured = None  # a rebuild traces new ops; it is captured and planned again
+        state.cold_planned = False
         state.planned_needs = None
         if planned is not None:
             from tf_plugin import swap

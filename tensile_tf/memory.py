@@ -127,6 +127,10 @@ class JobStream:
         """This job's counters (current, peak, allocated, freed, ...)."""
         return self._pool.stats()["jobs"].get(self.name, {})
 
+    def reset_peak(self) -> None:
+        """Starts this job's peak afresh from its current bytes (others' untouched)."""
+        self._pool.reset_stream_peak(self.stream)
+
     def release(self) -> None:
         """Forgets the stream; its freed chunks become available to every job."""
         if not self._released:

@@ -290,16 +290,33 @@ class _Rewriter:
             return None
 
     # -- activations -------------------------------------------------------------
+    def _out_position(self, ev: SwapEvent) -> int | None:
+        """Where a swap-out starts: its trigger op (else its release point).
+
+        Note [Host copies serve several gaps]: the planner may give a tensor one
+        swap-out and swap-ins for several gaps, the earlier gaps reusing the
+        host copy (swap_scheduling: no second swap-out while the version is
+        current). The swap-out event then carries the release point of the
+        gap it was scheduled for, which may be a later gap than the first
+        swap-in's. A swap-in can read any swap-out that has started before it;
+        the release happens by rewiring (consumers from the first swap-in on
+        read swap-ins), so pairing goes by where the swap-out starts."""
+        for op in (ev.trigger_op, ev.release_after_op):
+            if op in self.pos:
+                return self.pos[op]
+        return None
+
     def _group_gaps(self, tensor: str, outs: list[SwapEvent], ins: list[SwapEvent]):
-        """Pairs each swap-in with the swap-out whose host copy it reads."""
+        """Pairs each swap-in with the swap-out whose host copy it reads
+        (Note [Host copies serve several gaps])."""
         ins = sorted(ins, key=lambda e: self.pos.get(e.serves_op, -1) + e.iteration_shift * len(self.pos))
-        outs = sorted(outs, key=lambda e: self.pos.get(e.release_after_op, -1))
+        outs = sorted(outs, key=lambda e: self._out_position(e) if self._out_position(e) is not None else -1)
         groups: list[tuple[SwapEvent | None, list[SwapEvent]]] = []
         for ev in ins:
             q = self.pos.get(ev.serves_op)
             best = None
             for o in outs:
-                r = self.pos.get(o.release_after_op)
+                r = self._out_position(o)
                 if r is not None and q is not None and (r < q or ev.cross_iteration):
                     best = o
             if groups and groups[-1][0] is best:
@@ -506,16 +523,23 @@ class PlannedStep:
 
     ``restore()`` brings variables the plan keeps on the host between steps
     back into the pool (before reading weights outside the step, replacing
-    the plan, or ending the job)."""
+    the plan, or ending the job); ``evict()`` moves them out, so that the
+    first planned step starts the way every later one does (without it, the
+    first step runs with them still in the pool, at a higher peak)."""
 
     fn: Callable
     job_plan: JobPlan
     report: RewriteReport
     graph_def: Any = field(repr=False, default=None)
     _restore_fn: Callable | None = field(repr=False, default=None)
+    _evict_fn: Callable | None = field(repr=False, default=None)
 
     def __call__(self, *args):
         return self.fn(*args)
+
+    def evict(self) -> None:
+        if self._evict_fn is not None:
+            self._evict_fn()
 
     def restore(self) -> None:
         if self._restore_fn is not None:
@@ -556,7 +580,7 @@ def apply_plan(step_fn, example_args: Sequence, job_plan: JobPlan, graph: JobGra
     rw = _Rewriter(cf, graph, job_plan, delta_scale, check_lateness, enforce_order)
     gdef = rw.run()
     fn = _import_as_function(gdef, cf, job_plan.name)
-    restore_fn = None
+    restore_fn = evict_fn = None
     if rw.report.restore_needed:
         handles = []
         vars_by_handle = {id(v.handle): v for v in cf.graph.variables}
@@ -572,5 +596,10 @@ def apply_plan(step_fn, example_args: Sequence, job_plan: JobPlan, graph: JobGra
             for h in handles:
                 _swap.ops.tensile_var_swap_in(h)
 
+        def evict():
+            for h in handles:
+                _swap.ops.tensile_var_swap_out(h, label=f"{job_plan.name}:evict")
+
         restore_fn = tf.function(restore, autograph=False)
-    return PlannedStep(fn, job_plan, rw.report, gdef, restore_fn)
+        evict_fn = tf.function(evict, autograph=False)
+    return PlannedStep(fn, job_plan, rw.report, gdef, restore_fn, evict_fn)

@@ -1,9 +1,12 @@
 """Operator latencies: the second half of a Tensor Access Sequence (seed 000 §IV-A).
 
-The planner asks a ``LatencyModel`` for each op's predicted seconds. Today the
-source is a ``LatencyTable`` measured in a profiled step; the seed's cold-start
-MLP predictor (§IV-A) and its EWMA correction while jobs run (§IV-E) plug in
-behind the same protocol.
+The planner asks a ``LatencyModel`` for each op's predicted seconds. The
+usual source is a ``LatencyTable`` measured in a profiled step (with the
+seed's EWMA correction, §IV-E). Before a job's step has ever run (its vanilla
+step does not fit the pool, so it cannot be profiled) the planner uses
+``ColdStartLatency``: the seed predicts cold-start latencies with an MLP over
+op features (§IV-A); this is the simplest model of that kind, one that needs
+no training data: each op streams its tensors at a fixed rate.
 """
 from __future__ import annotations
 
@@ -86,6 +89,37 @@ class LatencyTable:
     def from_json(cls, text: str) -> "LatencyTable":
         d = json.loads(text)
         return cls(d["seconds"], d.get("by_type", {}), d.get("default_s", 1e-6), d.get("source", "measured"))
+
+
+# Op types whose time is dominated by arithmetic rather than by moving their tensors.
+COMPUTE_BOUND_OP_PREFIXES = ("Conv", "DepthwiseConv", "MatMul", "BatchMatMul", "_FusedMatMul", "_FusedConv",
+                             "Einsum", "AvgPool", "MaxPool")
+
+
+@dataclass
+class ColdStartLatency:
+    """Predicted seconds for an op that was never measured (§IV-A cold start):
+    ``overhead_s`` plus the bytes it reads, writes and updates over
+    ``bytes_per_s``, times ``compute_factor`` for compute-bound op types
+    (convolutions, matmuls, pooling). A rough guess by design: it only has to
+    order the ops' costs well enough for the first plan; measured latencies
+    replace it once the job has run."""
+
+    graph: JobGraph
+    bytes_per_s: float = 4e9
+    overhead_s: float = 20e-6
+    compute_factor: float = 8.0
+    source: str = "cold-start (bytes touched)"
+
+    def __post_init__(self) -> None:
+        if self.bytes_per_s <= 0 or self.overhead_s < 0 or self.compute_factor <= 0:
+            raise ValueError("ColdStartLatency: bytes_per_s and compute_factor must be > 0, overhead_s >= 0")
+
+    def latency_s(self, op: OpNode) -> float:
+        size = self.graph.tensors
+        touched = sum(size[t].size_bytes for t in (*op.inputs, *op.outputs, *op.updates) if t in size)
+        factor = self.compute_factor if op.op_type.startswith(COMPUTE_BOUND_OP_PREFIXES) else 1.0
+        return self.overhead_s + factor * touched / self.bytes_per_s
 
 
 @dataclass

@@ -142,6 +142,7 @@ Streams are jobs; allocate() returns an arena offset.)doc")
            py::arg("stream"))
       .def("stats", &StatsDict)
       .def("reset_peak", &StreamAwarePool::ResetPeak)
+      .def("reset_stream_peak", &StreamAwarePool::ResetStreamPeak, py::arg("stream"))
       .def("chunks",
            [](StreamAwarePool& p) {
              py::list out;

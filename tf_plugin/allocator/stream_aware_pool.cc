@@ -427,6 +427,12 @@ void StreamAwarePool::ResetPeak() {
   for (auto& m : stream_counters_) m.peak = m.current;
 }
 
+void StreamAwarePool::ResetStreamPeak(StreamId stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stream < 0 || stream >= static_cast<StreamId>(stream_counters_.size())) return;
+  stream_counters_[stream].peak = stream_counters_[stream].current;
+}
+
 std::vector<ChunkInfo> StreamAwarePool::Chunks() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<ChunkInfo> out;

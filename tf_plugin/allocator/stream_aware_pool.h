@@ -157,6 +157,8 @@ class StreamAwarePool {
   std::vector<StreamStats> AllStreamStats() const;
   // Sets peak := current for the pool and every stream.
   void ResetPeak();
+  // Sets one stream's peak to its current bytes (others' peaks untouched).
+  void ResetStreamPeak(StreamId stream);
   std::vector<ChunkInfo> Chunks() const;
   std::vector<PoolEvent> Trace() const;
   void ClearTrace();
