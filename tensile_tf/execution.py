@@ -186,10 +186,8 @@ def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
     plan = Planner([c.planner_job for c in captured], pool_bytes=pool_bytes,
                    bandwidth_bytes_per_s=bandwidth_bytes_per_s or DEFAULT_BANDWIDTH_BYTES_PER_S,
                    horizon_iterations=horizon_iterations, enable_recompute=enable_recompute).plan()
-    # A cold capture's latencies are guesses: its transfers start as soon as
-    # their trigger op ends instead of waiting a predicted delta t.
     steps = {c.job.name: apply_plan(c.job.step_fn, c.job.example_args, plan.jobs[c.job.name], c.graph,
-                                    delta_scale=0.0 if c.cold else delta_scale)
+                                    delta_scale=delta_scale)
              for c in captured}
     return plan, steps
 

@@ -5,6 +5,7 @@ below the jobs' combined peak, the planned run swaps, runs them together and
 still trains bit for bit the same."""
 import json
 
+from tests.conftest import last_json_line, run_python
 from tests.e2e.test_cli import tensile, write
 
 TWO_MLPS = """
@@ -73,3 +74,47 @@ def test_plan_fits_two_jobs_into_a_budget_their_peaks_exceed(tmp_path):
     assert plan["predicted_pool_planned_peak_bytes"] <= 80 * 2**20 < plan["predicted_pool_vanilla_peak_bytes"]
     assert runs["planned"]["planner"]["swap"]["host"]["current"] == 0  # every host copy came back
     assert all(j["leaked_bytes"] == 0 for j in planned.values())
+
+
+COLD_START = """
+import json, sys
+import tensile_tf
+from tensile_tf.determinism import enable_deterministic_training
+enable_deterministic_training()
+from tensile_tf.config import JobSpec
+from tensile_tf.host import JobHost
+from tensile_tf.jobs import Job
+host = JobHost(sys.argv[1], planner=sys.argv[2], admission="none", record_weights=True)
+host.submit(Job.from_spec(JobSpec.model_validate(dict(
+    name="deep", model={"builder": "tensile_tf.zoo:mlp", "args": {"hidden": [256] * 12}}, input_shape=[64],
+    batch_size=8192, steps=4, seed=3, optimizer={"name": "adam", "learning_rate": 0.001}))))
+r = host.run()
+s = r.jobs[0]
+print(json.dumps({"status": s.status.value, "error": s.error, "losses": [rec.loss for rec in s.records],
+                  "weights": s.weights_digest, "plan": {k: v for k, v in (s.plan or {}).items() if k != "rewrite"},
+                  "peak": r.pool["peak"], "capacity": r.capacity, "leaked": s.leaked_bytes,
+                  "host_current": ((r.planner or {}).get("swap") or {}).get("host", {}).get("current")}))
+"""
+
+
+def _cold_start_run(pool, planner):
+    proc = run_python(f"import sys; sys.argv = ['x', {pool!r}, {planner!r}]\n" + COLD_START, timeout=600)
+    return last_json_line(proc)
+
+
+def test_cold_start_plan_runs_a_job_whose_vanilla_step_does_not_fit():
+    """Note [Cold-start planning]: a deep MLP (P ~15 MiB, T ~120 MiB at batch
+    8192) in a 100 MiB pool. Unplanned, its first step runs out of memory and
+    the job is rejected; planned, the host plans it from the traced graph
+    alone, runs the planned step as the probe, and the job trains exactly as
+    it does unplanned in a pool large enough for it."""
+    roomy = _cold_start_run("512MiB", "none")
+    assert roomy["status"] == "finished" and roomy["peak"] > 100 * 2**20, roomy
+    vanilla = _cold_start_run("100MiB", "none")
+    assert vanilla["status"] == "rejected" and "out of memory" in vanilla["error"], vanilla
+    cold = _cold_start_run("100MiB", "tensile")
+    assert cold["status"] == "finished", cold
+    assert cold["plan"]["cold_start"] and cold["plan"]["swap_outs"] > 0, cold
+    assert cold["peak"] <= cold["capacity"]
+    assert cold["losses"] == roomy["losses"] and cold["weights"] == roomy["weights"]
+    assert cold["leaked"] == 0 and cold["host_current"] == 0

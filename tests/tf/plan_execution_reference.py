@@ -21,6 +21,7 @@ parser.add_argument("--no-recompute", action="store_true")
 parser.add_argument("--bandwidth", type=float, default=0.0, help="swap link cap, bytes/s (0: unlimited)")
 parser.add_argument("--jobs", type=int, default=1)
 parser.add_argument("--optimizer", default="adam")
+parser.add_argument("--model-args", default="{}", help="JSON keyword arguments for a zoo model")
 parser.add_argument("--cold", action="store_true", help="plan from the traced graph alone (cold start)")
 parser.add_argument("--empty-plan", action="store_true", help="apply a plan without events (order + re-import only)")
 parser.add_argument("--graph-dependent-rewrites", action="store_true",
@@ -58,7 +59,7 @@ def build(name: str, seed: int):
     with stream.eager_scope():
         keras.utils.set_random_seed(seed)
         if hasattr(zoo, args.model):
-            model = getattr(zoo, args.model)(shape, 10)
+            model = getattr(zoo, args.model)(shape, 10, **json.loads(args.model_args))
         else:
             model = getattr(keras.applications, args.model)(weights=None, input_shape=shape, classes=10)
         opt = keras.optimizers.get({"class_name": args.optimizer, "config": {"learning_rate": 1e-3}})
