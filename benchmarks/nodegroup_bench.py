@@ -9,7 +9,10 @@ alone in C. Batches are found by doubling, then binary search. Modes:
 * ``static``: static split, one job alone in C / N (what each job gets);
 * ``free``: N jobs free-running in one shared pool of C;
 * ``nodegroup``: N jobs in C with the node-group pipeline (``split_size``);
-* hybrid with TENSILE: pending (plan execution is not on this branch).
+* ``hybrid``: the node-group pipeline plus the TENSILE planner (``planner:
+  tensile``; the plan is made on the step with its barriers; a job whose
+  vanilla first step does not fit is planned cold, Note [Cold-start planning]
+  in tensile_tf/host.py).
 
 Every trial is a fresh interpreter (its own pool) that trains ``--steps``
 steps of each job; a trial succeeds when every job finishes.
@@ -44,7 +47,8 @@ import tensile_tf
 from tensile_tf.config import JobSpec
 from tensile_tf.host import JobHost
 from tensile_tf.jobs import Job
-host = JobHost({pool!r}, admission="none", pipeline={pipeline!r}, split_size={split!r}, barrier_timeout_s=300)
+host = JobHost({pool!r}, admission="none", pipeline={pipeline!r}, split_size={split!r}, barrier_timeout_s=300,
+               planner={planner!r})
 for i in range({jobs}):
     host.submit(Job.from_spec(JobSpec.model_validate(dict(name=f"j{{i}}", model={model!r},
         input_shape={shape!r}, batch_size={batch}, steps={steps}, seed=i,
@@ -55,10 +59,11 @@ print(json.dumps({{"ok": all(s.status.value == "finished" for s in r.jobs), "pea
 """
 
 
-def trial(model: str, pool: str, jobs: int, batch: int, pipeline: str, split: str, steps: int) -> dict:
+def trial(model: str, pool: str, jobs: int, batch: int, pipeline: str, split: str, steps: int,
+          planner: str = "none") -> dict:
     spec, shape, opt = MODELS[model]
     code = CHILD.format(pool=pool, pipeline=pipeline, split=split, jobs=jobs, model=spec, shape=shape,
-                        batch=batch, steps=steps, opt=opt)
+                        batch=batch, steps=steps, opt=opt, planner=planner)
     env = {k: v for k, v in os.environ.items() if k != "TENSILE_POOL_BYTES"}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
@@ -110,7 +115,7 @@ def main() -> int:
     ap.add_argument("--pool", required=True, help="capacity C, e.g. 160MiB")
     ap.add_argument("--jobs", type=int, nargs="+", default=[2])
     ap.add_argument("--split", nargs="+", default=["auto"], help="split_size values for the nodegroup mode")
-    ap.add_argument("--modes", nargs="+", default=["sole", "static", "free", "nodegroup"])
+    ap.add_argument("--modes", nargs="+", default=["sole", "static", "free", "nodegroup", "hybrid"])
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--start", type=int, default=8, help="first batch tried")
     ap.add_argument("--json", help="append results (one JSON object per line) here")
@@ -118,9 +123,9 @@ def main() -> int:
     cap = parse_bytes(args.pool)
     trials: list[dict] = []
 
-    def search(label, jobs, pool, pipeline, split):
+    def search(label, jobs, pool, pipeline, split, planner="none"):
         def ok(b):
-            r = trial(args.model, pool, jobs, b, pipeline, split, args.steps)
+            r = trial(args.model, pool, jobs, b, pipeline, split, args.steps, planner)
             trials.append({"label": label, "batch": b, **r})
             print(f"  {label:<24} batch {b:>5}: {'ok ' if r['ok'] else 'OOM'} ({r['seconds']:.0f} s)"
                   + ("" if r["ok"] else f"  {(r.get('errors') or [r.get('error', '')])[0][:120]!r}"), flush=True)
@@ -142,7 +147,9 @@ def main() -> int:
         if "nodegroup" in args.modes:
             for split in args.split:
                 row[f"nodegroup[{split}]"] = search(f"nodegroup[{split}] x{n}", n, args.pool, "nodegroup", split)
-        row["hybrid"] = "pending: TENSILE plan execution not on this branch"
+        if "hybrid" in args.modes:
+            for split in args.split:
+                row[f"hybrid[{split}]"] = search(f"hybrid[{split}] x{n}", n, args.pool, "nodegroup", split, "tensile")
         results["modes"][f"x{n}"] = row
         if sole:
             eff = {k: (f"{v / sole:.1%}" if isinstance(v, int) else v) for k, v in row.items()}

@@ -54,7 +54,11 @@ without running it (static sizes, no scratch bytes, op latencies from
 ``ColdStartLatency``: seed 000 §IV-A's cold start) and plans it alone for the
 pool's free bytes less COLD_START_HEADROOM (and at most ``plan_budget``). The
 planned step is then the probe: P and T are measured on it, and admission
-uses them as they are. If it runs out of memory too, the job is queued or
+uses them as they are. The start's joint plan includes such jobs and leaves
+COLD_START_HEADROOM free when any of its jobs was captured cold (the jobs were
+each planned alone for what the others' persistent memory left, not for
+running together). A capture whose profiling steps run out of memory falls
+back to the same cold capture. If it runs out of memory too, the job is queued or
 rejected as any probe that does not fit. ``plan["cold_start"]`` marks such
 jobs in results.json.
 """
@@ -417,16 +421,16 @@ class JobHost:
         """Plans the built, probed jobs together; admits those that fit with
         their planned needs, in submit order; tears down the rest."""
         built = [s for s in waiting if s.train is not None]
-        # Cold-planned jobs keep their plan (made with COLD_START_HEADROOM);
-        # the others are planned together for what those leave.
-        cold = [s for s in built if s.cold_planned]
         plan = None
-        if len(cold) < len(built):
-            cold_needs = sum(s.persistent_bytes + s.temporary_bytes for s in cold)
-            budget = int((self.capacity - self._reserved_by_others() - cold_needs) * (1 - POOL_HEADROOM))
+        if built:
+            # A cold capture among them (Note [Cold-start planning]): its guessed
+            # latencies need the larger headroom.
+            cold = any(s.captured is not None and s.captured.cold for s in built)
+            headroom = COLD_START_HEADROOM if cold else POOL_HEADROOM
+            budget = int((self.capacity - self._reserved_by_others()) * (1 - headroom))
             if self.plan_budget is not None:
                 budget = min(budget, self.plan_budget)
-            plan = self._plan([s for s in built if not s.cold_planned], max(0, budget))
+            plan = self._plan(built, budget)
         # A plan that met its budget is the admission prediction for the jobs
         # in it (their combined peak over time, not the sum of their peaks).
         jointly = set(plan.jobs) if plan is not None and plan.budget_met else set()
@@ -772,6 +776,7 @@ class JobHost:
         from tensile_tf.execution import JobToPlan, capture_cold
 
         restore_variables()
+        gc.collect()  # whatever the failed step's frames still held
         stream = state.job_stream
         others = tf_plugin.device_pool().stats()["current"] - stream.stats()["current"]
         budget = int(max(0, self.capacity - others) * (1 - COLD_START_HEADROOM))
