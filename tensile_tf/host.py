@@ -95,6 +95,7 @@ POOL_HEADROOM = 0.10
 # above the plan's predicted peak (transfers finishing later than guessed hold
 # their device copies longer). Its budget leaves this share free instead.
 COLD_START_HEADROOM = 0.25
+_COLD_RETRY = object()  # _run_probe_step's answer: out of memory, plan cold and retry
 
 
 class JobStatus(str, Enum):
@@ -697,26 +698,11 @@ class JobHost:
         # The stream is new (built just now), so its peak is this build's and
         # this probe's: no pool-wide reset needed (it would hide others' peaks).
         before = stream.stats()["current"]
-        outcome = None
         # Note [Cold-start planning]: with the planner on, a vanilla probe that
         # runs out of memory is retried with a plan made without running the step.
         snapshot = self._snapshot_variables(state) if self.planner == "tensile" else None
-        cold_retry = False
-        try:
-            with stream.eager_scope():
-                self._run_step(state, state.first_batch)
-        except tf.errors.ResourceExhaustedError as e:
-            if snapshot is not None:
-                cold_retry = True
-            elif any(s.train is not None and s is not state for s in self.states):
-                outcome = JobStatus.queued  # try again when the pool is emptier
-            else:
-                self._fail(state, e, status=JobStatus.rejected)
-                outcome = JobStatus.rejected
-        except Exception as e:  # noqa: BLE001
-            self._fail(state, e)
-            outcome = JobStatus.failed
-        if cold_retry:
+        outcome = self._run_probe_step(state, out_of_memory=_COLD_RETRY if snapshot is not None else None)
+        if outcome is _COLD_RETRY:
             outcome = self._probe_cold_planned(state, snapshot)
         del snapshot
         if outcome is not None:
@@ -797,20 +783,27 @@ class JobHost:
             return JobStatus.rejected
         state.planned_needs = None  # the planned probe measures them
         stream.reset_peak()
-        outcome = None
+        return self._run_probe_step(state)
+
+    def _run_probe_step(self, state: JobState, *, out_of_memory: Any = None) -> Any:
+        """Runs the job's first step. Returns None if it ran; else what became
+        of the job: queued (out of memory while others hold memory: try again
+        later), rejected (out of memory alone), failed; or ``out_of_memory``,
+        if given, when the step ran out of memory."""
         try:
-            with stream.eager_scope():
+            with state.job_stream.eager_scope():
                 self._run_step(state, state.first_batch)
         except tf.errors.ResourceExhaustedError as e:
+            if out_of_memory is not None:
+                return out_of_memory
             if any(s.train is not None and s is not state for s in self.states):
-                outcome = JobStatus.queued
-            else:
-                self._fail(state, e, status=JobStatus.rejected)
-                outcome = JobStatus.rejected
-        except Exception as e:  # noqa: BLE001
+                return JobStatus.queued  # try again when the pool is emptier
+            self._fail(state, e, status=JobStatus.rejected)
+            return JobStatus.rejected
+        except Exception as e:  # noqa: BLE001 - a bad job must not stop the host
             self._fail(state, e)
-            outcome = JobStatus.failed
-        return outcome
+            return JobStatus.failed
+        return None
 
     def _run_step(self, state: JobState, batch: tuple) -> None:
         start = self._now()
