@@ -234,6 +234,7 @@ class _Rewriter:
         if enforce_order:
             self._chain()
         self.report = RewriteReport(job_plan.name)
+        self.clone_of: dict[str, str] = {}   # recomputation clone node -> the node it copies
         self.outputs = {self.edit.canonical(*_split_input(t.name)[:2]) for t in self.fg.outputs}
         self._uid = 0
         # variables: key "var:<name>" -> internal resource placeholder node
@@ -443,6 +444,14 @@ class _Rewriter:
                 self.report.swapped_bytes_per_step += 2 * ev.size_bytes
 
     # -- recomputation -------------------------------------------------------------
+    def _dtype(self, tensor: str) -> tf.DType:
+        """A tensor's dtype; a clone's output (an earlier recomputation feeding
+        this one) has its original's."""
+        node, idx, _ = _split_input(tensor)
+        while node in self.clone_of:
+            node = self.clone_of[node]
+        return self.fg.get_tensor_by_name(_tname(node, idx)).dtype
+
     def recompute(self, ev: RecomputeEvent) -> None:
         node, idx = _split_input(ev.target)[:2]
         bad = [o for o in ev.ops if o not in self.edit.nodes]
@@ -464,7 +473,7 @@ class _Rewriter:
                 if c[0] not in chain and _tname(*c) not in external:
                     external.append(_tname(*c))
         gate = self._name("recompute_gate", ev.target)
-        dtypes = [self.fg.get_tensor_by_name(x).dtype for x in external]
+        dtypes = [self._dtype(x) for x in external]
         self.edit.add_node(gate, "TensileRecomputeGate", external, _attr(T=dtypes))
         self._anchor(ev.trigger_op, gate)
         for o in ev.ops:
@@ -478,6 +487,7 @@ class _Rewriter:
                 new_inputs.append(_tname(clone[c[0]], c[1]) if c[0] in chain else
                                   _tname(gate, external.index(_tname(*c))))
             n = self.edit.add_node(clone[o], orig.op, new_inputs, {})
+            self.clone_of[clone[o]] = o
             for k, v in orig.attr.items():
                 n.attr[k].CopyFrom(v)
             n.device = orig.device
