@@ -776,6 +776,8 @@ class JobHost:
         state.cold_planned = True
         if state.captured is None or self._plan([state], budget) is None or state.planned_step is None:
             state.cold_planned = False
+            if any(s.train is not None and s is not state for s in self.states):
+                return JobStatus.queued  # as for any probe that does not fit beside others
             self._fail(state, RuntimeError(
                 f"its first step ran out of pool memory and no cold-start plan could be applied "
                 f"({state.plan_error or 'the plan has no swaps or recomputation'}); raise the pool or lower "
