@@ -244,9 +244,11 @@ def _fill_dynamic_sizes(cap: _Capture, step_fn, args, fg) -> None:
     op allocated, split evenly over its dynamic outputs)."""
     restore = snapshot_variables(fg)
     n0 = len(tensile_tf.pool_trace())
-    step_fn(*args)
+    try:
+        step_fn(*args)
+    finally:
+        restore()  # also when the step fails (out of memory): it may have updated some variables
     trace = tensile_tf.pool_trace()[n0:]
-    restore()
     by_op: dict[str, int] = defaultdict(int)
     for ev in trace:
         if ev.get("kind") == "alloc" and ev.get("op"):
@@ -283,10 +285,10 @@ def measure_op_latencies(step_fn: Callable, args: Sequence, *, graph: JobGraph |
     """
     cf = step_fn.get_concrete_function(*args)
     restore = snapshot_variables(cf.graph)
-    for _ in range(warmup):
-        step_fn(*args)
     logdir = tempfile.mkdtemp(prefix="tensile_profile_")
     try:
+        for _ in range(warmup):
+            step_fn(*args)
         tf.profiler.experimental.start(logdir)
         try:
             for _ in range(repeats):

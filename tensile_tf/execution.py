@@ -39,9 +39,11 @@ def measure_temp_bytes(step_fn, args: Sequence, graph: JobGraph) -> dict[str, in
     pool = tf_plugin.device_pool()
     restore = snapshot_variables(step_fn.get_concrete_function(*args).graph)
     pool.clear_trace()
-    step_fn(*args)
+    try:
+        step_fn(*args)
+    finally:
+        restore()  # also when the step fails (out of memory)
     trace = pool.trace()
-    restore()
     live: dict[int, tuple[str, int]] = {}
     temp: dict[str, int] = defaultdict(int)
     for ev in trace:
@@ -149,8 +151,9 @@ class CapturedJob:
 
 
 def capture_for_planning(job: JobToPlan, *, latency_repeats: int = 3, with_temp: bool = True) -> CapturedJob:
-    """Runs the job's step a few times (variables restored afterwards) to
-    capture its graph, scratch bytes and op latencies. Errors name the job."""
+    """Runs the job's step a few times (variables restored afterwards, also
+    when a step fails) to capture its graph, scratch bytes and op latencies.
+    Errors name the job."""
     try:
         graph = capture_job_graph(job.name, job.step_fn, job.example_args, optimizer=job.optimizer)
         graph = executor_order(graph, job.step_fn, job.example_args)

@@ -457,7 +457,6 @@ class JobHost:
         from tensile_tf.execution import JobToPlan, capture_cold, capture_for_planning
 
         job = JobToPlan(state.name, state.step_fn, state.first_batch, optimizer=state.train.optimizer)
-        restore_variables = self._snapshot_variables(state)
         out_of_memory = False
         try:
             with state.job_stream.eager_scope():
@@ -465,10 +464,10 @@ class JobHost:
         except Exception as e:  # noqa: BLE001 - the job still runs, unplanned
             out_of_memory = isinstance(e.__cause__, tf.errors.ResourceExhaustedError)
             state.plan_error = summarize_error(getattr(e, "message", None) or str(e)) or type(e).__name__
-        if out_of_memory and restore_variables is not None:
+        if out_of_memory:
             # The profiling steps did not fit beside the others (or fragmented
-            # the pool): plan from the graph alone (Note [Cold-start planning]).
-            restore_variables()
+            # the pool); they restored the variables they had changed. Plan
+            # from the graph alone (Note [Cold-start planning]).
             try:
                 state.captured = capture_cold(job)
                 state.plan_error = None

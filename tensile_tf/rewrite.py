@@ -291,8 +291,9 @@ class _Rewriter:
             return None
 
     # -- activations -------------------------------------------------------------
-    def _out_position(self, ev: SwapEvent) -> int | None:
-        """Where a swap-out starts: its trigger op (else its release point).
+    def _out_position(self, ev: SwapEvent) -> int:
+        """Where a swap-out starts: its trigger op (else its release point; -1
+        if neither is in the graph).
 
         Note [Host copies serve several gaps]: the planner may give a tensor one
         swap-out and swap-ins for several gaps, the earlier gaps reusing the
@@ -305,20 +306,20 @@ class _Rewriter:
         for op in (ev.trigger_op, ev.release_after_op):
             if op in self.pos:
                 return self.pos[op]
-        return None
+        return -1
 
     def _group_gaps(self, tensor: str, outs: list[SwapEvent], ins: list[SwapEvent]):
         """Pairs each swap-in with the swap-out whose host copy it reads
         (Note [Host copies serve several gaps])."""
         ins = sorted(ins, key=lambda e: self.pos.get(e.serves_op, -1) + e.iteration_shift * len(self.pos))
-        outs = sorted(outs, key=lambda e: self._out_position(e) if self._out_position(e) is not None else -1)
+        outs = sorted(outs, key=self._out_position)
         groups: list[tuple[SwapEvent | None, list[SwapEvent]]] = []
         for ev in ins:
             q = self.pos.get(ev.serves_op)
             best = None
             for o in outs:
                 r = self._out_position(o)
-                if r is not None and q is not None and (r < q or ev.cross_iteration):
+                if r >= 0 and q is not None and (r < q or ev.cross_iteration):
                     best = o
             if groups and groups[-1][0] is best:
                 groups[-1][1].append(ev)
