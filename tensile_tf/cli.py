@@ -119,7 +119,7 @@ def _run_host(cfg, console, *, planner: str, record_weights: bool = False):
                        progress=progress, pipeline=cfg.run.pipeline, split_size=cfg.run.split_size,
                        barrier_timeout_s=cfg.run.barrier_timeout_s, planner=planner,
                        swap_bandwidth=cfg.run.swap_bandwidth, plan_budget=cfg.run.plan_budget,
-                       record_weights=record_weights)
+                       plan_peaks=cfg.run.plan_peaks, record_weights=record_weights)
         for spec in cfg.jobs:
             host.submit(Job.from_spec(spec))
         return host.run()

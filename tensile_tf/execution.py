@@ -123,8 +123,9 @@ def executor_order(graph: JobGraph, step_fn, args: Sequence) -> JobGraph:
     for k in range(len(nodes)):
         if not done[k]:
             emit(k)
-    ops = sorted(graph.ops, key=lambda o: (rank.get(o.name, float("inf")), graph.ops.index(o)))
-    return JobGraph(graph.name, ops, graph.tensors)
+    unranked = len(rank)  # ops the GraphDef lacks keep their relative order, after the rest
+    order = sorted(range(len(graph.ops)), key=lambda k: (rank.get(graph.ops[k].name, unranked), k))
+    return JobGraph(graph.name, [graph.ops[k] for k in order], graph.tensors)
 
 
 @dataclass
@@ -184,11 +185,13 @@ def capture_cold(job: JobToPlan) -> CapturedJob:
 
 def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
                   bandwidth_bytes_per_s: float | None = None, enable_recompute: bool = True,
-                  delta_scale: float = 1.0, horizon_iterations: float = 2.0) -> tuple[Plan, dict[str, PlannedStep]]:
+                  delta_scale: float = 1.0, horizon_iterations: float = 2.0,
+                  coincident_peaks: bool = False) -> tuple[Plan, dict[str, PlannedStep]]:
     """Plans captured jobs together and rewrites each one's step."""
     plan = Planner([c.planner_job for c in captured], pool_bytes=pool_bytes,
                    bandwidth_bytes_per_s=bandwidth_bytes_per_s or DEFAULT_BANDWIDTH_BYTES_PER_S,
-                   horizon_iterations=horizon_iterations, enable_recompute=enable_recompute).plan()
+                   horizon_iterations=horizon_iterations, enable_recompute=enable_recompute,
+                   coincident_peaks=coincident_peaks).plan()
     steps = {c.job.name: apply_plan(c.job.step_fn, c.job.example_args, plan.jobs[c.job.name], c.graph,
                                     delta_scale=delta_scale)
              for c in captured}
@@ -198,14 +201,17 @@ def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
 def plan_and_apply(jobs: Sequence[JobToPlan], *, pool_bytes: int | None,
                    bandwidth_bytes_per_s: float | None = None, enable_recompute: bool = True,
                    latency_repeats: int = 3, delta_scale: float = 1.0,
-                   horizon_iterations: float = 2.0, cold: bool = False) -> tuple[Plan, dict[str, PlannedStep]]:
+                   horizon_iterations: float = 2.0, cold: bool = False,
+                   coincident_peaks: bool = False) -> tuple[Plan, dict[str, PlannedStep]]:
     """Plans ``jobs`` together and rewrites each one's step. ``pool_bytes``:
     the budget (None: minimise the peak by swapping only). ``bandwidth``: the
     link the planner assumes (default: PCIe 3.0 x16); cap the runtime's link
     with ``tf_plugin.swap.set_swap_bandwidth`` to match. ``cold``: plan from
-    the traced graphs alone, without running a step (``capture_cold``)."""
+    the traced graphs alone, without running a step (``capture_cold``).
+    ``coincident_peaks``: plan for the sum of the job peaks (Note [Coincident
+    peaks] in tensile_tf.scheduler.peak_analysis)."""
     captured = [capture_cold(job) if cold else capture_for_planning(job, latency_repeats=latency_repeats)
                 for job in jobs]
     return plan_captured(captured, pool_bytes=pool_bytes, bandwidth_bytes_per_s=bandwidth_bytes_per_s,
                          enable_recompute=enable_recompute, delta_scale=delta_scale,
-                         horizon_iterations=horizon_iterations)
+                         horizon_iterations=horizon_iterations, coincident_peaks=coincident_peaks)

@@ -273,11 +273,17 @@ class JobHost:
                  progress: ProgressSink | None = None, pipeline: str = "none",
                  split_size: int | str = "auto", barrier_timeout_s: float = 60.0,
                  planner: str = "none", swap_bandwidth: int | str | None = None,
-                 plan_budget: int | str | None = None, record_weights: bool = False):
+                 plan_budget: int | str | None = None, plan_peaks: str = "coincident",
+                 record_weights: bool = False):
         self._ensure_pool(pool_bytes)
         if planner not in ("none", "tensile"):
             raise ValueError(f"JobHost: planner must be 'none' or 'tensile', got {planner!r}")
+        if plan_peaks not in ("coincident", "timeline"):
+            raise ValueError(f"JobHost: plan_peaks must be 'coincident' or 'timeline', got {plan_peaks!r}")
         self.planner = planner
+        # Jobs planned together: for the sum of their peaks, or for their time-aligned
+        # footprints (Note [Coincident peaks] in tensile_tf.scheduler.peak_analysis).
+        self.plan_peaks = plan_peaks
         # The emulated swap link (bytes/s; None: unlimited). The planner assumes
         # this link, or PCIe 3.0 x16 when it is unlimited.
         self.swap_bandwidth = parse_bytes(swap_bandwidth, what="swap_bandwidth") if swap_bandwidth else None
@@ -485,7 +491,8 @@ class JobHost:
             return None
         try:
             plan, steps = plan_captured([s.captured for s in states], pool_bytes=budget,
-                                        bandwidth_bytes_per_s=self.swap_bandwidth)
+                                        bandwidth_bytes_per_s=self.swap_bandwidth,
+                                        coincident_peaks=self.plan_peaks == "coincident")
         except Exception as e:  # noqa: BLE001 - the jobs still run, unplanned
             why = summarize_error(getattr(e, "message", None) or str(e)) or type(e).__name__
             for s in states:

@@ -59,7 +59,8 @@ class Planner:
     def __init__(self, jobs: Sequence[PlannerJob], *, pool_bytes: int | None = None,
                  bandwidth_bytes_per_s: float = DEFAULT_BANDWIDTH_BYTES_PER_S,
                  horizon_iterations: float = 2.0, stop_at_budget: bool = True,
-                 enable_recompute: bool = True, max_chain: int = 4, max_iterations: int = 100_000):
+                 enable_recompute: bool = True, max_chain: int = 4, max_iterations: int = 100_000,
+                 coincident_peaks: bool = False):
         if not jobs:
             raise ValueError("planner: no jobs to plan")
         names = [pj.graph.name for pj in jobs]
@@ -81,6 +82,7 @@ class Planner:
         self.enable_recompute = enable_recompute
         self.max_chain = max_chain
         self.max_iterations = max_iterations
+        self.coincident_peaks = coincident_peaks  # Note [Coincident peaks] in peak_analysis
         self.jobs: list[JobState] = []
         self.order: list[SwapDecision] = []
         self.iterations = 0
@@ -103,12 +105,12 @@ class Planner:
         self.order = []
         self._new_timeline()
         vt = self.timeline
-        self._vanilla_pool_peak = int(vt.pool_footprint([js.fp.base for js in self.jobs]).max())
+        self._vanilla_pool_peak = vt.pool_peak([js.fp.base for js in self.jobs])
         self._sum_job_peaks = sum(js.vanilla_peak for js in self.jobs)
 
     def _new_timeline(self) -> None:
         self.timeline = PoolTimeline([js.tas for js in self.jobs], [js.offset_s for js in self.jobs],
-                                     self.horizon_iterations)
+                                     self.horizon_iterations, coincident_peaks=self.coincident_peaks)
         self.channel = SwapChannel(self.bandwidth, self.timeline.horizon_s, self.timeline.offsets,
                                    self.timeline.periods)
 
@@ -141,7 +143,7 @@ class Planner:
                 self.order.append(new)
 
     def _pool_peak(self) -> int:
-        return int(self.timeline.pool_footprint([js.fp.F for js in self.jobs]).max())
+        return self.timeline.pool_peak([js.fp.F for js in self.jobs])
 
     # -- Algorithm 3 -------------------------------------------------------------
     def plan(self) -> Plan:
@@ -174,9 +176,8 @@ class Planner:
                     js.vanilla_tas = js.vanilla_tas.retimed(js.latencies)
                     js.vanilla_peak = JobFootprint(js.vanilla_tas).vanilla_peak
             vt = PoolTimeline([js.vanilla_tas for js in self.jobs], [js.offset_s for js in self.jobs],
-                              self.horizon_iterations)
-            self._vanilla_pool_peak = int(vt.pool_footprint([JobFootprint(js.vanilla_tas).base
-                                                             for js in self.jobs]).max())
+                              self.horizon_iterations, coincident_peaks=self.coincident_peaks)
+            self._vanilla_pool_peak = vt.pool_peak([JobFootprint(js.vanilla_tas).base for js in self.jobs])
         self._rebuild(retime=retime)
         self._loop()
         return self._make_plan(time.perf_counter() - t0)

@@ -63,6 +63,22 @@ def test_offset_jobs_use_the_time_aligned_sum_not_the_sum_of_peaks():
     assert plan.pool_vanilla_peak_bytes == 841 < plan.sum_of_job_peaks_bytes == 1020
 
 
+def test_coincident_peaks_plan_holds_for_any_alignment_of_the_jobs():
+    def plan(coincident):
+        jobs = [PlannerJob(fig1_graph("A"), UNIT), PlannerJob(fig1_graph("B"), UNIT, start_offset_s=4.0)]
+        return Planner(jobs, bandwidth_bytes_per_s=200.0, pool_bytes=700, enable_recompute=False,
+                       coincident_peaks=coincident).plan()
+
+    timeline, coincident = plan(False), plan(True)
+    # the time-aligned plan meets 700 only while B stays 4 s behind A: aligned, its job peaks add to 862
+    assert timeline.budget_met and timeline.pool_planned_peak_bytes == 651
+    assert sum(jp.planned_peak_bytes for jp in timeline.jobs.values()) == 862
+    # coincident peaks (seed's MP = sum MP_j): the prediction is the sum of job peaks, whatever the alignment
+    assert coincident.pool_vanilla_peak_bytes == coincident.sum_of_job_peaks_bytes == 1020
+    assert coincident.pool_planned_peak_bytes == sum(jp.planned_peak_bytes for jp in coincident.jobs.values()) == 820
+    assert all(jp.swap_outs for jp in coincident.jobs.values())
+
+
 def test_recomputation_by_msps_when_swapping_cannot_help():
     plan = Planner([PlannerJob(recompute_graph(), UNIT)], bandwidth_bytes_per_s=1.0, pool_bytes=330).plan()
     jp = plan.jobs["rc"]

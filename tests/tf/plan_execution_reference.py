@@ -23,6 +23,8 @@ parser.add_argument("--jobs", type=int, default=1)
 parser.add_argument("--optimizer", default="adam")
 parser.add_argument("--model-args", default="{}", help="JSON keyword arguments for a zoo model")
 parser.add_argument("--cold", action="store_true", help="plan from the traced graph alone (cold start)")
+parser.add_argument("--coincident-peaks", action="store_true",
+                    help="plan for the sum of the job peaks (Note [Coincident peaks])")
 parser.add_argument("--empty-plan", action="store_true", help="apply a plan without events (order + re-import only)")
 parser.add_argument("--graph-dependent-rewrites", action="store_true",
                     help="leave Grappler's graph-dependent rewrites on (Note [Graph-dependent Grappler rewrites])")
@@ -75,17 +77,21 @@ def build(name: str, seed: int):
 jobs = [build(f"job{j}", j) for j in range(args.jobs)]
 out = {"model": args.model, "planned": args.planned, "jobs": {}}
 if args.planned:
-    from tensile_tf.execution import JobToPlan, plan_and_apply
+    from tensile_tf.execution import JobToPlan, capture_cold, capture_for_planning, plan_captured
+    from tensile_tf.scheduler import Planner
     to_plan = [JobToPlan(j["name"], j["step"], j["batches"][0], j["opt"]) for j in jobs]
     t0 = time.perf_counter()
+    captured = [capture_cold(job) if args.cold else capture_for_planning(job) for job in to_plan]
     budget = None
-    if args.budget_frac:
-        probe, _ = plan_and_apply(to_plan, pool_bytes=None, enable_recompute=False, latency_repeats=1)
-        budget = int(probe.pool_vanilla_peak_bytes * args.budget_frac)
+    if args.budget_frac:  # of the predicted vanilla pool peak (a plan with no events)
+        vanilla = Planner([c.planner_job for c in captured], max_iterations=0,
+                          coincident_peaks=args.coincident_peaks).plan()
+        budget = int(vanilla.pool_vanilla_peak_bytes * args.budget_frac)
     if args.empty_plan:
         budget = 1 << 50  # met by the vanilla order: no events
-    plan, steps = plan_and_apply(to_plan, pool_bytes=budget, enable_recompute=not args.no_recompute,
-                                 bandwidth_bytes_per_s=args.bandwidth or None, cold=args.cold)
+    plan, steps = plan_captured(captured, pool_bytes=budget, enable_recompute=not args.no_recompute,
+                                bandwidth_bytes_per_s=args.bandwidth or None,
+                                coincident_peaks=args.coincident_peaks)
     for j in jobs:
         with j["stream"].eager_scope():
             steps[j["name"]].evict()  # the first planned step starts as every later one

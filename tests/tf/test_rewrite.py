@@ -36,3 +36,61 @@ def test_a_recomputation_fed_by_an_earlier_recomputation():
     # the second recomputation reads the first one's clone
     gate = [n for n in planned.graph_def.node if n.op == "TensileRecomputeGate"][1]
     assert any(i.startswith("tensile/recompute_") for i in gate.input)
+
+
+def test_graph_edit_refuses_exactly_the_control_edges_that_close_a_cycle():
+    """_GraphEdit's cycle check prunes its search by topological rank; every
+    answer must still be the plain reachability answer, also after edges that
+    go down in rank and nodes added on the way."""
+    import itertools
+    import random
+
+    from tensile_tf.rewrite import _GraphEdit
+
+    @tf.function(autograph=False)
+    def f(x):
+        a = tf.sin(x)
+        b = tf.cos(a)
+        c = tf.exp(a)
+        for _ in range(30):  # a longer chain: edges that go down in rank move whole runs of nodes
+            b = tf.sin(b)
+        return tf.tanh(b + c), tf.sqrt(x)
+
+    gdef = f.get_concrete_function(tf.TensorSpec([4], tf.float32)).graph.as_graph_def()
+    edit = _GraphEdit(gdef)
+
+    def reachable(src, dst):  # plain search, no ranks
+        stack, seen = [src], {src}
+        while stack:
+            x = stack.pop()
+            if x == dst:
+                return True
+            for y in edit.succ.get(x, ()):
+                if y not in seen:
+                    seen.add(y)
+                    stack.append(y)
+        return False
+
+    rng = random.Random(0)
+    added, refused = 0, 0
+    for k in range(400):
+        if k % 4 == 0:  # a swap op: a new node fed early, read late, then anchored (often going down in rank)
+            names = sorted(edit.nodes)
+            edit.add_node(f"fresh{k}", "NoOp", [f"^{rng.choice(names)}"], {})
+            edit.add_control(f"fresh{k}", rng.choice(names))
+            src, dst = rng.choice(names), f"fresh{k}"
+        else:
+            src, dst = rng.sample(sorted(edit.nodes), 2)
+        closes_cycle = reachable(dst, src)
+        assert edit.add_control(src, dst) is not closes_cycle, (src, dst)
+        added, refused = added + (not closes_cycle), refused + closes_cycle
+        if edit._rank is not None:  # the invariant the pruning relies on: every edge goes up in rank
+            for name, node in edit.nodes.items():
+                for i in node.input:
+                    before = i.lstrip("^").split(":")[0]
+                    assert edit._rank[before] < edit._rank[name], (before, name)
+    assert added > 20 and refused > 20
+    assert edit.rank_rebuilds <= 2  # edges going down in rank moved a few nodes instead
+    # the edges kept form a DAG
+    for a, b in itertools.permutations(sorted(edit.nodes)[:12], 2):
+        assert not (reachable(a, b) and reachable(b, a))
