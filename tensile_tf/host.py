@@ -273,13 +273,13 @@ class JobHost:
                  progress: ProgressSink | None = None, pipeline: str = "none",
                  split_size: int | str = "auto", barrier_timeout_s: float = 60.0,
                  planner: str = "none", swap_bandwidth: int | str | None = None,
-                 plan_budget: int | str | None = None, plan_peaks: str = "coincident",
+                 plan_budget: int | str | None = None, plan_peaks: str = "timeline",
                  record_weights: bool = False):
         self._ensure_pool(pool_bytes)
         if planner not in ("none", "tensile"):
             raise ValueError(f"JobHost: planner must be 'none' or 'tensile', got {planner!r}")
         if plan_peaks not in ("coincident", "timeline"):
-            raise ValueError(f"JobHost: plan_peaks must be 'coincident' or 'timeline', got {plan_peaks!r}")
+            raise ValueError(f"JobHost: plan_peaks must be 'timeline' or 'coincident', got {plan_peaks!r}")
         self.planner = planner
         # Jobs planned together: for the sum of their peaks, or for their time-aligned
         # footprints (Note [Coincident peaks] in tensile_tf.scheduler.peak_analysis).

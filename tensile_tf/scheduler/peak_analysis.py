@@ -9,12 +9,15 @@ coincide (Fig. 3: two jobs whose peaks meet) this equals the seed's sum; when
 they don't, it is lower and the planner does less work.
 
 Note [Coincident peaks]. The time-aligned sum only holds if the jobs keep the
-offsets and step times the plan assumed. Jobs that run as free threads on
-shared cores drift (measured: two planned Transformer jobs reached 12% MSR for
-a predicted 51%, their peaks meeting where the timeline said they would not).
+offsets and step times the plan assumed, and job threads sharing cores drift.
 ``PoolTimeline(coincident_peaks=True)`` is the seed's own rule instead: the
 pool peak is the sum of the job peaks (MP = sum MP_j), each job's peak
-analysed at its own peak step, so the plan holds for any alignment.
+analysed at its own peak step, so the prediction holds for any alignment.
+Measured on two Transformer jobs (benchmarks/RESULTS.md) it did not close the
+gap between predicted and measured two-job peaks: each job's own measured
+peak roughly doubled beside the other (8.5 MiB alone, 15-18 MiB in pairs, for
+a plan of 8-14), so alignment is not the main error there; the time-aligned
+rule stays the default.
 
 Note [op-granular footprint]. A job's footprint is held per step (op): F[k] is
 the bytes resident while step k runs: every live tensor, the step's outputs

@@ -115,8 +115,11 @@ else:
 swap.reset_swap_stats()
 peaks, times = [], []
 import threading  # noqa: E402
+job_peaks = {j["name"]: [] for j in jobs}
 for i in range(args.steps):
     pool.reset_peak()
+    for j in jobs:
+        j["stream"].reset_peak()
     t0 = time.perf_counter()
     if len(jobs) == 1:
         jobs[0].setdefault("losses", []).append(jobs[0]["run"](*jobs[0]["batches"][i % 3]))
@@ -129,6 +132,8 @@ for i in range(args.steps):
         [t.join() for t in threads]
     times.append(time.perf_counter() - t0)
     peaks.append(pool.stats()["peak"])
+    for j in jobs:
+        job_peaks[j["name"]].append(j["stream"].stats()["peak"])
 for j in jobs:
     if args.planned:
         with j["stream"].eager_scope():
@@ -140,6 +145,7 @@ for j in jobs:
     rec["loss_values"] = [float(np.mean(x.numpy())) for x in j["losses"]]
     rec["weights_sha256"] = digest
 out["peaks"] = peaks
+out["job_peaks"] = job_peaks
 out["step_s"] = times
 out["swap"] = swap.swap_stats()
 print(json.dumps(out))

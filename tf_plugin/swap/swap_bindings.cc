@@ -49,6 +49,7 @@ void RegisterSwapBindings(py::module_& m) {
     d["copy_s"] = s.copy_ns * 1e-9;
     d["queue_wait_s"] = s.queue_wait_ns * 1e-9;
     d["max_queue_depth"] = s.max_queue_depth;
+    d["thread_priority_raised"] = s.thread_priority_raised;
     d["pending"] = s.pending;
     d["late_swap_ins"] = s.late_swap_ins;
     d["checked_swap_ins"] = s.checked_swap_ins;

@@ -1,5 +1,9 @@
 #include "tf_plugin/swap/swap_channel.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -67,12 +71,30 @@ SwapChannelStats SwapChannel::Stats() {
 void SwapChannel::ResetStats() {
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t pending = stats_.pending;
+  const bool raised = stats_.thread_priority_raised;
   stats_ = SwapChannelStats();
   stats_.pending = pending;
+  stats_.thread_priority_raised = raised;
+}
+
+// Policy 3: the calling thread's nice value, from TENSILE_SWAP_THREAD_NICE
+// (default -10; 0 leaves it alone). True if it was raised.
+static bool RaiseThreadPriority() {
+  int nice = -10;
+  if (const char* env = std::getenv("TENSILE_SWAP_THREAD_NICE")) {
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    if (end != env) nice = static_cast<int>(v);
+  }
+  if (nice >= 0) return false;
+  const auto tid = static_cast<id_t>(syscall(SYS_gettid));
+  return setpriority(PRIO_PROCESS, tid, nice) == 0;
 }
 
 void SwapChannel::Loop() {
+  const bool raised = RaiseThreadPriority();
   std::unique_lock<std::mutex> lock(mu_);
+  stats_.thread_priority_raised = raised;
   while (true) {
     cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
     if (stop_ && queue_.empty()) return;
