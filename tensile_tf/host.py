@@ -246,6 +246,7 @@ def _plan_summary(plan) -> dict[str, Any]:
     return {"jobs": list(plan.jobs), "budget_bytes": plan.pool_bytes, "budget_met": plan.budget_met,
             "predicted_pool_vanilla_peak_bytes": plan.pool_vanilla_peak_bytes,
             "predicted_pool_planned_peak_bytes": plan.pool_planned_peak_bytes,
+            "predicted_sum_of_job_peaks_bytes": plan.sum_of_job_peaks_bytes,
             "predicted_msr": plan.msr, "bandwidth_bytes_per_s": plan.bandwidth_bytes_per_s,
             "planning_s": plan.planning_s, "iterations": plan.iterations, "stop_reason": plan.stop_reason}
 

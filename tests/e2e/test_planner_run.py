@@ -5,12 +5,14 @@ below the jobs' combined peak, the planned run swaps, runs them together and
 still trains bit for bit the same."""
 import json
 
+import pytest
+
 from tests.conftest import last_json_line, run_python
 from tests.e2e.test_cli import tensile, write
 
 TWO_MLPS = """
 pool: {pool}
-run: {{out_dir: unused, admission: sum{plan_budget}}}
+run: {{out_dir: unused, admission: sum{plan_budget}{plan_peaks}}}
 jobs:
   - name: mlp-a
     model: {{builder: "tensile_tf.zoo:mlp", args: {{hidden: [1024, 1024, 1024]}}}}
@@ -29,9 +31,10 @@ jobs:
 """
 
 
-def _compare(tmp_path, pool, plan_budget=None):
+def _compare(tmp_path, pool, plan_budget=None, plan_peaks=None):
     budget = f", plan_budget: {plan_budget}" if plan_budget else ""
-    cfg = write(tmp_path, TWO_MLPS.format(pool=pool, plan_budget=budget))
+    peaks = f", plan_peaks: {plan_peaks}" if plan_peaks else ""
+    cfg = write(tmp_path, TWO_MLPS.format(pool=pool, plan_budget=budget, plan_peaks=peaks))
     out = tmp_path / "out"
     proc = tensile("run", str(cfg), "--out", str(out), "--compare-vanilla")
     compare = json.loads((out / "compare.json").read_text()) if (out / "compare.json").exists() else None
@@ -54,13 +57,14 @@ def test_compare_vanilla_with_room_to_spare_changes_nothing(tmp_path):
     assert runs["planned"]["planner"]["plans"][0]["jobs"] == ["mlp-a", "mlp-b"]  # planned together
 
 
-def test_plan_fits_two_jobs_into_a_budget_their_peaks_exceed(tmp_path):
+@pytest.mark.parametrize("plan_peaks", ["timeline", "coincident"])
+def test_plan_fits_two_jobs_into_a_budget_their_peaks_exceed(tmp_path, plan_peaks):
     # Each job needs ~50 MiB (P ~36 MiB with Adam, T ~10-15 MiB). Planned for
     # 80 MiB together, which even P_a + P_b + max(T) exceeds, the plan must
     # swap, and its prediction admits both at once. (The pool is larger than
     # the budget: each job's vanilla probe and capture run beside the other's
-    # persistent memory first.)
-    proc, compare, runs = _compare(tmp_path, "130MiB", plan_budget="80MiB")
+    # persistent memory first.) Coincident: planned for the sum of the job peaks.
+    proc, compare, runs = _compare(tmp_path, "130MiB", plan_budget="80MiB", plan_peaks=plan_peaks)
     vanilla = {j["name"]: j for j in runs["vanilla"]["jobs"]}
     planned = {j["name"]: j for j in runs["planned"]["jobs"]}
     assert vanilla["mlp-a"]["status"] == vanilla["mlp-b"]["status"] == "finished"
@@ -72,6 +76,8 @@ def test_plan_fits_two_jobs_into_a_budget_their_peaks_exceed(tmp_path):
     plan = runs["planned"]["planner"]["plans"][0]
     assert plan["budget_bytes"] == 80 * 2**20 and plan["budget_met"]
     assert plan["predicted_pool_planned_peak_bytes"] <= 80 * 2**20 < plan["predicted_pool_vanilla_peak_bytes"]
+    if plan_peaks == "coincident":
+        assert plan["predicted_pool_vanilla_peak_bytes"] == plan["predicted_sum_of_job_peaks_bytes"]
     assert runs["planned"]["planner"]["swap"]["host"]["current"] == 0  # every host copy came back
     assert all(j["leaked_bytes"] == 0 for j in planned.values())
 
