@@ -3,7 +3,7 @@ of TENSILE plans executed in TensorFlow, per model, for 1 and 2 concurrent
 jobs, on an unlimited and on a capped swap link.
 
     python benchmarks/plan_execution_bench.py [--models vgg16,resnet50,...] [--jobs 1,2]
-        [--budget-frac 0.5] [--steps 4] [--json OUT]
+        [--budget-frac 0.5] [--steps 4] [--cap-mib-s 110] [--json OUT]
 
 Each configuration runs in a fresh process (tests/tf/plan_execution_reference.py,
 its own device pool, deterministic ops): once vanilla, then planned for a
@@ -102,11 +102,18 @@ def main() -> None:
     ap.add_argument("--budget-frac", type=float, default=0.5)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--json", default=None, help="write all rows as JSON here")
+    ap.add_argument("--cap-mib-s", type=float, default=None,
+                    help="the capped link in MiB/s (default: derived from this CPU's measured matmul rate; "
+                         "pin it when other work shares the CPU, which lowers the measured rate)")
     a = ap.parse_args()
-    flops = cpu_flops()
-    cap = GPU_LINK_BYTES_PER_S * flops / GPU_FLOPS
-    print(f"CPU matmul {flops / 1e9:.1f} GFLOP/s -> capped link {cap / 2**20:.1f} MiB/s "
-          f"(PCIe 3.0 x16 12 GB/s : V100 15.7 TFLOP/s)", flush=True)
+    if a.cap_mib_s:
+        cap = a.cap_mib_s * 2**20
+        print(f"capped link {a.cap_mib_s:.1f} MiB/s (given)", flush=True)
+    else:
+        flops = cpu_flops()
+        cap = GPU_LINK_BYTES_PER_S * flops / GPU_FLOPS
+        print(f"CPU matmul {flops / 1e9:.1f} GFLOP/s -> capped link {cap / 2**20:.1f} MiB/s "
+              f"(PCIe 3.0 x16 12 GB/s : V100 15.7 TFLOP/s)", flush=True)
     rows = []
     for name in a.models.split(","):
         model, shape = MODELS[name]
