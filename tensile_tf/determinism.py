@@ -22,6 +22,20 @@ vanilla run, the empty plan and plans swapping 41 activations and 15
 variables gave identical losses and weights (turning off only one of the two
 was not enough; no other optimizer made a difference).
 
+A third one cannot be reached through ``tf.config.optimizer``: the memory
+optimizer's SchedulingPass. When its static estimate of the step's peak is
+above half the device's memory, it replaces each AddN of more than two
+inputs (gradient aggregation: DenseNet's concatenations, Inception's
+branches) by a temporary variable that AssignAdds the inputs *in the order
+they arrive*. The sum then follows the executor's schedule: InceptionV3's
+vanilla step changed its step-2 loss between two processes, and DenseNet121
+with a plan of no events differed from vanilla (step-2 loss `58111740` vs
+`5d111740`). With ``memory_optimization: NO_MEM_OPT`` in the context's
+ConfigProto (set on the private ``Context._config``: eager TensorFlow has no
+public switch for it), DenseNet121 vanilla and the empty plan agree bit for
+bit. Grappler's own swapping heuristics live in the same optimizer and have
+no business under a TENSILE plan anyway.
+
 So wherever a graph is rewritten (``planner: tensile``, ``pipeline:
 nodegroup``, ``--compare-vanilla``) tensile_tf turns these two optimizers off
 for the whole process, the unplanned jobs included: every job then computes
@@ -37,17 +51,40 @@ import tensorflow as tf
 GRAPH_DEPENDENT_REWRITES = ("arithmetic_optimization", "constant_folding")
 
 
+def _disable_memory_optimizer() -> None:
+    """memory_optimization = NO_MEM_OPT in the eager context's base ConfigProto
+    (Note [Graph-dependent Grappler rewrites]: its AddN scheduling pass sums
+    in arrival order)."""
+    from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    config = config_pb2.ConfigProto()
+    if getattr(ctx, "_config", None) is not None:
+        config.CopyFrom(ctx._config)  # noqa: SLF001 - no public switch (see the Note)
+    config.graph_options.rewrite_options.memory_optimization = rewriter_config_pb2.RewriterConfig.NO_MEM_OPT
+    ctx._config = config  # noqa: SLF001
+
+
 def disable_graph_dependent_rewrites() -> None:
     """Turns off the Grappler optimizers whose floating-point results depend on
-    the graph's structure (Note [Graph-dependent Grappler rewrites]). Affects
-    functions instantiated afterwards, in threads started afterwards."""
+    the graph's structure or on the executor's schedule (Note
+    [Graph-dependent Grappler rewrites]). Affects functions instantiated
+    afterwards, in this thread and in threads started afterwards."""
+    _disable_memory_optimizer()
+    # also drops this thread's cached function-call options, so they are rebuilt from the config
     tf.config.optimizer.set_experimental_options({name: False for name in GRAPH_DEPENDENT_REWRITES})
 
 
 def graph_dependent_rewrites_enabled() -> bool:
-    """Whether any of GRAPH_DEPENDENT_REWRITES is still on."""
+    """Whether any of GRAPH_DEPENDENT_REWRITES, or the memory optimizer, is still on."""
+    from tensorflow.core.protobuf import rewriter_config_pb2
+    from tensorflow.python.eager import context
+
     opts = tf.config.optimizer.get_experimental_options()
-    return any(opts.get(name, True) for name in GRAPH_DEPENDENT_REWRITES)
+    mem = context.context().config.graph_options.rewrite_options.memory_optimization
+    return (any(opts.get(name, True) for name in GRAPH_DEPENDENT_REWRITES)
+            or mem != rewriter_config_pb2.RewriterConfig.NO_MEM_OPT)
 
 
 def enable_deterministic_training() -> None:

@@ -25,6 +25,8 @@ parser.add_argument("--model-args", default="{}", help="JSON keyword arguments f
 parser.add_argument("--cold", action="store_true", help="plan from the traced graph alone (cold start)")
 parser.add_argument("--coincident-peaks", action="store_true",
                     help="plan for the sum of the job peaks (Note [Coincident peaks])")
+parser.add_argument("--capture-only", action="store_true",
+                    help="capture and plan, then train with the original step (isolates the capture's side effects)")
 parser.add_argument("--empty-plan", action="store_true", help="apply a plan without events (order + re-import only)")
 parser.add_argument("--graph-dependent-rewrites", action="store_true",
                     help="leave Grappler's graph-dependent rewrites on (Note [Graph-dependent Grappler rewrites])")
@@ -50,7 +52,9 @@ if args.graph_dependent_rewrites:
 else:
     enable_deterministic_training()
 if args.grappler_off:
-    tf.config.optimizer.set_experimental_options({k: False for k in args.grappler_off.split(",")})
+    # "name" turns an optimizer off; "disable_meta_optimizer" turns Grappler off altogether
+    tf.config.optimizer.set_experimental_options({k: k == "disable_meta_optimizer"
+                                                  for k in args.grappler_off.split(",")})
 shape = tuple(int(s) for s in args.input_shape.split("x"))
 pool = tf_plugin.device_pool()
 swap.set_swap_bandwidth(args.bandwidth)
@@ -100,7 +104,7 @@ if args.planned:
                    "budget": budget, "budget_met": plan.budget_met, "stop_reason": plan.stop_reason}
     for j in jobs:
         jp = plan.jobs[j["name"]]
-        j["run"] = steps[j["name"]]
+        j["run"] = j["step"] if args.capture_only else steps[j["name"]]
         out["jobs"][j["name"]] = {"plan_vanilla_peak": jp.vanilla_peak_bytes, "plan_planned_peak": jp.planned_peak_bytes,
                                   "report": {k: v for k, v in steps[j["name"]].report.to_dict().items()
                                              if k not in ("skipped", "restore_needed")},
@@ -135,7 +139,7 @@ for i in range(args.steps):
     for j in jobs:
         job_peaks[j["name"]].append(j["stream"].stats()["peak"])
 for j in jobs:
-    if args.planned:
+    if args.planned and not args.capture_only:
         with j["stream"].eager_scope():
             j["run"].restore()
     weights = j["model"].weights + list(j["opt"].variables)
