@@ -37,7 +37,7 @@ bit. Grappler's own swapping heuristics live in the same optimizer and have
 no business under a TENSILE plan anyway.
 
 So wherever a graph is rewritten (``planner: tensile``, ``pipeline:
-nodegroup``, ``--compare-vanilla``) tensile_tf turns these two optimizers off
+nodegroup``, ``--compare-vanilla``) tensile_tf turns these three optimizers off
 for the whole process, the unplanned jobs included: every job then computes
 exactly what its unplanned step computes under the same settings. The cost
 is the speed these rewrites would have bought (none measurable on the zoo
