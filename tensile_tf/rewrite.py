@@ -132,9 +132,10 @@ class _GraphEdit:
     Cycle checks use a topological rank of every node (every edge goes from a
     lower to a higher rank): an edge that goes up in rank cannot close a
     cycle, and otherwise only nodes ranked below the edge's source can lie on
-    a path back to it. The ranks are recomputed after an edge that goes down
-    in rank, unless its head has no successors yet (a node just added), which
-    is then simply ranked above the tail. On a step chained in plan order
+    a path back to it. After an edge that goes down in rank, its head (and
+    what the head reaches below the tail's rank) moves up just above the
+    tail (``_ranked_edge``); the ranks are recomputed from scratch only when
+    the floats between two ranks run out. On a step chained in plan order
     (Note [Plan order]) a plain search would walk the rest of the chain for
     every anchor, quadratic in the graph (minutes on DenseNet121)."""
 
@@ -222,7 +223,7 @@ class _GraphEdit:
             return
         moved = self._forward(dst, hi)[1]
         ceiling = min((rank.get(y, float("inf")) for x in moved for y in self.succ.get(x, ()) if y not in moved),
-                      default=hi + 1.0)
+                      default=float("inf"))
         step = (min(ceiling, hi + 1.0) - hi) / (len(moved) + 1)
         if step < 1e-9:
             self._rank = None  # no room left between floats: recompute them all
