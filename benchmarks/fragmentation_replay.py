@@ -16,7 +16,14 @@ trace's explicit syncs) and varies only where a request is placed:
 - best-fit-across: best fit over own unsynced and synced chunks together
   (what the pool does; Note [Best fit across own and synced]);
 - best-fit-across+high-end: the same, but requests of 1 MiB or more are
-  carved from the high end of their chunk (large and small apart).
+  carved from the high end of their chunk (large and small apart);
+- long-lived-top: best-fit-across for train-step allocations, and the
+  allocations of no train step (variables, eager ops: the trace marks them
+  ``placement: top``) cut from the top of the highest chunk that fits (what
+  the pool does now; Note [Long-lived allocations at the top]).
+
+`record` keeps every event: it sets TENSILE_POOL_TRACE_EVENTS (the ring's
+size) before the pool exists.
 
 The replay is a pure-Python model of the C++ pool (the pool itself places
 each request at one offset, so a recorded run cannot be replayed through it
@@ -33,7 +40,7 @@ import sys
 MIN_CHUNK = 256
 LARGE = 1 << 20
 SYNCED = -1
-POLICIES = ("seed-order", "best-fit-across", "best-fit-across+high-end")
+POLICIES = ("seed-order", "best-fit-across", "best-fit-across+high-end", "long-lived-top")
 
 
 class ReplayPool:
@@ -43,32 +50,52 @@ class ReplayPool:
         self.policy = policy
         self.offsets = [0]
         self.chunks = {0: [capacity, SYNCED, False]}  # offset -> [size, owner, live]
+        self.free_sets: dict[int, set[int]] = {SYNCED: {0}}  # owner -> offsets of its free chunks
+
+    def _mark_free(self, offset: int, owner: int) -> None:
+        self.free_sets.setdefault(owner, set()).add(offset)
+
+    def _unmark_free(self, offset: int) -> None:
+        self.free_sets[self.chunks[offset][1]].discard(offset)
 
     def _free_chunks(self, owner: int) -> list[tuple[int, int]]:
-        return [(o, c[0]) for o, c in self.chunks.items() if not c[2] and c[1] == owner]
+        return [(o, self.chunks[o][0]) for o in self.free_sets.get(owner, ())]
 
     def _best_fit(self, candidates, n: int):
         fits = [(size, o) for o, size in candidates if size >= n]
         return min(fits) if fits else None
 
-    def _carve(self, size: int, offset: int, n: int, stream: int) -> int:
+    def _top_fit(self, candidates, n: int):
+        fits = [(o, size) for o, size in candidates if size >= n]
+        return max(fits)[::-1] if fits else None
+
+    def _carve(self, size: int, offset: int, n: int, stream: int, top: bool = False) -> int:
         owner = self.chunks[offset][1]
+        self._unmark_free(offset)
         if size - n < MIN_CHUNK:
             self.chunks[offset] = [size, stream, True]
             return offset
-        if self.policy.endswith("high-end") and n >= LARGE:
+        if top or (self.policy.endswith("high-end") and n >= LARGE):
             self.chunks[offset] = [size - n, owner, False]
+            self._mark_free(offset, owner)
             at = offset + size - n
             self.chunks[at] = [n, stream, True]
             bisect.insort(self.offsets, at)
             return at
         self.chunks[offset] = [n, stream, True]
         self.chunks[offset + n] = [size - n, owner, False]
+        self._mark_free(offset + n, owner)
         bisect.insort(self.offsets, offset + n)
         return offset
 
-    def allocate(self, nbytes: int, stream: int) -> int | None:
+    def allocate(self, nbytes: int, stream: int, long_lived: bool = False) -> int | None:
         n = max(1, -(-nbytes // MIN_CHUNK)) * MIN_CHUNK
+        if self.policy == "long-lived-top" and long_lived:
+            fit = self._top_fit(self._free_chunks(stream) + self._free_chunks(SYNCED), n)
+            if fit is None:
+                self.sync()
+                fit = self._top_fit(self._free_chunks(SYNCED), n)
+            return None if fit is None else self._carve(*fit, n, stream, top=True)
         if self.policy == "seed-order":
             fit = self._best_fit(self._free_chunks(stream), n) or self._best_fit(self._free_chunks(SYNCED), n)
         else:
@@ -79,9 +106,10 @@ class ReplayPool:
         return None if fit is None else self._carve(*fit, n, stream)
 
     def _merge(self, a: int, b: int) -> None:
+        """Merges free chunk b into its lower neighbour a (both unmarked)."""
         self.chunks[a][0] += self.chunks[b][0]
         del self.chunks[b]
-        self.offsets.remove(b)
+        del self.offsets[bisect.bisect_left(self.offsets, b)]
 
     def free(self, offset: int) -> None:
         chunk = self.chunks[offset]
@@ -91,9 +119,13 @@ class ReplayPool:
         nxt = self.offsets[i + 1] if i + 1 < len(self.offsets) else None
         prev = self.offsets[i - 1] if i > 0 else None
         if nxt is not None and not self.chunks[nxt][2] and self.chunks[nxt][1] == stream:
+            self._unmark_free(nxt)
             self._merge(offset, nxt)
         if prev is not None and not self.chunks[prev][2] and self.chunks[prev][1] == stream:
+            self._unmark_free(prev)
             self._merge(prev, offset)
+            offset = prev
+        self._mark_free(offset, stream)
 
     def sync(self) -> None:
         for c in self.chunks.values():
@@ -106,13 +138,14 @@ class ReplayPool:
                 self._merge(a, b)
             else:
                 i += 1
+        self.free_sets = {SYNCED: {o for o, c in self.chunks.items() if not c[2]}}
 
 
 def serves(trace: list[dict], capacity: int, policy: str) -> bool:
     pool, where = ReplayPool(capacity, policy), {}
     for e in trace:
         if e["kind"] == "alloc":
-            at = pool.allocate(e["bytes"], e["stream"])
+            at = pool.allocate(e["bytes"], e["stream"], e.get("placement") == "top")
             if at is None:
                 return False
             where[e["offset"]] = at
@@ -149,6 +182,7 @@ def smallest_arena(trace: list[dict], policy: str) -> int:
 
 def record(config: str, out: str) -> None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    os.environ.setdefault("TENSILE_POOL_TRACE_EVENTS", str(1 << 22))
     import tensile_tf
     from tensile_tf.config import load_config
     from tensile_tf.host import JobHost

@@ -167,3 +167,48 @@ def test_bad_arguments_raise_clear_errors():
     pool = StreamAwarePool(4096)
     with pytest.raises(ValueError, match="no live allocation"):
         pool.deallocate(256)
+
+
+def test_top_placement_stacks_long_lived_buffers_down_from_the_arena_end():
+    """Note [Long-lived allocations at the top]: 'top' cuts from the highest
+    chunk that fits; best-fit requests keep coming from the bottom."""
+    pool, (a, b) = make_pool(capacity=64 * KiB)
+    v1 = pool.allocate(8 * KiB, a, placement="top")
+    v2 = pool.allocate(4 * KiB, b, placement="top")
+    t = pool.allocate(4 * KiB, a)
+    assert (v1, v2, t) == (56 * KiB, 52 * KiB, 0)
+    assert [e["placement"] for e in pool.trace() if e["kind"] == "alloc"] == ["top", "top", "best_fit"]
+    pool.check_invariants()
+
+
+def test_top_placement_prefers_the_highest_hole_over_the_best_fitting_one():
+    pool, (a, _) = make_pool(capacity=64 * KiB)
+    low = pool.allocate(16 * KiB, a)          # [0, 16)
+    pool.allocate(4 * KiB, a)                 # [16, 20) keeps the holes apart
+    high = pool.allocate(8 * KiB, a, placement="top")   # [56, 64)
+    pool.allocate(4 * KiB, a, placement="top")          # [52, 56)
+    pool.deallocate(low)
+    pool.deallocate(high)
+    # Free now: [0, 16) and [56, 64) (a's unsynced), [20, 52) (synced). A
+    # long-lived 4 KiB buffer goes to the highest of them, cut from its top.
+    assert pool.allocate(4 * KiB, a, placement="top") == 60 * KiB
+    # A step's 8 KiB request takes the best fit: [0, 16) (16 KiB < 32 KiB).
+    assert pool.allocate(8 * KiB, a) == 0
+    pool.check_invariants()
+
+
+def test_top_placement_keeps_the_waterwave_guarantee():
+    """A 'top' request of stream b never takes a's unsynced chunk before a sync."""
+    pool, (a, b) = make_pool(capacity=64 * KiB)
+    x = pool.allocate(8 * KiB, a, placement="top")
+    pool.allocate(4 * KiB, a, placement="top")
+    pool.deallocate(x)                          # [56, 64) unsynced, owned by a
+    y = pool.allocate(8 * KiB, b, placement="top")
+    assert y != x and pool.stats()["num_syncs"] == 0
+    pool.check_invariants()
+
+
+def test_placement_must_be_named():
+    pool, (a, _) = make_pool()
+    with pytest.raises(ValueError, match="placement must be 'best_fit' or 'top'"):
+        pool.allocate(1, a, placement="high")

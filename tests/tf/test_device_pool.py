@@ -150,3 +150,67 @@ def test_eager_allocations_inside_a_job_scope_are_attributed_to_the_job():
         assert job.stats()["current"] >= 128 * 128 * 4
         del v
         assert job.stats()["current"] == 0
+
+
+def test_variables_stack_at_the_top_of_the_arena_and_steps_allocate_from_the_bottom():
+    """Note [Long-lived allocations at the top]: buffers made outside any
+    train step (variables, optimizer slots, inputs) are cut from the top of the
+    arena, a train step's from the bottom, so the free space between them is
+    one run when the steps end: two jobs' parameters do not split it."""
+    proc = run_python("""
+        import json
+        import tensorflow as tf
+        import tensile_tf
+        tensile_tf.configure_pool("64MiB")
+        import keras
+        import tf_plugin
+        pool = tf_plugin.device_pool()
+        jobs = []
+        for j in range(2):
+            job = tensile_tf.JobStream(f"job{j}")
+            with job.eager_scope():
+                model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(512, activation="relu"),
+                                          keras.layers.Dense(512, activation="relu"), keras.layers.Dense(1)])
+                opt = keras.optimizers.Adam(1e-3)
+                def step(x, y, model=model, opt=opt):
+                    with tf.GradientTape() as tape:
+                        loss = tf.reduce_mean((model(x) - y) ** 2)
+                    g = tape.gradient(loss, model.trainable_variables)
+                    opt.apply_gradients(zip(g, model.trainable_variables))
+                    return loss
+                f = job.step_function(step)
+                x, y = tf.ones([128, 256]), tf.ones([128, 1])
+                f(x, y)
+            jobs.append((job, model, opt, f, x, y))
+        pool.clear_trace()
+        for job, model, opt, f, x, y in jobs:
+            with job.eager_scope():
+                f(x, y)
+        step_allocs = [e for e in pool.trace() if e["kind"] == "alloc" and e["stream"] != 0]
+        pool.sync_and_coalesce()  # free chunks of different jobs' sets merge only at a sync
+        live = [c for c in pool.chunks() if c["in_use"]]
+        free = [c for c in pool.chunks() if not c["in_use"]]
+        print(json.dumps({
+            "top_ops": sorted({e["op"] for e in step_allocs if e["placement"] == "top"}),
+            "best_fit_ops": sorted({e["op"] for e in step_allocs if e["placement"] == "best_fit"}),
+            "lowest_live": min(c["offset"] for c in live),
+            "live_bytes": sum(c["size"] for c in live),
+            "first_free": min(free, key=lambda c: c["offset"]),
+            "capacity": pool.stats()["capacity"],
+            "param_bytes": sum(int(v.numpy().nbytes) for _, m, o, *_ in jobs for v in m.weights + list(o.variables)),
+        }))
+    """)
+    out = last_json_line(proc)
+    assert out is not None, proc.stderr[-2000:]
+    # In a step, only the buffers variables get (Adam's updates copy on write)
+    # are cut from the top; activations and gradients come from the bottom.
+    assert out["top_ops"] and all("AssignAddVariableOp" in op or "AssignSubVariableOp" in op
+                                  or "AssignVariableOp" in op for op in out["top_ops"]), out["top_ops"]
+    assert any("MatMul" in op for op in out["best_fit_ops"]), out["best_fit_ops"]
+    # Between steps only long-lived buffers are live (both jobs' parameters and
+    # Adam slots, inputs, a few scalars), stacked at the top, holes included
+    # in at most as many bytes again ...
+    assert out["live_bytes"] >= out["param_bytes"] > 0
+    assert out["lowest_live"] >= out["capacity"] - 2 * out["live_bytes"], out
+    # ... and everything below them is one free run.
+    assert out["first_free"]["offset"] == 0 and out["first_free"]["size"] == out["lowest_live"], out

@@ -59,8 +59,16 @@ StreamAwarePool& GetOrCreateDevicePool() {
   std::lock_guard<std::mutex> lock(g_config_mu);
   if (StreamAwarePool* pool = g_device_pool.load()) return *pool;
   // Never destroyed: TensorFlow frees tensors during process exit.
+  // TENSILE_POOL_TRACE_EVENTS: the event trace's ring size (default 65536;
+  // recording a whole run for benchmarks/fragmentation_replay.py needs more).
+  size_t trace_events = 1 << 16;
+  if (const char* env = std::getenv("TENSILE_POOL_TRACE_EVENTS")) {
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(env, &end, 10);
+    if (end != env && *end == '\0' && v > 0) trace_events = static_cast<size_t>(v);
+  }
   auto* pool = new StreamAwarePool("device", CapacityLocked(),
-                                   std::make_unique<HostBackend>());
+                                   std::make_unique<HostBackend>(), trace_events);
   g_device_pool.store(pool);
   return *pool;
 }
