@@ -16,11 +16,11 @@ trace's explicit syncs) and varies only where a request is placed:
 - best-fit-across: best fit over own unsynced and synced chunks together
   (what the pool does; Note [Best fit across own and synced]);
 - best-fit-across+high-end: the same, but requests of 1 MiB or more are
-  carved from the high end of their chunk (large and small apart);
-- long-lived-top: best-fit-across for train-step allocations, and the
-  allocations of no train step (variables, eager ops: the trace marks them
-  ``placement: top``) cut from the top of the highest chunk that fits (what
-  the pool does now; Note [Long-lived allocations at the top]).
+  carved from the high end of their chunk (large and small apart).
+
+(A fourth policy, long-lived allocations cut from the arena's top, was
+prototyped in the pool itself and measured here; it was not adopted:
+benchmarks/RESULTS.md, "Fragmentation".)
 
 `record` keeps every event: it sets TENSILE_POOL_TRACE_EVENTS (the ring's
 size) before the pool exists.
@@ -40,7 +40,7 @@ import sys
 MIN_CHUNK = 256
 LARGE = 1 << 20
 SYNCED = -1
-POLICIES = ("seed-order", "best-fit-across", "best-fit-across+high-end", "long-lived-top")
+POLICIES = ("seed-order", "best-fit-across", "best-fit-across+high-end")
 
 
 class ReplayPool:
@@ -65,17 +65,13 @@ class ReplayPool:
         fits = [(size, o) for o, size in candidates if size >= n]
         return min(fits) if fits else None
 
-    def _top_fit(self, candidates, n: int):
-        fits = [(o, size) for o, size in candidates if size >= n]
-        return max(fits)[::-1] if fits else None
-
-    def _carve(self, size: int, offset: int, n: int, stream: int, top: bool = False) -> int:
+    def _carve(self, size: int, offset: int, n: int, stream: int) -> int:
         owner = self.chunks[offset][1]
         self._unmark_free(offset)
         if size - n < MIN_CHUNK:
             self.chunks[offset] = [size, stream, True]
             return offset
-        if top or (self.policy.endswith("high-end") and n >= LARGE):
+        if self.policy.endswith("high-end") and n >= LARGE:
             self.chunks[offset] = [size - n, owner, False]
             self._mark_free(offset, owner)
             at = offset + size - n
@@ -88,14 +84,8 @@ class ReplayPool:
         bisect.insort(self.offsets, offset + n)
         return offset
 
-    def allocate(self, nbytes: int, stream: int, long_lived: bool = False) -> int | None:
+    def allocate(self, nbytes: int, stream: int) -> int | None:
         n = max(1, -(-nbytes // MIN_CHUNK)) * MIN_CHUNK
-        if self.policy == "long-lived-top" and long_lived:
-            fit = self._top_fit(self._free_chunks(stream) + self._free_chunks(SYNCED), n)
-            if fit is None:
-                self.sync()
-                fit = self._top_fit(self._free_chunks(SYNCED), n)
-            return None if fit is None else self._carve(*fit, n, stream, top=True)
         if self.policy == "seed-order":
             fit = self._best_fit(self._free_chunks(stream), n) or self._best_fit(self._free_chunks(SYNCED), n)
         else:
@@ -145,7 +135,7 @@ def serves(trace: list[dict], capacity: int, policy: str) -> bool:
     pool, where = ReplayPool(capacity, policy), {}
     for e in trace:
         if e["kind"] == "alloc":
-            at = pool.allocate(e["bytes"], e["stream"], e.get("placement") == "top")
+            at = pool.allocate(e["bytes"], e["stream"])
             if at is None:
                 return False
             where[e["offset"]] = at

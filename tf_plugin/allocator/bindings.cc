@@ -106,19 +106,12 @@ Streams are jobs; allocate() returns an arena offset.)doc")
       .def(
           "allocate",
           [](StreamAwarePool& p, int64_t nbytes, int stream,
-             const std::string& op, const std::string& placement) {
+             const std::string& op) {
             if (nbytes < 0) throw py::value_error("nbytes must be >= 0");
-            if (placement != "best_fit" && placement != "top") {
-              throw py::value_error("placement must be 'best_fit' or 'top', got '" +
-                                    placement + "'");
-            }
-            const tensile::Placement where = placement == "top"
-                                                 ? tensile::Placement::kTop
-                                                 : tensile::Placement::kBestFit;
             void* ptr;
             {
               py::gil_scoped_release release;
-              ptr = p.Allocate(static_cast<size_t>(nbytes), stream, op, where);
+              ptr = p.Allocate(static_cast<size_t>(nbytes), stream, op);
             }
             if (ptr == nullptr) {
               PyErr_SetString(pool_oom,
@@ -128,9 +121,7 @@ Streams are jobs; allocate() returns an arena offset.)doc")
             return static_cast<int64_t>(static_cast<char*>(ptr) - p.base());
           },
           py::arg("nbytes"), py::arg("stream") = 0, py::arg("op") = "",
-          py::arg("placement") = "best_fit",
-          "Allocates nbytes for `stream` ('top': a long-lived buffer, cut from "
-          "the highest chunk that fits); returns the arena offset.")
+          "Allocates nbytes for `stream`; returns the arena offset.")
       .def(
           "deallocate",
           [](StreamAwarePool& p, int64_t offset, const std::string& op) {
@@ -178,9 +169,6 @@ Streams are jobs; allocate() returns an arena offset.)doc")
                d["offset"] = e.offset;
                d["pool_current"] = e.pool_current;
                d["op"] = e.op_name();
-               if (e.kind == tensile::PoolEventKind::kAlloc) {
-                 d["placement"] = e.placement ? "top" : "best_fit";
-               }
                out.append(d);
              }
              return out;

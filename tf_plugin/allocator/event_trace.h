@@ -37,7 +37,6 @@ struct PoolEvent {
   int64_t bytes = 0;        // chunk bytes (alloc/free), requested bytes (oom)
   int64_t offset = -1;      // arena offset of the chunk; -1 for sync/oom
   int64_t pool_current = 0; // pool bytes in use after the event
-  uint8_t placement = 0;    // alloc: 0 best fit, 1 top (stream_aware_pool.h Placement)
   char op[kOpNameBytes] = {0};  // op name, NUL terminated, maybe truncated
 
   std::string op_name() const { return std::string(op); }
@@ -57,8 +56,7 @@ class EventTrace {
   void set_enabled(bool enabled) { enabled_ = enabled; }
 
   void Record(PoolEventKind kind, int32_t stream, int64_t bytes,
-              int64_t offset, int64_t pool_current, std::string_view op,
-              uint8_t placement = 0) {
+              int64_t offset, int64_t pool_current, std::string_view op) {
     if (!enabled()) return;
     PoolEvent& e = events_[next_ % events_.size()];
     e.time_ns = SteadyNowNs();
@@ -67,7 +65,6 @@ class EventTrace {
     e.bytes = bytes;
     e.offset = offset;
     e.pool_current = pool_current;
-    e.placement = placement;
     const size_t n = std::min(op.size(), PoolEvent::kOpNameBytes - 1);
     if (n > 0) std::memcpy(e.op, op.data(), n);
     e.op[n] = '\0';

@@ -112,16 +112,6 @@ StreamAwarePool::ChunkHandle StreamAwarePool::BestFit(const FreeChunkSet& set,
   return it == set.by_size.end() ? kNoChunk : *it;
 }
 
-StreamAwarePool::ChunkHandle StreamAwarePool::TopFit(const FreeChunkSet& set,
-                                                     size_t bytes) const {
-  if (set.bytes < static_cast<int64_t>(bytes)) return kNoChunk;
-  ChunkHandle best = kNoChunk;
-  for (auto it = set.by_size.lower_bound(SizeProbe{bytes}); it != set.by_size.end(); ++it) {
-    if (best == kNoChunk || chunks_[*it].offset > chunks_[best].offset) best = *it;
-  }
-  return best;
-}
-
 void StreamAwarePool::InsertFree(ChunkHandle h, StreamId owner) {
   Chunk& c = chunks_[h];
   c.in_use = false;
@@ -155,25 +145,10 @@ MemoryCounters& StreamAwarePool::CountersFor(StreamId stream) {
 }
 
 void* StreamAwarePool::Carve(ChunkHandle h, size_t bytes, size_t requested,
-                             StreamId stream, std::string_view op,
-                             Placement placement) {
+                             StreamId stream, std::string_view op) {
   RemoveFree(h);
   const StreamId set_owner = chunks_[h].owner;
-  if (placement == Placement::kTop && chunks_[h].size - bytes >= kMinChunkBytes) {
-    // Cut from the top: the new chunk is the upper part, h keeps the rest.
-    ChunkHandle top = NewChunk();  // may reallocate chunks_
-    Chunk& c = chunks_[h];
-    Chunk& t = chunks_[top];
-    t.offset = c.offset + c.size - bytes;
-    t.size = bytes;
-    t.prev = h;
-    t.next = c.next;
-    if (c.next != kNoChunk) chunks_[c.next].prev = top;
-    c.next = top;
-    c.size -= bytes;
-    InsertFree(h, set_owner);
-    h = top;
-  } else if (chunks_[h].size - bytes >= kMinChunkBytes) {
+  if (chunks_[h].size - bytes >= kMinChunkBytes) {
     ChunkHandle rest = NewChunk();  // may reallocate chunks_
     Chunk& c = chunks_[h];
     Chunk& r = chunks_[rest];
@@ -203,13 +178,12 @@ void* StreamAwarePool::Carve(ChunkHandle h, size_t bytes, size_t requested,
   }
   requested_current_ += static_cast<int64_t>(requested);
   trace_.Record(PoolEventKind::kAlloc, stream, size,
-                static_cast<int64_t>(c.offset), counters_.current, op,
-                static_cast<uint8_t>(placement));
+                static_cast<int64_t>(c.offset), counters_.current, op);
   return base_ + c.offset;
 }
 
 void* StreamAwarePool::Allocate(size_t bytes, StreamId stream,
-                                std::string_view op, Placement placement) {
+                                std::string_view op) {
   const size_t rounded =
       std::max<size_t>(1, (bytes + kMinChunkBytes - 1) / kMinChunkBytes) *
       kMinChunkBytes;
@@ -222,15 +196,10 @@ void* StreamAwarePool::Allocate(size_t bytes, StreamId stream,
     // 1-2. The stream's own unsynced chunks and the synced chunks: both are
     //      safe without a sync, so take the best fit across the two (own
     //      chunk on equal size). See Note [Best fit across own and synced].
-    //    kTop: the higher of the two sets' highest fits.
-    const bool top = placement == Placement::kTop;
-    ChunkHandle h = top ? TopFit(*unsynced_[stream], rounded)
-                        : BestFit(*unsynced_[stream], rounded);
-    const ChunkHandle synced = top ? TopFit(synced_, rounded) : BestFit(synced_, rounded);
+    ChunkHandle h = BestFit(*unsynced_[stream], rounded);
+    const ChunkHandle synced = BestFit(synced_, rounded);
     if (synced != kNoChunk &&
-        (h == kNoChunk ||
-         (top ? chunks_[synced].offset > chunks_[h].offset
-              : chunks_[synced].size < chunks_[h].size))) {
+        (h == kNoChunk || chunks_[synced].size < chunks_[h].size)) {
       h = synced;
     }
     // 3. Other streams' unsynced chunks, which need a sync first. The sync
@@ -238,9 +207,9 @@ void* StreamAwarePool::Allocate(size_t bytes, StreamId stream,
     //    unsynced chunks sit next to synced ones.
     if (h == kNoChunk && unsynced_bytes_ > 0) {
       SyncAndCoalesceLocked(/*forced_by_allocate=*/true);
-      h = top ? TopFit(synced_, rounded) : BestFit(synced_, rounded);
+      h = BestFit(synced_, rounded);
     }
-    if (h != kNoChunk) return Carve(h, rounded, bytes, stream, op, placement);
+    if (h != kNoChunk) return Carve(h, rounded, bytes, stream, op);
   }
   counters_.num_ooms += 1;
   CountersFor(stream).num_ooms += 1;

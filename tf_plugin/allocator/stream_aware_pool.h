@@ -38,21 +38,6 @@
 // (peak 55.3 MiB), the smallest arena that served it fell from 80.9 MiB
 // (seed order) to 64.5 MiB (benchmarks/RESULTS.md, "Fragmentation").
 //
-// Note [Long-lived allocations at the top]
-// The arena is never compacted, so a long-lived buffer left in the middle of
-// it splits the free space for good. Variables (parameters, optimizer slots)
-// and the other buffers made outside any train step are created while other
-// jobs run and next to their initializers' temporaries; placed best fit,
-// they land in whatever hole fits and scatter two jobs' parameters over the
-// arena. Measured: two InceptionV3 jobs (75x75, batch 8, parameters 62% of a
-// 256 MiB pool) failed a 26.9 MiB Conv2DBackpropFilter scratch with 139 MiB
-// free in 129 chunks, largest 17.4 MiB. So Allocate takes a Placement: kTop
-// (the TF adapter passes it for allocations of no train step) takes the
-// highest free chunk that fits and carves from its top, stacking long-lived
-// buffers down from the arena's end; kBestFit (every step's allocations)
-// keeps policy 4 from the bottom. Both search the same sets, so the
-// Waterwave guarantee below is unchanged; only where a chunk is cut differs.
-//
 // Invariant relied on by the TF adapter and checked by CheckInvariants():
 // a chunk freed by stream A is never handed to stream B != A before a sync.
 //
@@ -133,12 +118,6 @@ struct ChunkInfo {
 };
 constexpr StreamId kSyncedOwner = -1;
 
-// Where Allocate cuts a request (Note [Long-lived allocations at the top]).
-enum class Placement : uint8_t {
-  kBestFit = 0,  // smallest chunk that fits, lowest offset: step allocations
-  kTop = 1,      // highest chunk that fits, cut from its top: long-lived ones
-};
-
 class StreamAwarePool {
  public:
   static constexpr size_t kMinChunkBytes = 256;
@@ -155,9 +134,7 @@ class StreamAwarePool {
   // Returns a pointer into the arena of at least `bytes` bytes, aligned to
   // kMinChunkBytes, or nullptr when no chunk can be found even after a sync
   // (an OOM: counted and traced; DescribeOom() says why).
-  // `placement`: Note [Long-lived allocations at the top].
-  void* Allocate(size_t bytes, StreamId stream, std::string_view op = {},
-                 Placement placement = Placement::kBestFit);
+  void* Allocate(size_t bytes, StreamId stream, std::string_view op = {});
   // Frees a pointer returned by Allocate. The chunk joins the unsynced set of
   // the stream that allocated it. Unknown pointers abort (memory corruption).
   void Deallocate(void* ptr, std::string_view op = {});
@@ -249,13 +226,11 @@ class StreamAwarePool {
   FreeChunkSet& SetFor(StreamId owner);
   // Best-fit chunk of at least `bytes` in `set`, or kNoChunk.
   ChunkHandle BestFit(const FreeChunkSet& set, size_t bytes) const;
-  // Highest-offset chunk of at least `bytes` in `set`, or kNoChunk.
-  ChunkHandle TopFit(const FreeChunkSet& set, size_t bytes) const;
   void InsertFree(ChunkHandle h, StreamId owner);
   void RemoveFree(ChunkHandle h);
   // Hands `bytes` of free chunk h to `stream`, splitting off the rest.
   void* Carve(ChunkHandle h, size_t bytes, size_t requested, StreamId stream,
-              std::string_view op, Placement placement);
+              std::string_view op);
   // Merges free chunk `b` (the next neighbour of `a`) into `a`; neither may
   // be in a FreeChunkSet.
   void Merge(ChunkHandle a, ChunkHandle b);

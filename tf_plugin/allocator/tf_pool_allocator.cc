@@ -86,22 +86,6 @@ void FallbackFree(void* ptr) {
   std::free(ptr);
 }
 
-// True for an op that gives a resource variable a new buffer: TensorFlow's
-// variable updates copy on write when the old buffer is still read
-// (PrepareToUpdateVariable), and the copy is the variable's buffer from then
-// on. The annotation carries the node's name, which for these ops is their
-// type unless the user renamed them (a misplaced buffer costs headroom,
-// never correctness).
-bool WritesVariable(std::string_view op_name) {
-  const size_t slash = op_name.rfind('/');
-  const std::string_view leaf =
-      slash == std::string_view::npos ? op_name : op_name.substr(slash + 1);
-  auto starts = [&](std::string_view p) { return leaf.substr(0, p.size()) == p; };
-  return (starts("Assign") && leaf.find("VariableOp") != std::string_view::npos) ||
-         starts("ResourceApply") || starts("ResourceSparseApply") ||
-         starts("ResourceScatter");
-}
-
 class TensilePoolAllocator : public tsl::Allocator {
  public:
   explicit TensilePoolAllocator(StreamAwarePool* pool) : pool_(pool) {}
@@ -120,20 +104,8 @@ class TensilePoolAllocator : public tsl::Allocator {
     }
     const auto& annotation =
         tsl::profiler::ScopedMemoryDebugAnnotation::CurrentAnnotation();
-    // Note [Long-lived allocations at the top] in stream_aware_pool.h: a
-    // train step's allocations are cut best fit from the bottom, except a
-    // variable's new buffer; the allocations of no train step (variables
-    // created, eager ops, inputs) are long-lived and go to the top.
-    const StreamId step_stream = StreamForStep(annotation.pending_step_id);
-    const StreamId stream = step_stream != kDefaultStream
-                                ? step_stream
-                                : StreamForAllocation(annotation.pending_step_id);
-    const Placement placement =
-        step_stream == kDefaultStream || WritesVariable(annotation.pending_op_name)
-            ? Placement::kTop
-            : Placement::kBestFit;
-    void* p = pool_->Allocate(num_bytes, stream, annotation.pending_op_name,
-                              placement);
+    const StreamId stream = StreamForAllocation(annotation.pending_step_id);
+    void* p = pool_->Allocate(num_bytes, stream, annotation.pending_op_name);
     if (p == nullptr && annotation.pending_op_name.empty()) {
       LOG(WARNING) << "tensile pool: "
                    << pool_->DescribeOom(num_bytes, stream, "<no op>")
