@@ -23,6 +23,11 @@ def configure_host_store(capacity_bytes: int) -> None:
     _plugin.configure_host_store(int(capacity_bytes))
 
 
+def configure_host_cache(limit_bytes: int) -> None:
+    """Caps the host store's cache of freed buffers kept for reuse (0: none)."""
+    _plugin.configure_host_cache(int(limit_bytes))
+
+
 def host_store_stats() -> dict[str, Any]:
     return _plugin.host_store_stats()
 
@@ -43,6 +48,17 @@ def swap_bandwidth() -> float:
 
 def swap_channel_stats() -> dict[str, Any]:
     return _plugin.swap_channel_stats()
+
+
+def set_swap_log_capacity(capacity: int) -> None:
+    """Keeps the last ``capacity`` finished transfers for ``swap_channel_log`` (0: off)."""
+    _plugin.set_swap_log_capacity(int(capacity))
+
+
+def swap_channel_log() -> list[dict[str, Any]]:
+    """The logged transfers, oldest first: kind, bytes, and the steady-clock
+    ns at which each was submitted, due (trigger + delta t), started, ended."""
+    return _plugin.swap_channel_log()
 
 
 def reset_swap_stats() -> None:

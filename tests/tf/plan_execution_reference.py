@@ -30,6 +30,8 @@ parser.add_argument("--capture-only", action="store_true",
 parser.add_argument("--empty-plan", action="store_true", help="apply a plan without events (order + re-import only)")
 parser.add_argument("--graph-dependent-rewrites", action="store_true",
                     help="leave Grappler's graph-dependent rewrites on (Note [Graph-dependent Grappler rewrites])")
+parser.add_argument("--trace-json", default="",
+                    help="write the pool's event trace of the timed steps here (with each job's stream id and step start times)")
 parser.add_argument("--grappler-off", default="", help="comma-separated Grappler optimizers to turn off")
 args = parser.parse_args()
 
@@ -117,14 +119,21 @@ else:
         j["run"] = j["step"]
 
 swap.reset_swap_stats()
+if args.trace_json:
+    swap.set_swap_log_capacity(1 << 16)
 peaks, times = [], []
 import threading  # noqa: E402
 job_peaks = {j["name"]: [] for j in jobs}
+step_starts = []
 for i in range(args.steps):
+    if args.trace_json and i == 0:
+        pool.clear_trace()
+        pool.set_trace_enabled(True)
     pool.reset_peak()
     for j in jobs:
         j["stream"].reset_peak()
     t0 = time.perf_counter()
+    step_starts.append(time.monotonic_ns())
     if len(jobs) == 1:
         jobs[0].setdefault("losses", []).append(jobs[0]["run"](*jobs[0]["batches"][i % 3]))
     else:
@@ -138,6 +147,10 @@ for i in range(args.steps):
     peaks.append(pool.stats()["peak"])
     for j in jobs:
         job_peaks[j["name"]].append(j["stream"].stats()["peak"])
+if args.trace_json:
+    with open(args.trace_json, "w") as f:
+        json.dump({"streams": {j["name"]: j["stream"].stream for j in jobs}, "events": pool.trace(),
+                   "transfers": swap.swap_channel_log(), "step_starts_ns": step_starts}, f)
 for j in jobs:
     if args.planned and not args.capture_only:
         with j["stream"].eager_scope():

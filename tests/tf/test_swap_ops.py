@@ -12,6 +12,7 @@ from tf_plugin import swap
 def _restore_settings():
     yield
     swap.configure_host_store(16 << 30)
+    swap.configure_host_cache(2 << 30)
     swap.set_swap_bandwidth(0)
     swap.drain_swap_channel()
 
@@ -37,6 +38,29 @@ def test_swap_roundtrip_is_exact_and_frees_host_copy():
     after = swap.host_store_stats()
     assert after["current"] == before["current"]
     assert after["allocated"] - before["allocated"] == 4096 * 4
+
+
+def test_host_buffers_are_reused_by_later_swap_outs_of_the_same_size():
+    """Policy 5 of host_store.h: a freed host copy's buffer serves the next
+    swap-out of its size class; with the cache off every swap-out allocates."""
+    n = 100_000  # 400,000 bytes: size class 401,408 (98 pages)
+    f = _roundtrip(n)
+    x = tf.random.normal([n])
+    f(x)
+    before = swap.host_store_stats()
+    for _ in range(3):
+        assert np.array_equal(f(x).numpy(), x.numpy())
+    after = swap.host_store_stats()
+    assert after["cache_hits"] - before["cache_hits"] == 3
+    assert after["cache_misses"] == before["cache_misses"]
+    assert after["cached"] >= 401_408 and after["current"] == before["current"]
+
+    swap.configure_host_cache(0)  # frees what is cached; nothing is kept from now on
+    assert swap.host_store_stats()["cached"] == 0
+    f(x)
+    off = swap.host_store_stats()
+    assert (off["cache_hits"], off["cache_misses"], off["cached"]) == (
+        after["cache_hits"], after["cache_misses"] + 1, 0)
 
 
 def test_host_store_is_bounded_with_a_clear_error():

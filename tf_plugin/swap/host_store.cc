@@ -2,10 +2,81 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <iterator>
 
 #include "tf_plugin/allocator/stream_aware_pool.h"  // HumanBytes
 
 namespace tensile {
+
+namespace {
+constexpr size_t kHostPageBytes = 4096;
+size_t SizeClass(size_t bytes) {
+  return std::max<size_t>(1, (bytes + kHostPageBytes - 1) / kHostPageBytes) * kHostPageBytes;
+}
+}  // namespace
+
+void HostBufferReturn::operator()(char* buffer) const {
+  if (buffer == nullptr) return;
+  if (store == nullptr) {
+    delete[] buffer;
+    return;
+  }
+  store->ReturnBuffer(buffer, capacity);
+}
+
+HostStore::~HostStore() {
+  std::lock_guard<std::mutex> lock(cache_mu_);
+  for (auto& [size, buffers] : cache_) {
+    for (char* b : buffers) delete[] b;
+  }
+  cache_.clear();
+}
+
+char* HostStore::TakeBuffer(size_t capacity) {
+  {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    auto it = cache_.find(capacity);
+    if (it != cache_.end() && !it->second.empty()) {
+      char* b = it->second.back();
+      it->second.pop_back();
+      cached_bytes_ -= static_cast<int64_t>(capacity);
+      cache_hits_ += 1;
+      return b;
+    }
+    cache_misses_ += 1;
+  }
+  return new char[capacity];
+}
+
+void HostStore::ReturnBuffer(char* buffer, size_t capacity) {
+  {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    if (cached_bytes_ + static_cast<int64_t>(capacity) <= static_cast<int64_t>(cache_limit_)) {
+      cache_[capacity].push_back(buffer);
+      cached_bytes_ += static_cast<int64_t>(capacity);
+      return;
+    }
+  }
+  delete[] buffer;
+}
+
+void HostStore::TrimCacheLocked() {
+  for (auto it = cache_.begin(); it != cache_.end() && cached_bytes_ > static_cast<int64_t>(cache_limit_);) {
+    auto& buffers = it->second;
+    while (!buffers.empty() && cached_bytes_ > static_cast<int64_t>(cache_limit_)) {
+      delete[] buffers.back();
+      buffers.pop_back();
+      cached_bytes_ -= static_cast<int64_t>(it->first);
+    }
+    it = buffers.empty() ? cache_.erase(it) : std::next(it);
+  }
+}
+
+void HostStore::SetCacheLimit(size_t cache_limit) {
+  std::lock_guard<std::mutex> lock(cache_mu_);
+  cache_limit_ = cache_limit;
+  TrimCacheLocked();
+}
 
 std::shared_ptr<HostEntry> HostStore::Reserve(size_t bytes,
                                               const std::string& label,
@@ -30,7 +101,9 @@ std::shared_ptr<HostEntry> HostStore::Reserve(size_t bytes,
     stats_.num_entries += 1;
   }
   auto e = std::make_shared<HostEntry>();
-  e->data.reset(new char[std::max<size_t>(bytes, 1)]);
+  const size_t size_class = SizeClass(bytes);
+  e->data = std::unique_ptr<char[], HostBufferReturn>(TakeBuffer(size_class),
+                                                      HostBufferReturn{this, size_class});
   e->bytes = bytes;
   e->label = label;
   return e;
@@ -122,6 +195,10 @@ HostStoreStats HostStore::Stats() {
   std::lock_guard<std::mutex> lock(mu_);
   HostStoreStats s = stats_;
   s.capacity = static_cast<int64_t>(capacity_);
+  std::lock_guard<std::mutex> cache_lock(cache_mu_);
+  s.cached = cached_bytes_;
+  s.cache_hits = cache_hits_;
+  s.cache_misses = cache_misses_;
   return s;
 }
 
@@ -138,7 +215,13 @@ HostStore& GetHostStore() {
       const unsigned long long v = std::strtoull(env, &end, 10);
       if (end != env && *end == '\0' && v > 0) capacity = v;
     }
-    return new HostStore(capacity);  // never destroyed (TF frees at exit)
+    size_t cache_limit = HostStore::kDefaultHostCacheBytes;
+    if (const char* env = std::getenv("TENSILE_HOST_CACHE_BYTES")) {
+      char* end = nullptr;
+      const unsigned long long v = std::strtoull(env, &end, 10);
+      if (end != env && *end == '\0') cache_limit = v;  // 0: no cache
+    }
+    return new HostStore(capacity, cache_limit);  // never destroyed (TF frees at exit)
   }();
   return *store;
 }

@@ -14,6 +14,17 @@
 //     a newer copy replaces the older.
 //  4. Every entry records the pool stream (job) that put it, so a job that
 //     fails between a swap-out and its swap-ins can drop its entries.
+//  5. Buffers are reused, as a GPU runtime reuses its pinned host buffers: a
+//     freed entry's buffer goes to a cache keyed by its size (rounded up to
+//     a page), and the next reservation of that size takes it, already
+//     touched. Activations repeat their sizes every step, so nearly every
+//     swap-out after the first step hits. Cached bytes are not held bytes
+//     (capacity bounds what entries hold); the cache keeps at most
+//     `cache_limit` bytes (TENSILE_HOST_CACHE_BYTES, default 2 GiB) and frees
+//     the rest. Measured without it (two planned Transformer jobs): a
+//     swap-out of 1 MiB took 0.9 ms, the kernel faulting in and zeroing a
+//     fresh buffer, against 0.1 ms for a swap-in into warm pool memory; a
+//     burst of 20 swap-outs then held 15 MiB in the pool for 18 ms.
 //
 // Thread safe: one mutex. No TensorFlow in this file.
 #ifndef TF_PLUGIN_SWAP_HOST_STORE_H_
@@ -40,11 +51,23 @@ struct HostStoreStats {
   int64_t num_frees = 0;
   int64_t num_rejected = 0;  // puts refused for lack of capacity
   int64_t num_entries = 0;
+  int64_t cached = 0;         // bytes of free buffers kept for reuse (policy 5)
+  int64_t cache_hits = 0;     // reservations served by a cached buffer
+  int64_t cache_misses = 0;   // reservations that allocated a new one
+};
+
+class HostStore;
+
+// Gives an entry's buffer back to its store's cache (policy 5).
+struct HostBufferReturn {
+  HostStore* store = nullptr;
+  size_t capacity = 0;  // the buffer's size (a size class)
+  void operator()(char* buffer) const;
 };
 
 // One host copy: bytes plus what is needed to rebuild the tensor.
 struct HostEntry {
-  std::unique_ptr<char[]> data;
+  std::unique_ptr<char[], HostBufferReturn> data;
   size_t bytes = 0;
   int dtype = 0;                 // TensorFlow DataType enum value
   std::vector<int64_t> shape;
@@ -55,7 +78,10 @@ struct HostEntry {
 
 class HostStore {
  public:
-  explicit HostStore(size_t capacity) : capacity_(capacity) {}
+  explicit HostStore(size_t capacity, size_t cache_limit = kDefaultHostCacheBytes)
+      : capacity_(capacity), cache_limit_(cache_limit) {}
+  ~HostStore();
+  static constexpr size_t kDefaultHostCacheBytes = size_t{2} << 30;
 
   // Reserves `bytes` for a new entry. Returns nullptr and sets *error when
   // the store cannot hold it.
@@ -79,11 +105,27 @@ class HostStore {
   // Drops every entry `stream` put (after a failed step); returns bytes freed.
   int64_t ReleaseStream(int32_t stream);
   void SetCapacity(size_t capacity);
+  // Frees every cached buffer beyond `cache_limit` bytes from now on.
+  void SetCacheLimit(size_t cache_limit);
   HostStoreStats Stats();
   void ResetPeak();
 
  private:
+  friend struct HostBufferReturn;
   void FreeLocked(const HostEntry& e);
+  // Policy 5: a buffer of `capacity` bytes, cached or new.
+  char* TakeBuffer(size_t capacity);
+  void ReturnBuffer(char* buffer, size_t capacity);
+  void TrimCacheLocked();
+
+  // cache_mu_ is never taken before mu_: an entry can die (and return its
+  // buffer) while mu_ is held.
+  std::mutex cache_mu_;
+  size_t cache_limit_;
+  std::unordered_map<size_t, std::vector<char*>> cache_;
+  int64_t cached_bytes_ = 0;
+  int64_t cache_hits_ = 0;
+  int64_t cache_misses_ = 0;
 
   std::mutex mu_;
   size_t capacity_;

@@ -22,6 +22,9 @@ void RegisterSwapBindings(py::module_& m) {
     d["num_frees"] = s.num_frees;
     d["num_rejected"] = s.num_rejected;
     d["num_entries"] = s.num_entries;
+    d["cached"] = s.cached;
+    d["cache_hits"] = s.cache_hits;
+    d["cache_misses"] = s.cache_misses;
     return d;
   });
   m.def(
@@ -32,6 +35,13 @@ void RegisterSwapBindings(py::module_& m) {
       },
       py::arg("capacity"));
   m.def("host_store_reset_peak", []() { GetHostStore().ResetPeak(); });
+  m.def(
+      "configure_host_cache",
+      [](int64_t cache_limit) {
+        if (cache_limit < 0) throw py::value_error("host cache limit must be >= 0 (0: no cache)");
+        GetHostStore().SetCacheLimit(static_cast<size_t>(cache_limit));
+      },
+      py::arg("cache_limit"));
   m.def(
       "host_store_release_stream",
       [](int stream) { return GetHostStore().ReleaseStream(stream); },
@@ -47,6 +57,7 @@ void RegisterSwapBindings(py::module_& m) {
     d["bytes_in"] = s.bytes_in;
     d["busy_s"] = s.busy_ns * 1e-9;
     d["copy_s"] = s.copy_ns * 1e-9;
+    d["done_s"] = s.done_ns * 1e-9;
     d["queue_wait_s"] = s.queue_wait_ns * 1e-9;
     d["max_queue_depth"] = s.max_queue_depth;
     d["thread_priority_raised"] = s.thread_priority_raised;
@@ -56,6 +67,29 @@ void RegisterSwapBindings(py::module_& m) {
     return d;
   });
   m.def("reset_swap_channel_stats", []() { GetSwapChannel().ResetStats(); });
+  m.def(
+      "set_swap_log_capacity",
+      [](int64_t capacity) {
+        if (capacity < 0) throw py::value_error("log capacity must be >= 0 (0: off)");
+        GetSwapChannel().SetLogCapacity(static_cast<size_t>(capacity));
+      },
+      py::arg("capacity"));
+  m.def("swap_channel_log", []() {
+    py::list out;
+    for (const TransferRecord& r : GetSwapChannel().Log()) {
+      py::dict d;
+      d["kind"] = r.kind == TransferKind::kSwapOut ? "swap_out"
+                                                       : "swap_in";
+      d["stream"] = r.stream;
+      d["bytes"] = r.bytes;
+      d["submitted_ns"] = r.submitted_ns;
+      d["not_before_ns"] = r.not_before_ns;
+      d["start_ns"] = r.start_ns;
+      d["end_ns"] = r.end_ns;
+      out.append(d);
+    }
+    return out;
+  });
   m.def(
       "set_swap_bandwidth",
       [](double bytes_per_s) {

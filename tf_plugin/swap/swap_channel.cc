@@ -77,6 +77,22 @@ void SwapChannel::ResetStats() {
   stats_.thread_priority_raised = raised;
 }
 
+void SwapChannel::SetLogCapacity(size_t capacity) {
+  std::lock_guard<std::mutex> lock(mu_);
+  log_capacity_ = capacity;
+  log_.assign(capacity, TransferRecord());
+  log_next_ = 0;
+}
+
+std::vector<TransferRecord> SwapChannel::Log() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<TransferRecord> out;
+  if (log_capacity_ == 0) return out;
+  const uint64_t n = std::min<uint64_t>(log_next_, log_capacity_);
+  for (uint64_t i = log_next_ - n; i < log_next_; ++i) out.push_back(log_[i % log_capacity_]);
+  return out;
+}
+
 // Policy 3: the calling thread's nice value, from TENSILE_SWAP_THREAD_NICE
 // (default -10; 0 leaves it alone). True if it was raised.
 static bool RaiseThreadPriority() {
@@ -122,15 +138,21 @@ void SwapChannel::Loop() {
     }
     const int64_t end = NowNs();
     if (q.t.done) q.t.done();
+    const int64_t done_end = NowNs();
 
     lock.lock();
+    stats_.pending -= 1;
+    if (stats_.pending == 0) idle_cv_.notify_all();
     (q.t.kind == TransferKind::kSwapOut ? stats_.swap_outs : stats_.swap_ins) += 1;
     (q.t.kind == TransferKind::kSwapOut ? stats_.bytes_out : stats_.bytes_in) += bytes;
     stats_.busy_ns += end - start;
     stats_.copy_ns += copied - start;
+    stats_.done_ns += done_end - end;
     stats_.queue_wait_ns += start - q.not_before_ns;
-    stats_.pending -= 1;
-    if (stats_.pending == 0) idle_cv_.notify_all();
+    if (log_capacity_ > 0) {
+      log_[log_next_++ % log_capacity_] =
+          TransferRecord{q.t.kind, q.t.stream, bytes, q.submitted_ns, q.not_before_ns, start, end};
+    }
   }
 }
 

@@ -48,6 +48,7 @@ struct SwapChannelStats {
   int64_t bytes_in = 0;
   int64_t busy_ns = 0;               // link occupied (copy + emulated time)
   int64_t copy_ns = 0;               // of which real memcpy
+  int64_t done_ns = 0;               // completion callbacks (TF's `done`), after the link
   int64_t queue_wait_ns = 0;         // not-before reached -> transfer started
   int64_t max_queue_depth = 0;
   int64_t pending = 0;               // submitted, not finished
@@ -56,12 +57,24 @@ struct SwapChannelStats {
   bool thread_priority_raised = false;  // policy 3
 };
 
+// One finished transfer, for the channel's timeline (steady clock, ns).
+struct TransferRecord {
+  TransferKind kind = TransferKind::kSwapOut;
+  int32_t stream = 0;         // the job (pool stream) whose op submitted it
+  int64_t bytes = 0;
+  int64_t submitted_ns = 0;
+  int64_t not_before_ns = 0;  // max(submitted, trigger + delta t)
+  int64_t start_ns = 0;       // the link took it
+  int64_t end_ns = 0;         // copy and emulated link time done
+};
+
 class SwapChannel {
  public:
   // `work` does the copy and returns the bytes moved; `done` completes the
   // op. Both run on the channel thread.
   struct Transfer {
     TransferKind kind = TransferKind::kSwapOut;
+    int32_t stream = 0;         // the submitting job's pool stream (for the log)
     int64_t not_before_ns = 0;  // steady clock
     std::function<int64_t()> work;
     std::function<void()> done;
@@ -81,6 +94,10 @@ class SwapChannel {
   void RecordLateness(bool late);
   SwapChannelStats Stats();
   void ResetStats();
+  // The last `capacity` finished transfers, oldest first (capacity 0: off,
+  // the default). Setting it clears the log.
+  void SetLogCapacity(size_t capacity);
+  std::vector<TransferRecord> Log();
   static int64_t NowNs();
 
  private:
@@ -106,6 +123,9 @@ class SwapChannel {
   bool stop_ = false;
   double bandwidth_ = 0;
   SwapChannelStats stats_;
+  std::vector<TransferRecord> log_;  // ring of log_capacity_
+  size_t log_capacity_ = 0;
+  uint64_t log_next_ = 0;
   std::thread thread_;
 };
 
