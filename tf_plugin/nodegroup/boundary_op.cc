@@ -57,6 +57,12 @@ class NodeGroupBarrierOp : public tensorflow::AsyncOpKernel {
     num_groups_ = static_cast<int>(num_groups);
   }
 
+  // Arriving is cheap, so the executor runs this op inline, the moment the
+  // group's leaves are done, instead of queueing it on the inter-op pool
+  // behind other jobs' compute (an AsyncOpKernel is "expensive" for ever;
+  // Note [Swap ops run inline] in tf_plugin/swap/swap_ops.cc).
+  bool IsExpensive() override { return false; }
+
   void ComputeAsync(tensorflow::OpKernelContext* ctx, DoneCallback done) override {
     NodeGroupPipeline& pipeline = DevicePipeline();
     const uint64_t id = pipeline.NewWaiterId();
