@@ -16,7 +16,8 @@
 //     TENSILE_SWAP_THREAD_NICE, default -10) so that job threads busy on
 //     every core do not delay transfers that are due (measured: two
 //     Transformer jobs on 2 cores, transfers waited 1-3 ms past their
-//     not-before time on an idle link, and each job's peak doubled). Where
+//     not-before time on an idle link; the doubled per-job peaks seen then
+//     had another cause, Note [Swap ops run inline] in swap_ops.cc). Where
 //     the process may not raise priorities it runs at the default one
 //     (`thread_priority_raised` in the stats says which).
 //  4. A transfer's completion callback runs on the channel thread after the
