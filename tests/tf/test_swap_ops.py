@@ -63,6 +63,26 @@ def test_host_buffers_are_reused_by_later_swap_outs_of_the_same_size():
         after["cache_hits"], after["cache_misses"] + 1, 0)
 
 
+def test_transfer_log_records_each_transfer_in_order():
+    n = 4096
+    f = _roundtrip(n)
+    f(tf.ones([n]))
+    swap.drain_swap_channel()
+    swap.set_swap_log_capacity(8)
+    try:
+        f(tf.ones([n]))
+        swap.drain_swap_channel()
+        log = swap.swap_channel_log()
+        assert [r["kind"] for r in log] == ["swap_out", "swap_in"]
+        for r in log:
+            assert r["bytes"] == n * 4
+            assert r["submitted_ns"] <= r["not_before_ns"] <= r["start_ns"] <= r["end_ns"]
+        assert log[0]["end_ns"] <= log[1]["start_ns"]  # one link: the swap-in after the swap-out
+    finally:
+        swap.set_swap_log_capacity(0)
+    assert swap.swap_channel_log() == []
+
+
 def test_host_store_is_bounded_with_a_clear_error():
     swap.configure_host_store(1024)
     with pytest.raises(tf.errors.ResourceExhaustedError, match="host store out of memory"):
