@@ -25,14 +25,8 @@ struct StepTableInit {
 
 size_t CapacityLocked() {
   if (g_configured_capacity != 0) return g_configured_capacity;
-  if (const char* env = std::getenv("TENSILE_POOL_BYTES")) {
-    char* end = nullptr;
-    const unsigned long long v = std::strtoull(env, &end, 10);
-    if (end != env && *end == '\0' && v > 0) return static_cast<size_t>(v);
-    // The Python layer validates the variable (and accepts "8GiB"); a bad
-    // value reaching here falls back to the default rather than crash TF.
-  }
-  return kDefaultDevicePoolBytes;
+  const size_t bytes = EnvByteCount("TENSILE_POOL_BYTES", 0);
+  return bytes > 0 ? bytes : kDefaultDevicePoolBytes;
 }
 
 }  // namespace
@@ -61,14 +55,10 @@ StreamAwarePool& GetOrCreateDevicePool() {
   // Never destroyed: TensorFlow frees tensors during process exit.
   // TENSILE_POOL_TRACE_EVENTS: the event trace's ring size (default 65536;
   // recording a whole run for benchmarks/fragmentation_replay.py needs more).
-  size_t trace_events = 1 << 16;
-  if (const char* env = std::getenv("TENSILE_POOL_TRACE_EVENTS")) {
-    char* end = nullptr;
-    const unsigned long long v = std::strtoull(env, &end, 10);
-    if (end != env && *end == '\0' && v > 0) trace_events = static_cast<size_t>(v);
-  }
+  const size_t trace_events = EnvByteCount("TENSILE_POOL_TRACE_EVENTS", 0);
   auto* pool = new StreamAwarePool("device", CapacityLocked(),
-                                   std::make_unique<HostBackend>(), trace_events);
+                                   std::make_unique<HostBackend>(),
+                                   trace_events > 0 ? trace_events : size_t{1} << 16);
   g_device_pool.store(pool);
   return *pool;
 }

@@ -44,6 +44,14 @@ std::string HumanBytes(int64_t bytes) {
   return buf;
 }
 
+size_t EnvByteCount(const char* name, size_t fallback) {
+  const char* env = std::getenv(name);
+  if (env == nullptr) return fallback;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(env, &end, 10);
+  return end != env && *end == '\0' ? static_cast<size_t>(v) : fallback;
+}
+
 // -------------------------------------------------------------------- pool
 
 StreamAwarePool::StreamAwarePool(std::string name, size_t capacity,

@@ -269,6 +269,12 @@ class StreamAwarePool {
 // "64.0 MiB": human-readable bytes for messages.
 std::string HumanBytes(int64_t bytes);
 
+// The byte count in environment variable `name` (plain decimal digits), or
+// `fallback` when it is unset or not a number. The Python layer validates
+// these variables (and accepts "8GiB"); a bad value reaching C++ falls back
+// rather than crash TensorFlow.
+size_t EnvByteCount(const char* name, size_t fallback);
+
 }  // namespace tensile
 
 #endif  // TF_PLUGIN_ALLOCATOR_STREAM_AWARE_POOL_H_

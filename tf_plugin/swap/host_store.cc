@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <iterator>
 
-#include "tf_plugin/allocator/stream_aware_pool.h"  // HumanBytes
+#include "tf_plugin/allocator/stream_aware_pool.h"  // HumanBytes, EnvByteCount
 
 namespace tensile {
 
@@ -209,19 +209,10 @@ void HostStore::ResetPeak() {
 
 HostStore& GetHostStore() {
   static HostStore* store = [] {
-    size_t capacity = kDefaultHostStoreBytes;
-    if (const char* env = std::getenv("TENSILE_HOST_BYTES")) {
-      char* end = nullptr;
-      const unsigned long long v = std::strtoull(env, &end, 10);
-      if (end != env && *end == '\0' && v > 0) capacity = v;
-    }
-    size_t cache_limit = HostStore::kDefaultHostCacheBytes;
-    if (const char* env = std::getenv("TENSILE_HOST_CACHE_BYTES")) {
-      char* end = nullptr;
-      const unsigned long long v = std::strtoull(env, &end, 10);
-      if (end != env && *end == '\0') cache_limit = v;  // 0: no cache
-    }
-    return new HostStore(capacity, cache_limit);  // never destroyed (TF frees at exit)
+    const size_t capacity = EnvByteCount("TENSILE_HOST_BYTES", 0);
+    const size_t cache_limit =  // 0: no cache
+        EnvByteCount("TENSILE_HOST_CACHE_BYTES", HostStore::kDefaultHostCacheBytes);
+    return new HostStore(capacity > 0 ? capacity : kDefaultHostStoreBytes, cache_limit);  // never destroyed (TF frees at exit)
   }();
   return *store;
 }

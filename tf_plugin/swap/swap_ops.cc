@@ -213,17 +213,23 @@ std::string VarKey(const tensorflow::ResourceHandle& h) {
   return h.container() + "/" + h.name();
 }
 
-class SwapOutOp : public AsyncOpKernel {
+// The four swap kernels: each starts a transfer on the SwapChannel and
+// completes when it is done. Starting one is cheap (Note [Swap ops run
+// inline]).
+class TransferKernel : public AsyncOpKernel {
  public:
-  explicit SwapOutOp(OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
+  using AsyncOpKernel::AsyncOpKernel;
+  bool IsExpensive() override { return false; }
+};
+
+class SwapOutOp : public TransferKernel {
+ public:
+  explicit SwapOutOp(OpKernelConstruction* ctx) : TransferKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_swap_ins", &num_swap_ins_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("label", &label_));
     if (label_.empty()) label_ = name();
     delta_ns_ = DeltaNs(ctx);
   }
-
-  // Note [Swap ops run inline]: starting a transfer is cheap.
-  bool IsExpensive() override { return false; }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     Tensor in = ctx->input(0);
@@ -243,7 +249,7 @@ class SwapOutOp : public AsyncOpKernel {
     SwapChannel::Transfer t;
     t.kind = TransferKind::kSwapOut;
     t.not_before_ns = SwapChannel::NowNs() + delta_ns_;
-    t.stream = StreamForStep(ctx->step_id());
+    t.stream = stream;
     const int refs = num_swap_ins_;
     const std::string label = label_;
     t.work = [in, handle, stream, refs, label, status]() mutable -> int64_t {
@@ -277,18 +283,15 @@ class SwapOutOp : public AsyncOpKernel {
   std::string label_;
 };
 
-class SwapInOp : public AsyncOpKernel {
+class SwapInOp : public TransferKernel {
  public:
-  explicit SwapInOp(OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
+  explicit SwapInOp(OpKernelConstruction* ctx) : TransferKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("T", &dtype_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("label", &label_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("event", &event_));
     if (label_.empty()) label_ = name();
     delta_ns_ = DeltaNs(ctx);
   }
-
-  // Note [Swap ops run inline]: starting a transfer is cheap.
-  bool IsExpensive() override { return false; }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     const int64_t handle = ctx->input(0).scalar<int64_t>()();
@@ -361,16 +364,13 @@ class SwapCheckOp : public OpKernel {
   std::string event_;
 };
 
-class VarSwapOutOp : public AsyncOpKernel {
+class VarSwapOutOp : public TransferKernel {
  public:
-  explicit VarSwapOutOp(OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
+  explicit VarSwapOutOp(OpKernelConstruction* ctx) : TransferKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("copy", &copy_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("label", &label_));
     delta_ns_ = DeltaNs(ctx);
   }
-
-  // Note [Swap ops run inline]: starting a transfer is cheap.
-  bool IsExpensive() override { return false; }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     const tensorflow::ResourceHandle& h = tensorflow::HandleFromInput(ctx, 0);
@@ -385,7 +385,7 @@ class VarSwapOutOp : public AsyncOpKernel {
     SwapChannel::Transfer t;
     t.kind = TransferKind::kSwapOut;
     t.not_before_ns = SwapChannel::NowNs() + delta_ns_;
-    t.stream = StreamForStep(ctx->step_id());
+    t.stream = stream;
     t.work = [var, key, label, copy, stream, status]() -> int64_t {
       int64_t moved = 0;
       Tensor old;  // freed after the lock is dropped
@@ -432,16 +432,13 @@ class VarSwapOutOp : public AsyncOpKernel {
   std::string label_;
 };
 
-class VarSwapInOp : public AsyncOpKernel {
+class VarSwapInOp : public TransferKernel {
  public:
-  explicit VarSwapInOp(OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
+  explicit VarSwapInOp(OpKernelConstruction* ctx) : TransferKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("keep_host", &keep_host_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("label", &label_));
     delta_ns_ = DeltaNs(ctx);
   }
-
-  // Note [Swap ops run inline]: starting a transfer is cheap.
-  bool IsExpensive() override { return false; }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     const tensorflow::ResourceHandle& h = tensorflow::HandleFromInput(ctx, 0);
