@@ -7,6 +7,7 @@ allocator of TensorFlow's CPU device (see ``tf_plugin``); do it right after
 import os as _os
 
 _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+_os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # Note [oneDNN's graph rewrites are off] (tf_plugin/_loader.py)
 
 from tensile_tf.memory import (  # noqa: E402
     JobStream,

@@ -5,6 +5,18 @@ Two facts decide the order (DESIGN.md):
   device, or TensorFlow dies on a fatal CHECK, so "too late" is detected here
   first and raised as a Python error;
 * TF_CPU_ALLOCATOR_USE_BFC makes TensorFlow bypass the allocator registry.
+* Note [oneDNN's graph rewrites are off]: on x86 CPUs with AVX-512
+  TensorFlow turns oneDNN on by default, and its layout pass merges op pairs
+  (Conv2D + BiasAdd, Conv2DBackpropFilter + BiasAddGrad, Pad + Conv2D) after
+  our rewrites, moving both ops' control edges onto the merged op. A control
+  edge that a plan, a recomputation gate or a node-group barrier put between
+  the two halves of such a pair becomes a cycle ("N nodes in a cycle") when
+  the step is instantiated. The emulated accelerator has no such CPU-only
+  pass, so the plugin sets TF_ENABLE_ONEDNN_OPTS=0 unless the user set it,
+  which TensorFlow reads once, at import; if TensorFlow was imported first
+  with oneDNN on, a warning says so. (The node-group partition is safe
+  either way: Note [Nodes TensorFlow merges stay in one group].) It also
+  keeps the CPU kernels' numerics the same on every machine.
 The same .so is then imported as a Python module (pybind11 bindings): the
 dynamic loader hands back the already loaded library, so TensorFlow and Python
 share one device pool.
@@ -15,6 +27,7 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
+import warnings
 from pathlib import Path
 
 LIBRARY_NAME = "_tensile_plugin"
@@ -48,6 +61,13 @@ def _tensorflow_devices_exist(tf) -> bool:
     return ctx is not None and ctx._context_handle is not None  # noqa: SLF001
 
 
+def onednn_rewrites_enabled() -> bool:
+    """Whether TensorFlow in this process runs oneDNN's graph rewrites."""
+    from tensorflow.python.util import _pywrap_util_port
+
+    return bool(_pywrap_util_port.IsMklEnabled())
+
+
 def load_plugin():
     """Imports TensorFlow, registers the pool allocator and ops, returns the module."""
     already = sys.modules.get(f"tf_plugin.{LIBRARY_NAME}")
@@ -59,8 +79,16 @@ def load_plugin():
             "BFC allocator and bypass the tensile device pool. Unset it (e.g. `unset "
             "TF_CPU_ALLOCATOR_USE_BFC`) before importing tensile_tf."
         )
+    # Note [oneDNN's graph rewrites are off]
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
     import tensorflow as tf
 
+    if onednn_rewrites_enabled():
+        warnings.warn(
+            "tf_plugin: TensorFlow runs with oneDNN on (imported before tensile_tf, or TF_ENABLE_ONEDNN_OPTS=1), so oneDNN's graph "
+            "rewrites merge ops across the control edges that TENSILE plans insert, and a planned step "
+            "can fail with 'N nodes in a cycle'. Import tensile_tf before tensorflow, or set "
+            "TF_ENABLE_ONEDNN_OPTS=0 before starting Python.", RuntimeWarning, stacklevel=3)
     if _tensorflow_devices_exist(tf):
         raise PluginLoadedTooLateError(
             "tf_plugin: TensorFlow already created its devices, so the tensile device pool can no "

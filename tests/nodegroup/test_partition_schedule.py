@@ -140,3 +140,35 @@ def test_unequal_jobs_keep_their_own_order():
                        mem_limit=100, split_size=10)
     s.validate()
     assert s.pair_of_group[2] == sorted(s.pair_of_group[2])
+
+
+def test_nodes_tensorflow_merges_share_a_group():
+    # conv -> bias (oneDNN merges them) with the bias vector read by a chain of
+    # its own; a split of 1 MiB would cut between conv and bias.
+    nodes = [GraphNode("x", 0, (), (), (("tx", MiB),)),
+             GraphNode("conv", 1, ("x",), ("tx",), (("tconv", 2 * MiB),), fuse_with=("bias",)),
+             GraphNode("read", 2, (), (), ()),
+             GraphNode("squeeze", 3, ("read",), (), ()),
+             GraphNode("bias", 4, ("conv", "squeeze"), ("tconv",), (("tbias", MiB),), fuse_with=("conv",)),
+             GraphNode("y", 5, ("bias",), ("tbias",), (("ty", MiB),))]
+    plain = partition_graph("j", [GraphNode(n.name, n.node_id, n.preds, n.inputs, n.outputs) for n in nodes], MiB)
+    g = plain.group_of()
+    assert g["conv"] != g["bias"]            # without the hint the cut falls between them
+    part = partition_graph("j", nodes, MiB)
+    g = part.group_of()
+    assert g["conv"] == g["bias"]
+    assert g["squeeze"] <= g["bias"] and g["read"] <= g["bias"]
+    for n in nodes:                          # still every edge forward
+        assert all(g[p] <= g[n.name] for p in n.preds)
+
+
+def test_a_merge_that_would_close_a_cycle_is_left_apart():
+    # a -> b -> c, and a "fuses" with c: contracting {a, c} would make b both
+    # before and after it, so TensorFlow cannot merge them either.
+    nodes = [GraphNode("a", 0, (), (), (("ta", MiB),), fuse_with=("c",)),
+             GraphNode("b", 1, ("a",), ("ta",), (("tb", MiB),)),
+             GraphNode("c", 2, ("b",), ("tb",), (("tc", MiB),), fuse_with=("a",))]
+    order, depth, _, _ = depth_order(nodes)
+    assert [n.name for n in order] == ["a", "b", "c"]
+    part = partition_graph("j", nodes, MiB)
+    assert [n for grp in part.groups for n in grp.nodes] == ["a", "b", "c"]

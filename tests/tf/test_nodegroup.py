@@ -20,9 +20,8 @@ import tensile_tf
 from tensile_tf.config import JobSpec
 from tensile_tf.host import JobHost
 from tensile_tf.jobs import Job
-host = JobHost("120MiB", pipeline=sys.argv[1] if len(sys.argv) > 1 else "{pipeline}", split_size="8MiB",
-               admission="none", barrier_timeout_s=60)
-for i in range(2):
+host = JobHost({pool}, pipeline="{pipeline}", split_size="8MiB", admission="none", barrier_timeout_s=60)
+for i in range({jobs}):
     host.submit(Job.from_spec(JobSpec(name=f"j{{i}}", model={{"builder": "tensile_tf.zoo:small_cnn",
         "args": {{"filters": [32, 64]}}}}, input_shape=[64, 64, 3], batch_size=32, steps=4, seed=i,
         optimizer={{"name": "sgd", "learning_rate": 0.01}})))
@@ -36,9 +35,15 @@ print(json.dumps({{"jobs": [[s.name, s.status.value, s.steps_done, s.error or ""
 
 
 def test_two_jobs_fit_only_when_pipelined():
-    free = last_json_line(run_python(TWO_JOBS.format(pipeline="none")))
-    piped = last_json_line(run_python(TWO_JOBS.format(pipeline="nodegroup")))
-    # The pool holds both jobs' parameters and one job's activations, not two.
+    # One job alone gives P and T (they depend on the kernels: with oneDNN on,
+    # fused convolutions need less); the pool then holds both jobs'
+    # parameters and one and a half jobs' activations, not two.
+    alone = last_json_line(run_python(TWO_JOBS.format(pool=1 << 30, pipeline="none", jobs=1)))
+    (_, status, _, _, p, t), = alone["jobs"]
+    assert status == "finished", alone
+    capacity = 2 * p + 3 * t // 2
+    free = last_json_line(run_python(TWO_JOBS.format(pool=capacity, pipeline="none", jobs=2)))
+    piped = last_json_line(run_python(TWO_JOBS.format(pool=capacity, pipeline="nodegroup", jobs=2)))
     (_, _, _, _, p0, t0), (_, _, _, _, p1, t1) = piped["jobs"]
     assert p0 + p1 + max(t0, t1) <= piped["capacity"] < p0 + p1 + t0 + t1
     # Free-running, the two activation peaks meet and a job runs out of memory.
@@ -212,3 +217,39 @@ def test_steps_that_create_optimizer_slots_in_their_first_trace_still_lift():
     assert [s.status for s in states] == [JobStatus.finished] * 2, [s.error for s in states]
     parts = result.pool["nodegroup"]["partitions"]
     assert all(len(p["groups"]) >= 3 for p in parts.values())
+
+
+ONEDNN_PIPELINE = """
+import json, sys
+import tensile_tf
+import tf_plugin.nodegroup.rewrite as rewrite
+from tf_plugin._loader import onednn_rewrites_enabled
+if "MODE" == "without-merge-hints":
+    rewrite.ONEDNN_MERGED_CHAINS = frozenset()
+from tensile_tf.config import JobSpec
+from tensile_tf.host import JobHost
+from tensile_tf.jobs import Job
+host = JobHost("1GiB", pipeline="nodegroup", split_size="64KiB", admission="none", barrier_timeout_s=60)
+for i in range(2):
+    host.submit(Job.from_spec(JobSpec(name=f"j{i}", model={"builder": "tensile_tf.zoo:small_cnn",
+        "args": {"filters": [16, 32]}}, input_shape=[32, 32, 3], batch_size=8, steps=2, seed=i,
+        optimizer={"name": "sgd", "learning_rate": 0.01})))
+r = host.run()
+print(json.dumps({"onednn": onednn_rewrites_enabled(), "jobs": [[s.status.value, s.error or ""] for s in r.jobs],
+                  "groups": [len(p["groups"]) for p in r.pool["nodegroup"]["partitions"].values()]}))
+"""
+
+
+def test_barriers_survive_onednn_merging_conv_and_bias():
+    """Note [Nodes TensorFlow merges stay in one group]: with oneDNN's graph
+    rewrites on (the default on AVX-512 CPUs), Conv2D + BiasAdd become one node
+    after the barriers are in; split between two groups they would close a cycle."""
+    env = {"TF_ENABLE_ONEDNN_OPTS": "1"}
+    with_hints = last_json_line(run_python(ONEDNN_PIPELINE.replace("MODE", "with"), env=env))
+    if not with_hints["onednn"]:
+        pytest.skip("this TensorFlow build has no oneDNN graph rewrites")
+    assert [s for s, _ in with_hints["jobs"]] == ["finished", "finished"], with_hints
+    assert min(with_hints["groups"]) >= 4, with_hints
+    # The same step without the hints: a cut falls inside a merged pair.
+    without = last_json_line(run_python(ONEDNN_PIPELINE.replace("MODE", "without-merge-hints"), env=env))
+    assert any("cycle" in e for _, e in without["jobs"]), without

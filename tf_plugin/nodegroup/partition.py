@@ -26,6 +26,24 @@ Cycles (v1 loops: NextIteration back edges) are removed first by DFS, as the
 seed's footnote 4 says; TF2 functional control flow (While, If, Case) is one
 node already, which is how the seed treats a control-flow construct.
 
+Note [Nodes TensorFlow merges stay in one group]
+TensorFlow may merge two nodes of the step into one after the barriers are
+in: oneDNN's layout pass (on by default on x86 CPUs with AVX-512) turns
+Conv2D + BiasAdd into one _MklConv2DWithBias node, Conv2DBackpropFilter +
+BiasAddGrad into one node, Pad into the Conv2D it feeds, and moves both
+nodes' control edges onto the merged node. It checks only that the two
+nodes' *incoming* control edges are equal (e.g. none: neither is a group's
+root). If the two were in different groups, the merged node would wait for
+the barrier after the earlier group while that barrier waits for it: a
+cycle, and the step fails to instantiate ("N nodes in a cycle"). A node
+therefore names the nodes it may be merged with (``GraphNode.fuse_with``,
+filled by ``tf_plugin.nodegroup.rewrite`` from the op types) and the
+partition treats each such set as one unit: depth is taken on the graph with
+every set contracted to one node, and no group boundary falls inside a set.
+A set whose contraction would close a cycle (a path leaves one member and
+comes back into another) cannot be merged by TensorFlow either and is left
+apart.
+
 Note [Net (de)allocation of a node]
 A node allocates the bytes of its outputs when it runs and frees every input
 tensor whose last consumer it is (in the depth order), and outputs nobody
@@ -37,6 +55,7 @@ e.g. summed from the pool's trace for one step).
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
@@ -51,6 +70,8 @@ class GraphNode:
     ``preds``: names of nodes it depends on (data and control edges).
     ``inputs``: tensors it reads; ``outputs``: (tensor, bytes) it produces.
     ``node_id``: creation order (ties in depth are broken by it).
+    ``fuse_with``: nodes TensorFlow may merge with this one; they share its
+    group (Note [Nodes TensorFlow merges stay in one group]).
     """
 
     name: str
@@ -58,6 +79,7 @@ class GraphNode:
     preds: tuple[str, ...] = ()
     inputs: tuple[str, ...] = ()
     outputs: tuple[tuple[str, int], ...] = ()
+    fuse_with: tuple[str, ...] = ()
 
 
 @dataclass
@@ -170,18 +192,17 @@ def remove_cycles(nodes: Sequence[GraphNode]) -> tuple[dict[str, list[str]], lis
     return preds, dropped
 
 
-def depth_order(nodes: Sequence[GraphNode]) -> tuple[list[GraphNode], dict[str, int], dict[str, list[str]],
-                                                     list[tuple[str, str]]]:
-    """Nodes in (depth, node_id) order; see Note [Depth is the longest path]."""
-    preds, dropped = remove_cycles(nodes)
-    by_name = {n.name: n for n in nodes}
-    succs: dict[str, list[str]] = {n.name: [] for n in nodes}
-    indeg = {n.name: len(preds[n.name]) for n in nodes}
-    for name, ps in preds.items():
-        for p in ps:
+def _longest_path_depths(names: Sequence[str], preds: Mapping[str, Iterable[str]]) -> dict[str, int]:
+    """Kahn's topological BFS: depth = 1 + the largest depth of a predecessor.
+    Nodes on a cycle get no depth."""
+    succs: dict[str, list[str]] = {n: [] for n in names}
+    indeg = {n: 0 for n in names}
+    for name in names:
+        for p in preds[name]:
             succs[p].append(name)
+            indeg[name] += 1
     depth: dict[str, int] = {}
-    frontier = [n.name for n in nodes if indeg[n.name] == 0]
+    frontier = [n for n in names if indeg[n] == 0]
     level = 0
     while frontier:
         nxt = []
@@ -193,9 +214,77 @@ def depth_order(nodes: Sequence[GraphNode]) -> tuple[list[GraphNode], dict[str, 
                     nxt.append(s)
         frontier = nxt
         level += 1
-    assert len(depth) == len(nodes), "cycle left after remove_cycles"
-    order = sorted(nodes, key=lambda n: (depth[n.name], n.node_id))
+    return depth
+
+
+def fusion_units(nodes: Sequence[GraphNode], preds: Mapping[str, list[str]]) -> dict[str, str]:
+    """Each node's unit (Note [Nodes TensorFlow merges stay in one group]):
+    the representative of its ``fuse_with`` set, itself when it has none or
+    when contracting its set would close a cycle."""
+    names = {n.name for n in nodes}
+    parent = {n.name: n.name for n in nodes}
+
+    def find(x: str) -> str:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for n in nodes:
+        for other in n.fuse_with:
+            if other in names:
+                a, b = find(n.name), find(other)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+    unit = {n.name: find(n.name) for n in nodes}
+    while True:
+        depth = _longest_path_depths(*_contracted(unit, preds))
+        sizes = Counter(unit.values())
+        merged_cyclic = {r for r in sizes if r not in depth and sizes[r] > 1}
+        if not merged_cyclic:
+            return unit
+        for name, r in unit.items():  # undo those merges, keep the rest
+            if r in merged_cyclic:
+                unit[name] = name
+
+
+def _contracted(unit: Mapping[str, str], preds: Mapping[str, list[str]]) -> tuple[list[str], dict[str, set[str]]]:
+    """The graph with every fusion unit contracted to its representative."""
+    reps = sorted(set(unit.values()))
+    unit_preds: dict[str, set[str]] = {r: set() for r in reps}
+    for name, ps in preds.items():
+        for p in ps:
+            if unit[p] != unit[name]:
+                unit_preds[unit[name]].add(unit[p])
+    return reps, unit_preds
+
+
+def depth_order(nodes: Sequence[GraphNode]) -> tuple[list[GraphNode], dict[str, int], dict[str, list[str]],
+                                                     list[tuple[str, str]]]:
+    """Nodes in (depth, node_id) order; see Note [Depth is the longest path].
+    Nodes of one fusion unit (Note [Nodes TensorFlow merges stay in one
+    group]) are consecutive: the order is by the unit's depth on the
+    contracted graph, then each node's own depth."""
+    order, depth, preds, dropped, _ = _ordered(nodes)
     return order, depth, preds, dropped
+
+
+def _ordered(nodes: Sequence[GraphNode]):
+    preds, dropped = remove_cycles(nodes)
+    depth = _longest_path_depths([n.name for n in nodes], preds)
+    assert len(depth) == len(nodes), "cycle left after remove_cycles"
+    unit = fusion_units(nodes, preds)
+    key = {n.name: (depth[n.name], n.node_id) for n in nodes}
+    if any(unit[n] != n for n in unit):
+        unit_depth = _longest_path_depths(*_contracted(unit, preds))
+        first_id: dict[str, int] = {}
+        for n in nodes:
+            r = unit[n.name]
+            first_id[r] = min(first_id.get(r, n.node_id), n.node_id)
+        key = {n.name: (unit_depth[unit[n.name]], first_id[unit[n.name]], depth[n.name], n.node_id)
+               for n in nodes}
+    order = sorted(nodes, key=lambda n: key[n.name])
+    return order, depth, preds, dropped, unit
 
 
 def node_deltas(order: Sequence[GraphNode], *, live_out: Iterable[str] = (),
@@ -247,7 +336,7 @@ def partition_graph(job: str, nodes: Sequence[GraphNode], split_size: int, *,
     """
     if split_size <= 0:
         raise ValueError(f"split_size must be a positive number of bytes, got {split_size}")
-    order, _, preds, dropped = depth_order(nodes)
+    order, _, preds, dropped, unit = _ordered(nodes)
     deltas = node_deltas(order, live_out=live_out, alloc_bytes=alloc_bytes)
     groups: list[NodeGroup] = []
     members: list[str] = []
@@ -263,12 +352,13 @@ def partition_graph(job: str, nodes: Sequence[GraphNode], split_size: int, *,
         groups.append(NodeGroup(len(groups), ANG if net > 0 else DNG, members, [], [], net, start, peak))
         members, start, net, peak = [], current, 0, current
 
-    for node, (allocated, freed) in zip(order, deltas):
+    for i, (node, (allocated, freed)) in enumerate(zip(order, deltas)):
         members.append(node.name)
         peak = max(peak, current + allocated)   # outputs exist before inputs are freed
         current += allocated - freed
         net += allocated - freed
-        if abs(net) >= split_size and (max_groups is None or len(groups) < max_groups - 1):
+        inside_unit = i + 1 < len(order) and unit[order[i + 1].name] == unit[node.name]
+        if abs(net) >= split_size and not inside_unit and (max_groups is None or len(groups) < max_groups - 1):
             close()
     close()
     _roots_and_leaves(groups, preds)

@@ -21,6 +21,13 @@ Identity, Reshape, ...) are grouped nodes that allocate nothing; their
 readers read the underlying tensor (it lives until they finish). Function
 calls and functional control flow (While, If, Case) are one node each, the
 seed's rule for control flow; their outputs are their allocation.
+
+Nodes that oneDNN's layout pass merges after the barriers are in
+(``ONEDNN_MERGED_CHAINS``, ``ONEDNN_MERGED_SIBLINGS``) name each other in
+``GraphNode.fuse_with`` so the partition keeps them in one group (Note [Nodes
+TensorFlow merges stay in one group] in partition.py). Producers are looked
+through forwarding ops: Grappler may remove an Identity between the two
+before oneDNN's pass runs.
 """
 from __future__ import annotations
 
@@ -35,6 +42,16 @@ SOURCE_OPS = frozenset({"Placeholder", "Const", "VarHandleOp", "TensileBindStep"
 FORWARDING_OPS = frozenset({"Identity", "IdentityN", "StopGradient", "Reshape", "Squeeze",
                             "ExpandDims", "EnsureShape", "PreventGradient"})
 BARRIER_OP = "TensileNodeGroupBarrier"
+# oneDNN's layout pass (tensorflow/core/graph/mkl_layout_pass.cc): producer ->
+# consumer pairs it merges into one node (Conv2D + BiasAdd, Pad + Conv2D, and
+# the Transpose + op + Transpose eliminations), and the sibling pair it merges
+# when both read the same gradient (Conv2DBackpropFilter input 2, BiasAddGrad
+# input 0).
+ONEDNN_MERGED_CHAINS = frozenset({
+    ("Conv2D", "BiasAdd"), ("Pad", "Conv2D"), ("Pad", "_FusedConv2D"),
+    ("Transpose", "Conv2D"), ("Conv2D", "Transpose"), ("Transpose", "Conv3D"), ("Conv3D", "Transpose"),
+    ("Transpose", "MaxPool3D"), ("MaxPool3D", "Transpose")})
+ONEDNN_MERGED_SIBLINGS = (("Conv2DBackpropFilter", 2), ("BiasAddGrad", 0))
 
 _ops = None
 
@@ -97,10 +114,46 @@ def graph_nodes(fg) -> tuple[list[GraphNode], list[str]]:
                 outputs.append((t.name, _static_bytes(t)))
         nodes.append(GraphNode(op.name, op._id, tuple(preds),  # noqa: SLF001
                                tuple(dict.fromkeys(r for r in reads if r is not None)), tuple(outputs)))
+    fuse = _onednn_merges(fg, grouped, canonical)
     nodes = [GraphNode(n.name, n.node_id, tuple(p for p in dict.fromkeys(n.preds) if p in grouped),
-                       n.inputs, n.outputs) for n in nodes]
+                       n.inputs, n.outputs, tuple(sorted(fuse.get(n.name, ())))) for n in nodes]
     live_out = [canonical[t.name] for t in fg.outputs if canonical.get(t.name)]
     return nodes, live_out
+
+
+def _onednn_merges(fg, grouped: set[str], canonical: dict[str, str | None]) -> dict[str, set[str]]:
+    """For each grouped node, the grouped nodes oneDNN's layout pass may merge it with."""
+    def producer(t) -> str:
+        src = canonical.get(t.name) or t.name
+        return src.rsplit(":", 1)[0]
+
+    fuse: dict[str, set[str]] = {}
+
+    def link(a: str, b: str) -> None:
+        if a in grouped and b in grouped and a != b:
+            fuse.setdefault(a, set()).add(b)
+            fuse.setdefault(b, set()).add(a)
+
+    readers: dict[tuple[str, str], list[str]] = {}   # (op type, tensor read) -> readers
+    sibling_input = dict(ONEDNN_MERGED_SIBLINGS)
+    types = {op.name: op.type for op in fg.get_operations()}
+    for op in fg.get_operations():
+        if op.name not in grouped:
+            continue
+        for t in op.inputs:
+            src = producer(t)
+            if (types.get(src), op.type) in ONEDNN_MERGED_CHAINS:
+                link(src, op.name)
+        k = sibling_input.get(op.type)
+        if k is not None and k < len(op.inputs):
+            readers.setdefault((op.type, canonical.get(op.inputs[k].name) or op.inputs[k].name), []).append(op.name)
+    (a_type, _), (b_type, _) = ONEDNN_MERGED_SIBLINGS
+    for (kind, tensor), names in readers.items():
+        if kind == a_type:
+            for a in names:
+                for b in readers.get((b_type, tensor), ()):
+                    link(a, b)
+    return fuse
 
 
 def barrier_op(job: int, boundary: int, num_groups: int):
