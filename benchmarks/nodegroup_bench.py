@@ -6,6 +6,10 @@ reaches in a pool of capacity C, divided by the largest batch one job reaches
 alone in C. Batches are found by doubling, then binary search. Modes:
 
 * ``sole``: one job alone in C (the denominator);
+* ``sole_barriers``: one job alone in C with its node-group barriers (per
+  ``--split``): alone it pairs with nobody, but the barriers still make its
+  groups run in order, which can lower its own peak; this tells that effect
+  apart from the sharing between jobs;
 * ``static``: static split, one job alone in C / N (what each job gets);
 * ``free``: N jobs free-running in one shared pool of C;
 * ``nodegroup``: N jobs in C with the node-group pipeline (``split_size``);
@@ -115,7 +119,8 @@ def main() -> int:
     ap.add_argument("--pool", required=True, help="capacity C, e.g. 160MiB")
     ap.add_argument("--jobs", type=int, nargs="+", default=[2])
     ap.add_argument("--split", nargs="+", default=["auto"], help="split_size values for the nodegroup mode")
-    ap.add_argument("--modes", nargs="+", default=["sole", "static", "free", "nodegroup", "hybrid"])
+    ap.add_argument("--modes", nargs="+", default=["sole", "static", "free", "nodegroup", "hybrid"],
+                    choices=["sole", "sole_barriers", "static", "free", "nodegroup", "hybrid"])
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--start", type=int, default=8, help="first batch tried")
     ap.add_argument("--json", help="append results (one JSON object per line) here")
@@ -138,6 +143,11 @@ def main() -> int:
         sole = search("sole", 1, args.pool, "none", "auto")
         results["modes"]["sole"] = sole
         print(f"{args.model}: sole max batch in {args.pool}: {sole}", flush=True)
+    if "sole_barriers" in args.modes:
+        for split in args.split:
+            best = search(f"sole+barriers[{split}]", 1, args.pool, "nodegroup", split)
+            results["modes"][f"sole_barriers[{split}]"] = best
+            print(f"{args.model}: sole max batch with barriers[{split}] in {args.pool}: {best}", flush=True)
     for n in args.jobs:
         row = {}
         if "static" in args.modes:
