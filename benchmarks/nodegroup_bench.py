@@ -55,7 +55,7 @@ host = JobHost({pool!r}, admission="none", pipeline={pipeline!r}, split_size={sp
                planner={planner!r})
 for i in range({jobs}):
     host.submit(Job.from_spec(JobSpec.model_validate(dict(name=f"j{{i}}", model={model!r},
-        input_shape={shape!r}, batch_size={batch}, steps={steps}, seed=i,
+        input_shape={shape!r}, batch_size={batch}, steps={steps}, seed=i, data={{"num_batches": {num_batches}}},
         optimizer={{"name": {opt!r}, "learning_rate": 0.001}}))))
 r = host.run()
 print(json.dumps({{"ok": all(s.status.value == "finished" for s in r.jobs), "peak": r.pool["peak"],
@@ -64,10 +64,10 @@ print(json.dumps({{"ok": all(s.status.value == "finished" for s in r.jobs), "pea
 
 
 def trial(model: str, pool: str, jobs: int, batch: int, pipeline: str, split: str, steps: int,
-          planner: str = "none") -> dict:
+          planner: str = "none", num_batches: int = 4) -> dict:
     spec, shape, opt = MODELS[model]
     code = CHILD.format(pool=pool, pipeline=pipeline, split=split, jobs=jobs, model=spec, shape=shape,
-                        batch=batch, steps=steps, opt=opt, planner=planner)
+                        batch=batch, steps=steps, opt=opt, planner=planner, num_batches=num_batches)
     env = {k: v for k, v in os.environ.items() if k != "TENSILE_POOL_BYTES"}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
@@ -122,6 +122,9 @@ def main() -> int:
     ap.add_argument("--modes", nargs="+", default=["sole", "static", "free", "nodegroup", "hybrid"],
                     choices=["sole", "sole_barriers", "static", "free", "nodegroup", "hybrid"])
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--num-batches", type=int, default=4,
+                    help="distinct synthetic batches each job keeps in the pool and cycles through (data.num_batches); "
+                         "they count in its persistent bytes")
     ap.add_argument("--start", type=int, default=8, help="first batch tried")
     ap.add_argument("--json", help="append results (one JSON object per line) here")
     args = ap.parse_args()
@@ -130,14 +133,15 @@ def main() -> int:
 
     def search(label, jobs, pool, pipeline, split, planner="none"):
         def ok(b):
-            r = trial(args.model, pool, jobs, b, pipeline, split, args.steps, planner)
+            r = trial(args.model, pool, jobs, b, pipeline, split, args.steps, planner, args.num_batches)
             trials.append({"label": label, "batch": b, **r})
             print(f"  {label:<24} batch {b:>5}: {'ok ' if r['ok'] else 'OOM'} ({r['seconds']:.0f} s)"
                   + ("" if r["ok"] else f"  {(r.get('errors') or [r.get('error', '')])[0][:120]!r}"), flush=True)
             return r["ok"]
         return max_batch(ok, args.start, None)
 
-    results = {"model": args.model, "pool": args.pool, "steps": args.steps, "modes": {}}
+    results = {"model": args.model, "pool": args.pool, "steps": args.steps, "num_batches": args.num_batches,
+               "modes": {}}
     sole = None
     if "sole" in args.modes:
         sole = search("sole", 1, args.pool, "none", "auto")

@@ -142,10 +142,12 @@ class RunSpec(_Strict):
     plan_budget: int | None = Field(
         None, description="planner: the pool bytes the jobs planned together may use at their combined peak, "
         "e.g. 80MiB (default: the pool less a 10% headroom)")
-    plan_peaks: Literal["timeline", "coincident"] = Field(
-        "timeline", description="planner: 'timeline' plans for the jobs' time-aligned footprints from their "
+    plan_peaks: Literal["timeline", "coincident", "paired"] | None = Field(
+        None, description="planner: 'timeline' plans for the jobs' time-aligned footprints from their "
         "start_offset_s and predicted step times; 'coincident' for the sum of the jobs' peaks (the seed's "
-        "MP = sum MP_j), as if every job peaked at once")
+        "MP = sum MP_j), as if every job peaked at once; 'paired' for every job's floor plus the two "
+        "largest peaks, as the node-group pipeline runs them (default: 'paired' with pipeline: nodegroup, "
+        "else 'timeline')")
     pipeline: Literal["none", "nodegroup"] = "none"
     split_size: int | Literal["auto"] = Field(
         "auto", description="node-group pipeline: net bytes (de)allocated per node group, e.g. 16MiB, "

@@ -186,12 +186,15 @@ def capture_cold(job: JobToPlan) -> CapturedJob:
 def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
                   bandwidth_bytes_per_s: float | None = None, enable_recompute: bool = True,
                   delta_scale: float = 1.0, horizon_iterations: float = 2.0,
-                  coincident_peaks: bool = False) -> tuple[Plan, dict[str, PlannedStep]]:
-    """Plans captured jobs together and rewrites each one's step."""
+                  coincident_peaks: bool = False,
+                  peaking_jobs: int | None = None) -> tuple[Plan, dict[str, PlannedStep]]:
+    """Plans captured jobs together and rewrites each one's step.
+    ``peaking_jobs``: with ``coincident_peaks``, how many jobs' peaks meet
+    (Note [Paired peaks] in tensile_tf.scheduler.peak_analysis)."""
     plan = Planner([c.planner_job for c in captured], pool_bytes=pool_bytes,
                    bandwidth_bytes_per_s=bandwidth_bytes_per_s or DEFAULT_BANDWIDTH_BYTES_PER_S,
                    horizon_iterations=horizon_iterations, enable_recompute=enable_recompute,
-                   coincident_peaks=coincident_peaks).plan()
+                   coincident_peaks=coincident_peaks, peaking_jobs=peaking_jobs).plan()
     steps = {c.job.name: apply_plan(c.job.step_fn, c.job.example_args, plan.jobs[c.job.name], c.graph,
                                     delta_scale=delta_scale)
              for c in captured}

@@ -95,6 +95,7 @@ POOL_HEADROOM = 0.10
 # above the plan's predicted peak (transfers finishing later than guessed hold
 # their device copies longer). Its budget leaves this share free instead.
 COLD_START_HEADROOM = 0.25
+PLAN_PEAKS = ("timeline", "coincident", "paired")  # how jobs planned together overlap; see JobHost
 _COLD_RETRY = object()  # _run_probe_step's answer: out of memory, plan cold and retry
 
 
@@ -274,16 +275,20 @@ class JobHost:
                  progress: ProgressSink | None = None, pipeline: str = "none",
                  split_size: int | str = "auto", barrier_timeout_s: float = 60.0,
                  planner: str = "none", swap_bandwidth: int | str | None = None,
-                 plan_budget: int | str | None = None, plan_peaks: str = "timeline",
+                 plan_budget: int | str | None = None, plan_peaks: str | None = None,
                  record_weights: bool = False):
         self._ensure_pool(pool_bytes)
         if planner not in ("none", "tensile"):
             raise ValueError(f"JobHost: planner must be 'none' or 'tensile', got {planner!r}")
-        if plan_peaks not in ("coincident", "timeline"):
-            raise ValueError(f"JobHost: plan_peaks must be 'timeline' or 'coincident', got {plan_peaks!r}")
+        if plan_peaks is None:  # the pipeline pairs the jobs; free-running jobs follow the timeline
+            plan_peaks = "paired" if pipeline == "nodegroup" else "timeline"
+        if plan_peaks not in PLAN_PEAKS:
+            raise ValueError(f"JobHost: plan_peaks must be one of {', '.join(PLAN_PEAKS)}, got {plan_peaks!r}")
         self.planner = planner
-        # Jobs planned together: for the sum of their peaks, or for their time-aligned
-        # footprints (Note [Coincident peaks] in tensile_tf.scheduler.peak_analysis).
+        # Jobs planned together: for their time-aligned footprints, the sum of their
+        # peaks (Note [Coincident peaks] in tensile_tf.scheduler.peak_analysis), or
+        # every job's floor plus two peaks, as the node-group pipeline pairs them
+        # (Note [Paired peaks]).
         self.plan_peaks = plan_peaks
         # The emulated swap link (bytes/s; None: unlimited). The planner assumes
         # this link, or PCIe 3.0 x16 when it is unlimited.
@@ -493,7 +498,8 @@ class JobHost:
         try:
             plan, steps = plan_captured([s.captured for s in states], pool_bytes=budget,
                                         bandwidth_bytes_per_s=self.swap_bandwidth,
-                                        coincident_peaks=self.plan_peaks == "coincident")
+                                        coincident_peaks=self.plan_peaks != "timeline",
+                                        peaking_jobs=2 if self.plan_peaks == "paired" else None)
         except Exception as e:  # noqa: BLE001 - the jobs still run, unplanned
             why = summarize_error(getattr(e, "message", None) or str(e)) or type(e).__name__
             for s in states:

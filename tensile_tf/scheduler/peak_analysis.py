@@ -19,6 +19,19 @@ peak roughly doubled beside the other (8.5 MiB alone, 15-18 MiB in pairs, for
 a plan of 8-14), so alignment is not the main error there; the time-aligned
 rule stays the default.
 
+Note [Paired peaks]. Under the node-group pipeline (seed 004, Algorithm 1)
+the jobs do not run freely side by side: only the two node groups of the
+current pair run, and the pipeline lays the jobs out so that each one runs its
+allocating groups and then at once its freeing groups; a job that is not in
+the running pair holds about its floor (its footprint between iterations:
+parameters, slots, inputs). ``PoolTimeline(coincident_peaks=True,
+peaking_jobs=2)`` plans for that: the pool peak is the sum of every job's
+floor plus the two largest peaks above a floor, each job analysed at its own
+peak step (the others at their floor step). With two jobs it equals the
+coincident rule; with four it stops asking each job to fit a quarter of what
+the floors leave, which no swap plan can reach (benchmarks/RESULTS.md, the
+4-job hybrid).
+
 Note [op-granular footprint]. A job's footprint is held per step (op): F[k] is
 the bytes resident while step k runs: every live tensor, the step's outputs
 and scratch. A tensor lives from its TGA step to its last access step
@@ -121,8 +134,12 @@ class PoolTimeline:
     """
 
     def __init__(self, seqs: Sequence[TensorAccessSequence], offsets: Sequence[float],
-                 horizon_iterations: float = 2.0, *, coincident_peaks: bool = False):
+                 horizon_iterations: float = 2.0, *, coincident_peaks: bool = False,
+                 peaking_jobs: int | None = None):
         self.coincident_peaks = coincident_peaks  # Note [Coincident peaks]
+        if peaking_jobs is not None and (not coincident_peaks or peaking_jobs < 1):
+            raise ValueError("peaking_jobs needs coincident_peaks and must be >= 1")
+        self.peaking_jobs = peaking_jobs  # Note [Paired peaks]: None = every job
         if len(seqs) != len(offsets):
             raise ValueError("one start offset per job")
         periods = [s.period_s for s in seqs]
@@ -155,10 +172,24 @@ class PoolTimeline:
 
     def pool_peak(self, footprints: Sequence[np.ndarray]) -> int:
         """The pool peak the plan must bring under its budget: the largest
-        time-aligned sum, or with coincident peaks the sum of the job peaks."""
+        time-aligned sum, or with coincident peaks the sum of the job peaks
+        (with ``peaking_jobs``: of the largest ones above every job's floor)."""
         if self.coincident_peaks:
-            return sum(int(F.max()) for F in footprints if len(F))
+            return sum(int(footprints[j][k]) for j, k in self.peak_steps(footprints).items())
         return int(self.pool_footprint(footprints).max())
+
+    def peak_steps(self, footprints: Sequence[np.ndarray]) -> dict[int, int]:
+        """Coincident peaks: the step each job is at when the pool peaks: its
+        own peak step, or with ``peaking_jobs`` (Note [Paired peaks]) its floor
+        step unless it is one of the ``peaking_jobs`` largest above a floor."""
+        live = [j for j, F in enumerate(footprints) if len(F)]
+        steps = {j: int(np.argmax(footprints[j])) for j in live}
+        if self.peaking_jobs is not None and len(live) > self.peaking_jobs:
+            floor = {j: int(np.argmin(footprints[j])) for j in live}
+            excess = sorted(live, key=lambda j: (-(int(footprints[j][steps[j]]) - int(footprints[j][floor[j]])), j))
+            for j in excess[self.peaking_jobs:]:
+                steps[j] = floor[j]
+        return steps
 
 
 @dataclass
@@ -183,12 +214,10 @@ def gpu_memory_peak_analysis(footprints: Sequence[JobFootprint], timeline: PoolT
     """
     steps: dict[int, int] = {}
     at_peak: list[int] = []
-    if timeline.coincident_peaks:  # Note [Coincident peaks]: every job at its own peak step
+    if timeline.coincident_peaks:  # Note [Coincident peaks], Note [Paired peaks]
         peak_time = 0.0
-        for j, f in enumerate(footprints):
-            if f.tas.n:
-                steps[j] = int(np.argmax(f.F))
-            at_peak.append(int(f.F[steps[j]]) if j in steps else 0)
+        steps = timeline.peak_steps([f.F for f in footprints])
+        at_peak = [int(f.F[steps[j]]) if j in steps else 0 for j, f in enumerate(footprints)]
         peak_bytes = sum(at_peak)
     else:
         pool = timeline.pool_footprint([f.F for f in footprints])

@@ -60,7 +60,7 @@ class Planner:
                  bandwidth_bytes_per_s: float = DEFAULT_BANDWIDTH_BYTES_PER_S,
                  horizon_iterations: float = 2.0, stop_at_budget: bool = True,
                  enable_recompute: bool = True, max_chain: int = 4, max_iterations: int = 100_000,
-                 coincident_peaks: bool = False):
+                 coincident_peaks: bool = False, peaking_jobs: int | None = None):
         if not jobs:
             raise ValueError("planner: no jobs to plan")
         names = [pj.graph.name for pj in jobs]
@@ -83,6 +83,7 @@ class Planner:
         self.max_chain = max_chain
         self.max_iterations = max_iterations
         self.coincident_peaks = coincident_peaks  # Note [Coincident peaks] in peak_analysis
+        self.peaking_jobs = peaking_jobs          # Note [Paired peaks] in peak_analysis
         self.jobs: list[JobState] = []
         self.order: list[SwapDecision] = []
         self.iterations = 0
@@ -110,7 +111,8 @@ class Planner:
 
     def _new_timeline(self) -> None:
         self.timeline = PoolTimeline([js.tas for js in self.jobs], [js.offset_s for js in self.jobs],
-                                     self.horizon_iterations, coincident_peaks=self.coincident_peaks)
+                                     self.horizon_iterations, coincident_peaks=self.coincident_peaks,
+                                     peaking_jobs=self.peaking_jobs)
         self.channel = SwapChannel(self.bandwidth, self.timeline.horizon_s, self.timeline.offsets,
                                    self.timeline.periods)
 
@@ -176,7 +178,8 @@ class Planner:
                     js.vanilla_tas = js.vanilla_tas.retimed(js.latencies)
                     js.vanilla_peak = JobFootprint(js.vanilla_tas).vanilla_peak
             vt = PoolTimeline([js.vanilla_tas for js in self.jobs], [js.offset_s for js in self.jobs],
-                              self.horizon_iterations, coincident_peaks=self.coincident_peaks)
+                              self.horizon_iterations, coincident_peaks=self.coincident_peaks,
+                                     peaking_jobs=self.peaking_jobs)
             self._vanilla_pool_peak = vt.pool_peak([JobFootprint(js.vanilla_tas).base for js in self.jobs])
         self._rebuild(retime=retime)
         self._loop()

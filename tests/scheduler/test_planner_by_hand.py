@@ -184,3 +184,24 @@ def test_scheduler_package_is_pure():
     assert out.stdout.strip() == "[]"
     src = "".join(p.read_text() for p in (REPO_ROOT / "tensile_tf" / "scheduler").glob("*.py"))
     assert "import tensorflow" not in src and "import threading" not in src
+
+
+def test_paired_peaks_count_every_floor_and_two_peaks():
+    """Note [Paired peaks]: under the node-group pipeline only two jobs run groups
+    at a time; the others hold their floor."""
+    floor, top = min(FIG1_STEP_BYTES), max(FIG1_STEP_BYTES)
+    jobs = [PlannerJob(fig1_graph(name), UNIT) for name in "ABCD"]
+    paired = Planner(jobs, max_iterations=0, coincident_peaks=True, peaking_jobs=2).plan()
+    coincident = Planner(jobs, max_iterations=0, coincident_peaks=True).plan()
+    assert coincident.pool_vanilla_peak_bytes == 4 * top
+    assert paired.pool_vanilla_peak_bytes == 4 * floor + 2 * (top - floor) < 4 * top
+    # With two jobs the pair is every job: the coincident rule.
+    two = Planner(jobs[:2], max_iterations=0, coincident_peaks=True, peaking_jobs=2).plan()
+    assert two.pool_vanilla_peak_bytes == 2 * top
+    # A budget between the two: the paired plan meets it by swapping, the coincident one cannot.
+    budget = paired.pool_vanilla_peak_bytes - 50
+    met = Planner(jobs, bandwidth_bytes_per_s=1000.0, pool_bytes=budget, enable_recompute=False,
+                  coincident_peaks=True, peaking_jobs=2).plan()
+    assert met.budget_met and met.pool_planned_peak_bytes <= budget
+    assert not Planner(jobs, bandwidth_bytes_per_s=1000.0, pool_bytes=budget, enable_recompute=False,
+                       coincident_peaks=True).plan().budget_met
