@@ -112,7 +112,7 @@ class Planner:
     def _new_timeline(self) -> None:
         self.timeline = PoolTimeline([js.tas for js in self.jobs], [js.offset_s for js in self.jobs],
                                      self.horizon_iterations, coincident_peaks=self.coincident_peaks,
-                                     peaking_jobs=self.peaking_jobs)
+                              peaking_jobs=self.peaking_jobs)
         self.channel = SwapChannel(self.bandwidth, self.timeline.horizon_s, self.timeline.offsets,
                                    self.timeline.periods)
 
@@ -179,7 +179,7 @@ class Planner:
                     js.vanilla_peak = JobFootprint(js.vanilla_tas).vanilla_peak
             vt = PoolTimeline([js.vanilla_tas for js in self.jobs], [js.offset_s for js in self.jobs],
                               self.horizon_iterations, coincident_peaks=self.coincident_peaks,
-                                     peaking_jobs=self.peaking_jobs)
+                              peaking_jobs=self.peaking_jobs)
             self._vanilla_pool_peak = vt.pool_peak([JobFootprint(js.vanilla_tas).base for js in self.jobs])
         self._rebuild(retime=retime)
         self._loop()

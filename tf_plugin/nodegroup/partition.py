@@ -217,10 +217,12 @@ def _longest_path_depths(names: Sequence[str], preds: Mapping[str, Iterable[str]
     return depth
 
 
-def fusion_units(nodes: Sequence[GraphNode], preds: Mapping[str, list[str]]) -> dict[str, str]:
+def fusion_units(nodes: Sequence[GraphNode],
+                 preds: Mapping[str, list[str]]) -> tuple[dict[str, str], dict[str, int]]:
     """Each node's unit (Note [Nodes TensorFlow merges stay in one group]):
     the representative of its ``fuse_with`` set, itself when it has none or
-    when contracting its set would close a cycle."""
+    when contracting its set would close a cycle; and each unit's depth on
+    the contracted graph."""
     names = {n.name for n in nodes}
     parent = {n.name: n.name for n in nodes}
 
@@ -242,7 +244,7 @@ def fusion_units(nodes: Sequence[GraphNode], preds: Mapping[str, list[str]]) -> 
         sizes = Counter(unit.values())
         merged_cyclic = {r for r in sizes if r not in depth and sizes[r] > 1}
         if not merged_cyclic:
-            return unit
+            return unit, depth
         for name, r in unit.items():  # undo those merges, keep the rest
             if r in merged_cyclic:
                 unit[name] = name
@@ -273,17 +275,13 @@ def _ordered(nodes: Sequence[GraphNode]):
     preds, dropped = remove_cycles(nodes)
     depth = _longest_path_depths([n.name for n in nodes], preds)
     assert len(depth) == len(nodes), "cycle left after remove_cycles"
-    unit = fusion_units(nodes, preds)
-    key = {n.name: (depth[n.name], n.node_id) for n in nodes}
-    if any(unit[n] != n for n in unit):
-        unit_depth = _longest_path_depths(*_contracted(unit, preds))
-        first_id: dict[str, int] = {}
-        for n in nodes:
-            r = unit[n.name]
-            first_id[r] = min(first_id.get(r, n.node_id), n.node_id)
-        key = {n.name: (unit_depth[unit[n.name]], first_id[unit[n.name]], depth[n.name], n.node_id)
-               for n in nodes}
-    order = sorted(nodes, key=lambda n: key[n.name])
+    unit, unit_depth = fusion_units(nodes, preds)
+    first_id: dict[str, int] = {}
+    for n in nodes:
+        r = unit[n.name]
+        first_id[r] = min(first_id.get(r, n.node_id), n.node_id)
+    # Without fusion units this is the plain (depth, node_id) order.
+    order = sorted(nodes, key=lambda n: (unit_depth[unit[n.name]], first_id[unit[n.name]], depth[n.name], n.node_id))
     return order, depth, preds, dropped, unit
 
 
