@@ -78,6 +78,8 @@ def capture(args: argparse.Namespace) -> None:
     import tensorflow as tf
 
     import tensile_tf
+
+    tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
     from tf_plugin import device_pool
 
     import keras

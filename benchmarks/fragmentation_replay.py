@@ -174,8 +174,9 @@ def record(config: str, out: str) -> None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     os.environ.setdefault("TENSILE_POOL_TRACE_EVENTS", str(1 << 22))
     import tensile_tf
+    tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
     from tensile_tf.config import load_config
-    from tensile_tf.host import JobHost
+    from tensile_tf.runtime import JobHost
     from tensile_tf.jobs import Job
 
     cfg = load_config(config)

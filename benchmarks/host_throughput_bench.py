@@ -16,8 +16,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
-import textwrap
 import time
 from pathlib import Path
 
@@ -27,8 +25,9 @@ CHILD = """
 import json, sys, time
 import tensorflow as tf
 import tensile_tf
+tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
 from tensile_tf.config import load_config
-from tensile_tf.host import JobHost
+from tensile_tf.runtime import JobHost
 from tensile_tf.jobs import Job
 cfg = load_config({config!r})
 names = {names!r}

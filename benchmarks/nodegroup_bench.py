@@ -16,7 +16,7 @@ alone in C. Batches are found by doubling, then binary search. Modes:
 * ``hybrid``: the node-group pipeline plus the TENSILE planner (``planner:
   tensile``; the plan is made on the step with its barriers; a job whose
   vanilla first step does not fit is planned cold, Note [Cold-start planning]
-  in tensile_tf/host.py).
+  in tensile_tf/runtime/planning.py).
 
 Every trial is a fresh interpreter (its own pool) that trains ``--steps``
 steps of each job; a trial succeeds when every job finishes.
@@ -48,8 +48,9 @@ MODELS = {
 CHILD = """
 import json, sys
 import tensile_tf
+tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
 from tensile_tf.config import JobSpec
-from tensile_tf.host import JobHost
+from tensile_tf.runtime import JobHost
 from tensile_tf.jobs import Job
 host = JobHost({pool!r}, admission="none", pipeline={pipeline!r}, split_size={split!r}, barrier_timeout_s=300,
                planner={planner!r})

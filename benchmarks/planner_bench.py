@@ -22,7 +22,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TENSILE_POOL_BYTES", "8GiB")
 
-import tensile_tf  # noqa: E402,F401  (before any TF op)
+import tensile_tf
+
+tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402

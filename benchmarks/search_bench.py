@@ -64,7 +64,7 @@ def space():
 
 def run_mode(mode: str, pool: str, jobs: int, n_trials: int, cap_batch: int | None) -> dict:
     import tensile_tf
-
+    tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
     tensile_tf.configure_pool(tensile_tf.parse_bytes(pool))
     import optuna
 
@@ -74,7 +74,7 @@ def run_mode(mode: str, pool: str, jobs: int, n_trials: int, cap_batch: int | No
     t0 = time.perf_counter()
     requeued = 0
     if mode in ("packed", "packed-salus", "sequential"):
-        from tensile_tf.host import JobHost
+        from tensile_tf.runtime import JobHost
         from tensile_tf.search import run_search
 
         for p in params:
@@ -89,7 +89,7 @@ def run_mode(mode: str, pool: str, jobs: int, n_trials: int, cap_batch: int | No
         from tensile_tf.jobs import build_train_step
         from tensile_tf.search.config import trial_job_spec
         from tensile_tf.search.objective import metric_value
-        from tensile_tf.host import StepRecord
+        from tensile_tf.runtime import StepRecord
 
         if mode == "optuna-cap":
             params = [p for p in params if p["batch_size"] <= cap_batch]
@@ -133,10 +133,10 @@ def run_mode(mode: str, pool: str, jobs: int, n_trials: int, cap_batch: int | No
 def measure_peaks(pool: str) -> dict[int, int]:
     """Each batch size's P + T on the pool, as the host measures them (one probe each)."""
     import tensile_tf
-
+    tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
     tensile_tf.configure_pool(tensile_tf.parse_bytes(pool))
     from tensile_tf.config import JobSpec
-    from tensile_tf.host import JobHost
+    from tensile_tf.runtime import JobHost
     from tensile_tf.jobs import Job
 
     host = JobHost(concurrency=1)

@@ -65,7 +65,8 @@ def worker(args: argparse.Namespace) -> None:
     import tensorflow as tf
 
     if args.worker == "tensile":
-        import tensile_tf  # noqa: F401  (installs the pool before any op)
+        import tensile_tf
+        tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
     import keras
 
     if args.threads:
@@ -112,7 +113,7 @@ def worker(args: argparse.Namespace) -> None:
            "build_and_warmup_s": build_s}
     if args.worker == "tensile":
         import tensile_tf
-
+        tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
         s = tensile_tf.pool_stats()
         out["pool"] = {k: s[k] for k in ("peak", "num_allocs", "num_syncs", "num_ooms",
                                          "trace_recorded", "trace_dropped")}

@@ -28,7 +28,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-import tensile_tf
+import tensile_tf.memory  # noqa: F401  (loads the plugin before any op)
+from tf_plugin.tf_internals import called_function_graph, new_xspace
 from tensile_tf.scheduler.job_graph import JobGraph, OpNode, TensorInfo
 from tensile_tf.scheduler.latency import LatencyTable
 
@@ -141,13 +142,7 @@ class _Capture:
 
     def _inline(self, op, prefix: str, ins: list) -> bool:
         try:
-            fname = op.get_attr("f").name
-            fn = op.graph._get_function(fname)  # noqa: SLF001
-            fgraph = getattr(fn, "graph", None)
-            if fgraph is None:
-                from tensorflow.python.framework.function_def_to_graph import function_def_to_graph
-                fdef = getattr(fn, "cached_definition", None) or fn.definition
-                fgraph = function_def_to_graph(fdef)
+            fgraph = called_function_graph(op)
         except Exception:  # noqa: BLE001 - unknown call: keep it as one op
             return False
         inner = prefix + op.name + "/"
@@ -263,14 +258,10 @@ def _fill_dynamic_sizes(cap: _Capture, step_fn, args, fg) -> None:
 
 
 def _load_xspace(logdir: str):
-    try:
-        from tsl.profiler.protobuf import xplane_pb2
-    except ImportError:  # pragma: no cover - layout of older TF wheels
-        from tensorflow.tsl.profiler.protobuf import xplane_pb2
     files = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
     if not files:
         raise RuntimeError(f"tf.profiler wrote no .xplane.pb under {logdir}; cannot measure op latencies")
-    xs = xplane_pb2.XSpace()
+    xs = new_xspace()
     with open(files[0], "rb") as f:
         xs.ParseFromString(f.read())
     return xs

@@ -74,7 +74,7 @@ class RichProgress:
         self.progress.__exit__(*exc)
 
     def update(self, state, pool: dict[str, Any]) -> None:
-        from tf_plugin import human_bytes
+        from tensile_tf.units import human_bytes
 
         if state.name not in self.tasks:
             self.tasks[state.name] = self.progress.add_task(
@@ -91,59 +91,102 @@ class RichProgress:
 def _summary_table(result, console) -> None:
     from rich.table import Table
 
-    from tf_plugin import human_bytes
+    from tensile_tf.units import human_bytes
 
-    table = Table(title=f"pool {human_bytes(result.capacity)}: peak {human_bytes(result.pool['peak'])}, "
-                        f"{result.pool['run_ooms']} OOMs, wall {result.wall_s:.1f} s")
-    for col in ("job", "status", "steps", "median step", "peak pool", "persistent", "temporary", "final loss"):
+    table = Table(title=f"pool {human_bytes(result.capacity)}: peak {human_bytes(result.pool.peak)}, "
+                        f"{result.pool.run_ooms} OOMs, wall {result.wall_s:.1f} s")
+    for col in ("job", "status", "steps", "median step", "peak (training)", "predicted peak", "persistent",
+                "temporary", "final loss"):
         table.add_column(col, no_wrap=True)
     for s in result.jobs:
+        predicted = f"{human_bytes(s.plan.predicted_planned_peak_bytes)} (plan)" if s.plan is not None else "-"
         table.add_row(
             s.name, s.status.value, f"{s.steps_done}/{s.job.steps}",
-            f"{s.median_step_s * 1e3:.1f} ms" if s.median_step_s else "-", human_bytes(s.peak_bytes),
-            human_bytes(s.persistent_bytes) if s.persistent_bytes is not None else "-",
-            human_bytes(s.temporary_bytes) if s.temporary_bytes is not None else "-",
+            f"{s.median_step_s * 1e3:.1f} ms" if s.median_step_s else "-", human_bytes(s.training_peak_bytes),
+            predicted, human_bytes(s.persistent_bytes), human_bytes(s.temporary_bytes),
             f"{s.last_loss:.4f}" if s.last_loss is not None else "-")
     console.print(table)
+    if result.planner is not None:
+        planned = [s.plan for s in result.jobs if s.plan is not None]
+        console.print(f"planner: {len(result.planner.plans)} plan(s); {sum(p.swap_outs for p in planned)} swap-outs, "
+                      f"{sum(p.recomputes for p in planned)} recomputations; predicted pool peak "
+                      + ", ".join(f"{human_bytes(p.predicted_pool_vanilla_peak_bytes)} -> "
+                                  f"{human_bytes(p.predicted_pool_planned_peak_bytes)}" for p in result.planner.plans)
+                      + f"; measured training peak {human_bytes(result.pool.training_peak)}")
+    if result.trace.events_dropped:
+        console.print(f"trace: the pool's event ring kept the last {result.trace.events_kept} of "
+                      f"{result.trace.events_in_run} events (from {result.trace.kept_from_s or 0:.1f} s); the "
+                      "per-job memory series covers the whole run; set TENSILE_POOL_TRACE_EVENTS="
+                      f"{result.trace.events_in_run} to keep every event", soft_wrap=True)
     for s in result.jobs:
         if s.error:
             console.print(f"[red]{s.name} {s.status.value}[/red]: {s.error}", soft_wrap=True)
 
 
-def _run_host(cfg, console, *, planner: str, record_weights: bool = False):
-    from tensile_tf.host import JobHost
+def _make_host(cfg, *, planner, progress=None, record_weights: bool = False, saved_plan=None):
+    """The JobHost for a config: the one place run, plan, compare and search
+    turn a config's run: section into a runtime."""
+    from tensile_tf.runtime import JobHost
     from tensile_tf.jobs import Job
 
+    host = JobHost.from_config(cfg.pool, cfg.run, planner=planner, progress=progress,
+                               record_weights=record_weights, saved_plan=saved_plan)
+    for spec in cfg.jobs:
+        host.submit(Job.from_spec(spec))
+    return host
+
+
+def _run_host(cfg, console, *, planner, record_weights: bool = False, saved_plan=None):
     with RichProgress(console) as progress:
-        host = JobHost(cfg.pool, concurrency=cfg.run.concurrency, admission=cfg.run.admission,
-                       progress=progress, pipeline=cfg.run.pipeline, split_size=cfg.run.split_size,
-                       barrier_timeout_s=cfg.run.barrier_timeout_s, planner=planner,
-                       swap_bandwidth=cfg.run.swap_bandwidth, plan_budget=cfg.run.plan_budget,
-                       plan_peaks=cfg.run.plan_peaks, record_weights=record_weights)
-        for spec in cfg.jobs:
-            host.submit(Job.from_spec(spec))
+        host = _make_host(cfg, planner=planner, progress=progress, record_weights=record_weights,
+                          saved_plan=saved_plan)
         return host.run()
 
 
-def _cmd_run(args) -> int:
+def _load(path: str):
     from tensile_tf.config import ConfigError, load_config
 
     try:
-        cfg = load_config(args.config)
+        return load_config(path)
     except ConfigError as e:
         print(e, file=sys.stderr)
+        return None
+
+
+def _cmd_run(args) -> int:
+    from tensile_tf.config import PlannerKind
+
+    cfg = _load(args.config)
+    if cfg is None:
         return 2
-    import tensile_tf  # noqa: F401  (installs the pool before any TF op)
+    saved_plan = None
+    if args.plan:
+        from tensile_tf.runtime.planning import SavedPlan
+
+        try:
+            saved_plan = SavedPlan.load(args.plan)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"{args.plan}: cannot read the plan ({e}); write one with `tensile plan {args.config}`",
+                  file=sys.stderr)
+            return 2
+    import tensile_tf
+
+    tensile_tf.install(cfg.pool)  # the pool before any TensorFlow op
     from rich.console import Console
 
-    from tensile_tf.host import JobStatus
     from tensile_tf.reports import write_outputs
+    from tensile_tf.runtime import JobStatus, SavedPlanMismatch
 
     console = Console(width=max(Console().width, 120))
     out_dir = Path(args.out or cfg.run.out_dir)
     if args.compare_vanilla:
         return _compare_vanilla(cfg, console, out_dir)
-    result = _run_host(cfg, console, planner=cfg.run.planner)
+    planner = PlannerKind.tensile if saved_plan is not None else cfg.run.planner
+    try:
+        result = _run_host(cfg, console, planner=planner, saved_plan=saved_plan)
+    except SavedPlanMismatch as e:
+        console.print(f"[red]refusing the plan[/red]: {e}", soft_wrap=True)
+        return 2
     _summary_table(result, console)
     paths = write_outputs(result, out_dir)
     console.print(f"wrote {paths['results']}, {paths['trace']}, {paths['memory']}")
@@ -157,58 +200,70 @@ def _compare_vanilla(cfg, console, out_dir: Path) -> int:
     recomputation, late swap-ins and whether losses and weights matched bit
     for bit (tensile_tf.compare)."""
     from tensile_tf.compare import compare_runs, format_comparison
+    from tensile_tf.config import PlannerKind
     from tensile_tf.determinism import enable_deterministic_training
     from tensile_tf.reports import write_outputs
 
     enable_deterministic_training()  # both runs: same kernels, same Grappler rewrites
     results = {}
-    for mode in ("vanilla", "planned"):
+    for mode, planner in (("vanilla", PlannerKind.none), ("planned", PlannerKind.tensile)):
         console.rule(f"{mode} run")
-        results[mode] = _run_host(cfg, console, planner="tensile" if mode == "planned" else "none",
-                                  record_weights=True)
+        results[mode] = _run_host(cfg, console, planner=planner, record_weights=True)
         _summary_table(results[mode], console)
         write_outputs(results[mode], out_dir / mode)
     comparison = compare_runs(results["vanilla"], results["planned"])
     console.print(format_comparison(comparison), soft_wrap=True)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "compare.json").write_text(json.dumps(comparison, indent=2))
+    document = {"schema_version": _schema_version(), **comparison.to_dict()}
+    (out_dir / "compare.json").write_text(json.dumps(document, indent=2))
     console.print(f"wrote {out_dir / 'compare.json'} and the runs' outputs in {out_dir / 'vanilla'}, "
                   f"{out_dir / 'planned'}")
-    return 0 if comparison["all_match"] else 1
+    return 0 if comparison.all_match else 1
+
+
+def _schema_version() -> int:
+    from tensile_tf.runtime.records import SCHEMA_VERSION
+
+    return SCHEMA_VERSION
 
 
 def _cmd_plan(args) -> int:
-    from tensile_tf.config import ConfigError, load_config
+    """Probes and plans the config's jobs exactly as `tensile run` with
+    `planner: tensile` does at its start (JobHost.plan_only), without training."""
+    from tensile_tf.config import PlannerKind
+    from tensile_tf.units import parse_bytes
 
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as e:
-        print(e, file=sys.stderr)
+    cfg = _load(args.config)
+    if cfg is None:
         return 2
-    import tensile_tf  # noqa: F401  (installs the pool before any TF op)
-    from types import SimpleNamespace
+    run = cfg.run
+    try:
+        if args.budget:
+            run = run.model_copy(update={"plan_budget": parse_bytes(args.budget, what="--budget")})
+        if args.bandwidth:
+            run = run.model_copy(update={"swap_bandwidth": parse_bytes(args.bandwidth, what="--bandwidth")})
+    except ValueError as e:
+        print(f"tensile plan: {e}", file=sys.stderr)
+        return 2
+    cfg = cfg.model_copy(update={"run": run})
+    import tensile_tf
 
-    import tensorflow as tf
+    tensile_tf.install(cfg.pool)
+    from tensile_tf.reports import format_plan_summary
 
-    from tensile_tf.jobs import build_train_step
-    from tensile_tf.memory import parse_bytes
-    from tensile_tf.planning import format_plan_summary, plan_jobs
-
-    jobs = []
-    for spec in cfg.jobs:
-        train = build_train_step(spec)
-        jobs.append(SimpleNamespace(
-            name=spec.name, step_fn=tf.function(train.step_fn, jit_compile=False),
-            example_args=train.next_batch(), optimizer=train.optimizer,
-            max_swapping_rate=spec.max_swapping_rate, start_offset_s=spec.start_offset_s, train=train))
-    budget = parse_bytes(args.budget, what="--budget") if args.budget else cfg.pool
-    bandwidth = parse_bytes(args.bandwidth, what="--bandwidth") if args.bandwidth else None
-    plan = plan_jobs(jobs, pool_bytes=budget, bandwidth_bytes_per_s=bandwidth)
+    host = _make_host(cfg, planner=PlannerKind.tensile)
+    plan = host.plan_only()
+    for s in host.states:
+        if s.error or s.plan_error:
+            print(f"{s.name}: {s.status.value}: {s.error or s.plan_error}", file=sys.stderr)
+    if plan is None:
+        print("tensile plan: no job could be planned (see above)", file=sys.stderr)
+        return 1
     print(format_plan_summary(plan))
     out = Path(args.out or cfg.run.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "plan.json").write_text(plan.to_json())
-    print(f"wrote {out / 'plan.json'}")
+    print(f"wrote {out / 'plan.json'} (run it with `tensile run {args.config} --plan {out / 'plan.json'}`)")
     return 0
 
 
@@ -223,6 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run the config unplanned, then planned (TENSILE), with deterministic ops; report "
                           "peaks, MSR, time ratio, swaps, recomputation, late swap-ins, bit-for-bit match; "
                           "writes compare.json")
+    run.add_argument("--plan", help="run this plan.json (from `tensile plan`) instead of planning afresh; refused "
+                     "if it was made for other graphs")
     run.set_defaults(func=_cmd_run)
     validate = sub.add_parser("validate", help="check a YAML config without running it")
     validate.add_argument("config")
@@ -230,7 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="trace the config's jobs and plan swaps/recomputation without training")
     plan.add_argument("config")
     plan.add_argument("--out", help="output directory for plan.json (default: the config's run.out_dir)")
-    plan.add_argument("--budget", help="memory budget to plan for, e.g. 512MiB (default: the config's pool)")
+    plan.add_argument("--budget", help="most bytes the jobs may use together, e.g. 512MiB (default: the config's "
+                      "run.plan_budget, else the pool less its 10%% headroom, as `tensile run` plans)")
     plan.add_argument("--bandwidth", help="swap link bandwidth per second, e.g. 12GiB (default: PCIe 3 x16)")
     plan.set_defaults(func=_cmd_plan)
     from tensile_tf.search.cli import add_search_parser

@@ -28,7 +28,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from tensile_tf.memory import parse_bytes
+from tensile_tf.units import parse_bytes
 
 
 class ConfigError(ValueError):
@@ -130,25 +130,43 @@ class Admission(str, Enum):
     none = "none"              # admit up to the concurrency limit
 
 
+class PlannerKind(str, Enum):
+    none = "none"
+    tensile = "tensile"        # seed 000: swaps and recomputation planned across the jobs
+
+
+class PipelineKind(str, Enum):
+    none = "none"
+    nodegroup = "nodegroup"    # seed 004: node groups paired across jobs, CounterBarriers between
+
+
+class PlanPeaks(str, Enum):
+    """How the jobs planned together are assumed to overlap (the peak model)."""
+
+    timeline = "timeline"      # their time-aligned footprints
+    coincident = "coincident"  # the sum of their peaks (Note [Coincident peaks])
+    paired = "paired"          # every floor plus the two largest peaks (Note [Paired peaks])
+
+
 class RunSpec(_Strict):
     concurrency: int | None = Field(None, ge=1, description="most jobs running at once")
     out_dir: str = "runs/latest"
     admission: Admission = Admission.salus
-    planner: Literal["none", "tensile"] = Field(
-        "none", description="tensile: plan swaps and recomputation for the jobs so they fit the pool together")
+    planner: PlannerKind = Field(
+        PlannerKind.none, description="tensile: plan swaps and recomputation for the jobs so they fit the pool together")
     swap_bandwidth: int | None = Field(
         None, description="planner: the emulated swap link in bytes per second, e.g. 2GiB (default: unlimited; "
         "the planner then assumes PCIe 3.0 x16)")
     plan_budget: int | None = Field(
         None, description="planner: the pool bytes the jobs planned together may use at their combined peak, "
         "e.g. 80MiB (default: the pool less a 10% headroom)")
-    plan_peaks: Literal["timeline", "coincident", "paired"] | None = Field(
+    plan_peaks: PlanPeaks | None = Field(
         None, description="planner: 'timeline' plans for the jobs' time-aligned footprints from their "
         "start_offset_s and predicted step times; 'coincident' for the sum of the jobs' peaks (the seed's "
         "MP = sum MP_j), as if every job peaked at once; 'paired' for every job's floor plus the two "
         "largest peaks, as the node-group pipeline runs them (default: 'paired' with pipeline: nodegroup, "
         "else 'timeline')")
-    pipeline: Literal["none", "nodegroup"] = "none"
+    pipeline: PipelineKind = PipelineKind.none
     split_size: int | Literal["auto"] = Field(
         "auto", description="node-group pipeline: net bytes (de)allocated per node group, e.g. 16MiB, "
         "or 'auto' (a job's temporary peak over 4)")

@@ -46,24 +46,12 @@ loop, shape, function) stay on: they did not change a bit.
 """
 from __future__ import annotations
 
-import tensorflow as tf
+import tensile_tf.memory  # noqa: F401  (loads the plugin before any op)
+import tensorflow as tf  # noqa: E402
+
+from tf_plugin.tf_internals import memory_optimizer_off, turn_off_memory_optimizer  # noqa: E402
 
 GRAPH_DEPENDENT_REWRITES = ("arithmetic_optimization", "constant_folding")
-
-
-def _disable_memory_optimizer() -> None:
-    """memory_optimization = NO_MEM_OPT in the eager context's base ConfigProto
-    (Note [Graph-dependent Grappler rewrites]: its AddN scheduling pass sums
-    in arrival order)."""
-    from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
-    from tensorflow.python.eager import context
-
-    ctx = context.context()
-    config = config_pb2.ConfigProto()
-    if getattr(ctx, "_config", None) is not None:
-        config.CopyFrom(ctx._config)  # noqa: SLF001 - no public switch (see the Note)
-    config.graph_options.rewrite_options.memory_optimization = rewriter_config_pb2.RewriterConfig.NO_MEM_OPT
-    ctx._config = config  # noqa: SLF001
 
 
 def disable_graph_dependent_rewrites() -> None:
@@ -71,20 +59,15 @@ def disable_graph_dependent_rewrites() -> None:
     the graph's structure or on the executor's schedule (Note
     [Graph-dependent Grappler rewrites]). Affects functions instantiated
     afterwards, in this thread and in threads started afterwards."""
-    _disable_memory_optimizer()
+    turn_off_memory_optimizer()  # its AddN scheduling pass sums in arrival order
     # also drops this thread's cached function-call options, so they are rebuilt from the config
     tf.config.optimizer.set_experimental_options({name: False for name in GRAPH_DEPENDENT_REWRITES})
 
 
 def graph_dependent_rewrites_enabled() -> bool:
     """Whether any of GRAPH_DEPENDENT_REWRITES, or the memory optimizer, is still on."""
-    from tensorflow.core.protobuf import rewriter_config_pb2
-    from tensorflow.python.eager import context
-
     opts = tf.config.optimizer.get_experimental_options()
-    mem = context.context().config.graph_options.rewrite_options.memory_optimization
-    return (any(opts.get(name, True) for name in GRAPH_DEPENDENT_REWRITES)
-            or mem != rewriter_config_pb2.RewriterConfig.NO_MEM_OPT)
+    return any(opts.get(name, True) for name in GRAPH_DEPENDENT_REWRITES) or not memory_optimizer_off()
 
 
 def enable_deterministic_training() -> None:

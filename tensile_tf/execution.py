@@ -20,11 +20,10 @@ them, as §IV-B counts every allocation the step makes.
 """
 from __future__ import annotations
 
-from collections import defaultdict, deque
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import tensorflow as tf
 
 import tf_plugin
 from tensile_tf.capture import capture_job_graph, measure_op_latencies, snapshot_variables

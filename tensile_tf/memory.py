@@ -12,33 +12,34 @@ import contextlib
 import os
 from typing import Any, Callable, Iterator
 
-import tensorflow as tf
-from pydantic import ByteSize, TypeAdapter, ValidationError
-
 import tf_plugin
-from tf_plugin import bind_step_op, device_pool
-from tensile_tf.tf_internals import mark_func_graph, register_func_graph_transform
 
-_BYTES = TypeAdapter(ByteSize)
+tf_plugin.load()  # the runtime starts here: the pool must be TensorFlow's allocator before any op
 
+import tensorflow as tf  # noqa: E402
 
-def parse_bytes(value: int | str, *, what: str = "size") -> int:
-    """'8GiB', '512MB', '1_000_000' or an int -> bytes; ValueError says what is wrong."""
-    try:
-        n = int(_BYTES.validate_python(value))
-    except ValidationError:
-        raise ValueError(
-            f"{what}: cannot read {value!r} as a byte size; write an integer number of bytes "
-            "or a number with a unit such as '512MiB' or '8GiB'"
-        ) from None
-    if n <= 0:
-        raise ValueError(f"{what}: {value!r} must be a positive number of bytes")
-    return n
+from tf_plugin import bind_step_op, device_pool  # noqa: E402
+from tf_plugin.tf_internals import mark_func_graph, register_func_graph_transform  # noqa: E402
+from tensile_tf.units import parse_bytes  # noqa: E402,F401  (re-exported)
 
 
 def configure_pool(capacity: int | str) -> None:
     """Sets the device pool's capacity ('8GiB' or bytes) before the first TF op."""
     tf_plugin.configure_device_pool(parse_bytes(capacity, what="pool capacity"))
+
+
+def ensure_pool(pool_bytes: int | str) -> None:
+    """Creates the device pool with ``pool_bytes``, or checks that the one
+    this process has is that size (a process has one pool)."""
+    want = parse_bytes(pool_bytes, what="pool_bytes")
+    pool = tf_plugin._plugin.device_pool()  # noqa: SLF001
+    if pool is None:
+        configure_pool(want)
+    elif abs(pool.capacity - want) >= tf_plugin.MIN_CHUNK_BYTES:
+        raise RuntimeError(
+            f"the device pool already exists with {tf_plugin.human_bytes(pool.capacity)}, not the "
+            f"{tf_plugin.human_bytes(want)} asked for. A process has one pool: create the JobHost (or call "
+            "tensile_tf.install(pool_bytes)) before the first TensorFlow op.")
 
 
 def _configure_from_environment() -> None:

@@ -1,72 +1,38 @@
 """Run outputs: results.json, trace.json (Chrome / Perfetto) and memory.png.
 
-results.json schema::
+results.json is ``RunResult.results_document()`` (schema in
+tensile_tf/runtime/records.py, versioned by ``SCHEMA_VERSION``). trace.json
+holds one track per job with its steps (complete events), the per-job pool
+bytes sampled over the whole run, the pool's exact bytes in use from its
+event trace, and the pool's sync and OOM events.
 
-    {"pool": {"capacity", "peak", "current", "stats": {...pool_stats()...}},
-     "wall_s": float,
-     "jobs": [{"name", "status", "error", "error_type", "steps", "median_step_s",
-               "peak_pool_bytes", "persistent_bytes", "temporary_bytes",
-               "leaked_bytes", "final_loss", "losses", "weights_digest",
-               "plan": {...} or null, "plan_error"}],
-     "planner": {"plans": [...], "swap": {"channel": {...}, "host": {...}}} (planner runs)}
-
-trace.json holds one track per job with its steps (complete events), the
-pool's bytes in use as a counter, and the pool's sync and OOM events.
+Note [Trace coverage]
+The pool keeps its last TENSILE_POOL_TRACE_EVENTS events (a ring; a 55 s
+four-job run makes about a million). The sampled per-job series covers the
+whole run at ``sample_interval_s``; the exact counter covers what the ring
+kept. results.json's ``trace`` says how many events the run made, how many
+were kept and from when, and trace.json's metadata repeats it, so nothing
+is dropped silently.
 """
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
-from tensile_tf.host import RunResult
+from tensile_tf.runtime.records import RunResult, finite_or_none
+from tensile_tf.units import human_bytes
 
 # Chrome traces cap comfortably around a few hundred thousand events.
 _MAX_COUNTER_EVENTS = 50_000
 
 
-def _finite(x: float | None) -> float | None:
-    return x if x is not None and math.isfinite(x) else None
-
-
 def results_dict(result: RunResult) -> dict[str, Any]:
-    jobs = []
-    for s in result.jobs:
-        jobs.append({
-            "name": s.name,
-            "status": s.status.value,
-            "error": s.error,
-            "error_type": s.error_type,
-            "steps": s.steps_done,
-            "steps_requested": s.job.steps,
-            "median_step_s": s.median_step_s,
-            "peak_pool_bytes": s.peak_bytes,
-            "training_peak_pool_bytes": s.training_peak_bytes,
-            "persistent_bytes": s.persistent_bytes,
-            "temporary_bytes": s.temporary_bytes,
-            "leaked_bytes": s.leaked_bytes,
-            "final_loss": _finite(s.last_loss),
-            "losses": [_finite(r.loss) for r in s.records],
-            "admitted_at_s": s.admitted_at_s,
-            "ended_at_s": s.ended_at_s,
-            "weights_digest": s.weights_digest,
-            "plan": s.plan,
-            "plan_error": s.plan_error,
-        })
-    stats = {k: v for k, v in result.pool.items() if k != "jobs"}
-    return {
-        "pool": {"capacity": result.capacity, "peak": result.pool["peak"],
-                 "training_peak": result.pool.get("training_peak"),
-                 "run_ooms": result.pool.get("run_ooms"),
-                 "current": result.pool["current"], "stats": stats},
-        "wall_s": result.wall_s,
-        "jobs": jobs,
-        **({"planner": result.planner} if result.planner is not None else {}),
-    }
+    return result.results_document()
 
 
 def chrome_trace(result: RunResult) -> dict[str, Any]:
+    cov = result.trace
     events: list[dict[str, Any]] = [
         {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "tensile jobs"}},
         {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "device pool"}},
@@ -76,7 +42,7 @@ def chrome_trace(result: RunResult) -> dict[str, Any]:
         for r in s.records:
             events.append({"ph": "X", "name": f"step {r.index}", "pid": 1, "tid": tid,
                            "ts": r.start_s * 1e6, "dur": r.duration_s * 1e6,
-                           "args": {"loss": _finite(r.loss)}})
+                           "args": {"loss": finite_or_none(r.loss), "peak_bytes": r.peak_bytes}})
         if s.error:
             events.append({"ph": "i", "name": f"{s.status.value}: {s.error[:200]}", "pid": 1, "tid": tid,
                            "s": "t", "ts": (s.ended_at_s or 0) * 1e6})
@@ -96,7 +62,11 @@ def chrome_trace(result: RunResult) -> dict[str, Any]:
         elif i % stride == 0:
             events.append({"ph": "C", "name": "pool current bytes", "pid": 2, "ts": ts,
                            "args": {"current": e["pool_current"]}})
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
+    metadata = {"pool_events_in_run": cov.events_in_run, "pool_events_kept": cov.events_kept,
+                "pool_events_dropped": cov.events_dropped, "exact_counter_from_s": cov.kept_from_s,
+                "counter_stride": stride, "sampled_series": f"{cov.samples} samples over the whole run",
+                "note": cov.how_to_keep_all}
+    return {"traceEvents": events, "displayTimeUnit": "ms", "metadata": metadata}
 
 
 def write_memory_png(result: RunResult, path: Path) -> None:
@@ -122,6 +92,24 @@ def write_memory_png(result: RunResult, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def format_plan_summary(plan) -> str:
+    """A Plan's *predicted* vanilla and planned peaks per job and for the
+    pool, one line each (``tensile plan``)."""
+    rows = [f"{'job (predicted)':<20} {'vanilla peak':>13} {'planned peak':>13} {'MSR':>6} {'swaps':>6} "
+            f"{'recomp':>6} {'iter s':>9} {'+recomp s':>9}"]
+    for jp in plan.jobs.values():
+        rows.append(f"{jp.name:<20} {human_bytes(jp.vanilla_peak_bytes):>13} {human_bytes(jp.planned_peak_bytes):>13} "
+                    f"{jp.msr:>6.1%} {len(jp.swap_ins):>6} {len(jp.recomputes):>6} "
+                    f"{jp.iteration_s:>9.4f} {jp.planned_iteration_s - jp.iteration_s:>9.4f}")
+    rows.append(f"{'pool (time-aligned)':<20} {human_bytes(plan.pool_vanilla_peak_bytes):>13} "
+                f"{human_bytes(plan.pool_planned_peak_bytes):>13} {plan.msr:>6.1%}")
+    budget = "none (minimise)" if plan.pool_bytes is None else human_bytes(plan.pool_bytes)
+    rows.append(f"budget {budget}: {'met' if plan.budget_met else 'NOT met'}; sum of per-job peaks "
+                f"{human_bytes(plan.sum_of_job_peaks_bytes)}; swap link {human_bytes(plan.bandwidth_bytes_per_s)}/s; "
+                f"{plan.iterations} iterations, {plan.planning_s * 1e3:.1f} ms; stop: {plan.stop_reason}")
+    return "\n".join(rows)
 
 
 def write_outputs(result: RunResult, out_dir: str | Path) -> dict[str, Path]:

@@ -60,7 +60,6 @@ reuses the host copy (the ops support reuse: copy=false / keep_host).
 """
 from __future__ import annotations
 
-import copy as _copy
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -70,27 +69,12 @@ import tensorflow as tf
 from tensile_tf.scheduler.job_graph import JobGraph
 from tensile_tf.scheduler.plan import JobPlan, RecomputeEvent, SwapEvent
 from tf_plugin import swap as _swap
+from tf_plugin.tf_internals import exempt_from_automatic_control_deps
 
 ALIAS_OPS = frozenset({"Identity", "IdentityN"})
 _PREFIX = "tensile"
 _TENSILE_OPS = frozenset({"TensileSwapOut", "TensileSwapIn", "TensileSwapCheck", "TensileVarSwapOut",
                           "TensileVarSwapIn", "TensileRecomputeGate"})
-
-
-def _exempt_from_automatic_control_deps() -> None:
-    """Note [Automatic control dependencies]: tf.function chains the stateful
-    ops it traces in program order. The re-imported step is traced inside a
-    tf.function, so every swap op would wait for the one created before it
-    (a swap-in for an unrelated swap-out, a lateness probe for its own
-    swap-in). The rewrite orders its ops with explicit edges, so they join
-    TF's list of order-insensitive must-run ops (private: checked on TF 2.21)."""
-    from tensorflow.python.framework import auto_control_deps as acd
-
-    if not _TENSILE_OPS <= acd.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS:
-        acd.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS = acd.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS | _TENSILE_OPS
-
-
-_exempt_from_automatic_control_deps()
 
 
 @dataclass
@@ -278,11 +262,9 @@ class _GraphEdit:
 
 
 def _attr(**kw) -> dict[str, Any]:
-    from tensorflow.core.framework import attr_value_pb2
-
     out = {}
     for k, v in kw.items():
-        a = attr_value_pb2.AttrValue()
+        a = tf.compat.v1.AttrValue()
         if isinstance(v, bool):
             a.b = v
         elif isinstance(v, int):
@@ -673,6 +655,13 @@ def apply_plan(step_fn, example_args: Sequence, job_plan: JobPlan, graph: JobGra
 
     ``delta_scale`` scales the plan's delta t (0: start each transfer as soon
     as its trigger op ends)."""
+    # Note [Automatic control dependencies]: tf.function chains the stateful
+    # ops it traces in program order. The re-imported step is traced inside a
+    # tf.function, so every swap op would wait for the one created before it
+    # (a swap-in for an unrelated swap-out, a lateness probe for its own
+    # swap-in). The rewrite orders its ops with explicit edges, so they join
+    # TF's order-insensitive must-run ops.
+    exempt_from_automatic_control_deps(_TENSILE_OPS)
     cf = step_fn.get_concrete_function(*example_args)
     rw = _Rewriter(cf, graph, job_plan, delta_scale, check_lateness, enforce_order)
     gdef = rw.run()

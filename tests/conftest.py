@@ -1,8 +1,16 @@
-"""Test tiers: tests/pool (standalone StreamAwarePool, no TF graph work),
-tests/tf (TensorFlow integration), tests/e2e (CLI). The device pool of the
-test process is created once, so tensile_tf is imported here, first, with a
-capacity large enough for every in-process test; tests that need their own
-capacity run in a subprocess (see run_python)."""
+"""Test tiers:
+
+* tests/scheduler: pure (planner, node-group partition and pairing, config).
+  Never imports TensorFlow; test_purity.py runs the tier with TensorFlow
+  made unimportable to prove it.
+* tests/pool: the standalone StreamAwarePool (the plugin library, no graphs).
+* tests/nodegroup, tests/tf: TensorFlow integration (the runtime, real kernels).
+* tests/e2e, tests/search: the CLI and the search drivers end to end.
+
+Only tiers that need the runtime install it: their conftest.py calls
+``install_runtime()`` at collection, before any TensorFlow op, with a pool
+large enough for every in-process test (the process has one pool); tests
+that need their own capacity run in a subprocess (see run_python)."""
 import json
 import os
 import subprocess
@@ -15,7 +23,12 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("TENSILE_POOL_BYTES", "3GiB")
 
-import tensile_tf  # noqa: E402,F401  (must precede every TensorFlow op)
+import tensile_tf  # noqa: E402  (light: sets TensorFlow's environment defaults, imports no TF)
+
+
+def install_runtime() -> None:
+    """Loads TensorFlow and the plugin (the pool becomes TF's allocator)."""
+    tensile_tf.install()
 
 
 def pytest_addoption(parser):

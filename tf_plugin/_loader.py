@@ -54,18 +54,11 @@ def _library_path() -> Path:
     )
 
 
-def _tensorflow_devices_exist(tf) -> bool:
-    from tensorflow.python.eager import context
-
-    ctx = context.context_safe()
-    return ctx is not None and ctx._context_handle is not None  # noqa: SLF001
-
-
 def onednn_rewrites_enabled() -> bool:
     """Whether TensorFlow in this process runs oneDNN's graph rewrites."""
-    from tensorflow.python.util import _pywrap_util_port
+    from tf_plugin.tf_internals import onednn_rewrites_enabled as enabled
 
-    return bool(_pywrap_util_port.IsMklEnabled())
+    return enabled()
 
 
 def load_plugin():
@@ -89,7 +82,9 @@ def load_plugin():
             "rewrites merge ops across the control edges that TENSILE plans insert, and a planned step "
             "can fail with 'N nodes in a cycle'. Import tensile_tf before tensorflow, or set "
             "TF_ENABLE_ONEDNN_OPTS=0 before starting Python.", RuntimeWarning, stacklevel=3)
-    if _tensorflow_devices_exist(tf):
+    from tf_plugin.tf_internals import tensorflow_devices_exist
+
+    if tensorflow_devices_exist():
         raise PluginLoadedTooLateError(
             "tf_plugin: TensorFlow already created its devices, so the tensile device pool can no "
             "longer become their allocator. Import tensile_tf (or tf_plugin) right after "

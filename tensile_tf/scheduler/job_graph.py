@@ -22,6 +22,7 @@ from traced ``tf.function`` steps; tests build them by hand with GraphBuilder.
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
@@ -125,6 +126,17 @@ class JobGraph:
                 raise ValueError(f"{where}: activation {t.name!r} has no producer; mark it 'input' or 'state'")
             if t.producer is not None and t.producer not in seen_ops:
                 raise ValueError(f"{where}: tensor {t.name!r} names producer {t.producer!r}, which is not an op")
+
+    def fingerprint(self) -> str:
+        """sha256 (hex) over what a plan refers to: ops (name, type, what they
+        read, write and update) in order, and tensors (name, size, kind). A
+        plan made for one fingerprint is refused by a graph of another."""
+        h = hashlib.sha256()
+        for o in self.ops:
+            h.update(repr((o.name, o.op_type, o.inputs, o.outputs, o.updates)).encode())
+        for t in sorted(self.tensors.values(), key=lambda t: t.name):
+            h.update(repr((t.name, t.size_bytes, t.kind)).encode())
+        return h.hexdigest()
 
     # -- serialisation -------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

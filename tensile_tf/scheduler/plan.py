@@ -77,6 +77,8 @@ class JobPlan:
     start_offset_s: float = 0.0
     max_swapping_rate: float = 1.0
     swapped_bytes_per_iteration: int = 0
+    graph_fingerprint: str = ""       # JobGraph.fingerprint() of the graph planned for
+    graph_ops: int = 0                # its number of ops (for the message when a graph differs)
 
     @property
     def msr(self) -> float:
@@ -98,7 +100,21 @@ class Plan:
     iterations: int = 0
     planning_s: float = 0.0
     stop_reason: str = ""
-    version: int = 1
+    version: int = 2                           # 2: JobPlan.graph_fingerprint / graph_ops
+
+    def refusal(self, job: str, fingerprint: str, ops: int) -> str | None:
+        """Why this plan cannot run ``job`` whose traced graph has
+        ``fingerprint`` and ``ops`` ops (None: it can)."""
+        jp = self.jobs.get(job)
+        if jp is None:
+            return f"the plan has no job {job!r} (it plans {', '.join(self.jobs) or 'no job'})"
+        if not jp.graph_fingerprint:
+            return f"job {job!r}: the plan records no graph fingerprint (made by plan version {self.version})"
+        if jp.graph_fingerprint != fingerprint:
+            return (f"job {job!r}: the plan was made for a graph of {jp.graph_ops} ops (fingerprint "
+                    f"{jp.graph_fingerprint[:12]}), this run traced {ops} ops ({fingerprint[:12]}): the model, "
+                    "batch size, input shape or optimizer changed")
+        return None
 
     @property
     def budget_met(self) -> bool:

@@ -251,7 +251,8 @@ class Planner:
             n = tas.n
             jp = JobPlan(js.name, vanilla_peak_bytes=js.vanilla_peak, planned_peak_bytes=js.fp.peak,
                          iteration_s=js.vanilla_tas.period_s, planned_iteration_s=tas.period_s,
-                         start_offset_s=js.offset_s, max_swapping_rate=js.max_swapping_rate)
+                         start_offset_s=js.offset_s, max_swapping_rate=js.max_swapping_rate,
+                         graph_fingerprint=js.graph.fingerprint(), graph_ops=len(js.graph.ops))
             jp.last_use = {op: list(ts) for op, ts in tas.last_use_map().items()}
             moved = 0
             for dec in js.decisions:

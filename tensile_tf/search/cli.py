@@ -78,7 +78,7 @@ class SearchProgress:
             best=f"{best.value:.4g} (#{best.number})" if best is not None else "-")
 
     def on_event(self, kind: str, driver, run) -> None:
-        from tensile_tf.host import JobStatus
+        from tensile_tf.runtime import JobStatus
 
         if kind == "told":
             self.refresh_study(driver.study)
@@ -146,11 +146,13 @@ def cmd_search(args) -> int:
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 2
-    import tensile_tf  # noqa: F401  (installs the pool before any TF op)
+    import tensile_tf
+
+    tensile_tf.install(cfg.pool)  # the pool before any TensorFlow op
     import optuna
     from rich.console import Console
 
-    from tensile_tf.host import JobHost
+    from tensile_tf.runtime import JobHost
     from tensile_tf.search import storage as st
     from tensile_tf.search.driver import SearchDriver
     from tensile_tf.search.results import results_dict, write_search_outputs
@@ -184,7 +186,7 @@ def cmd_search(args) -> int:
     console.print(f"study {search.study_name!r} in {st.redact(storage_url)}: {search.sampler.name.value} "
                   f"sampler, {n_trials} trials, objective {search.objective.metric.value} "
                   f"({search.objective.direction}), pool {cfg.pool / 2**20:.0f} MiB", highlight=False)
-    host = JobHost(cfg.pool, concurrency=cfg.run.concurrency, admission=cfg.run.admission)
+    host = JobHost.from_config(cfg.pool, cfg.run)
     with SearchProgress(console, n_trials, search.objective.metric.value) as progress:
         progress.refresh_study(study)
         driver = SearchDriver(

@@ -45,7 +45,7 @@ from tensile_tf.config import (
     _locate,
     read_yaml,
 )
-from tensile_tf.memory import parse_bytes
+from tensile_tf.units import parse_bytes
 
 # A grid of more points than this is almost surely a mistake (an int range
 # without a step, say); say so instead of queueing a million trials.

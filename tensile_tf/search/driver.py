@@ -48,7 +48,7 @@ from optuna.trial import TrialState
 from pydantic import TypeAdapter, ValidationError
 
 from tensile_tf.config import JobSpec
-from tensile_tf.host import JobHost, JobState, JobStatus, RunResult
+from tensile_tf.runtime import JobHost, JobRecord, JobState, JobStatus, RunResult
 from tensile_tf.jobs import Job
 from tensile_tf.search import storage as st
 from tensile_tf.search.config import CategoricalParam, ParamSpec, trial_job_spec
@@ -381,19 +381,18 @@ class SearchDriver:
                    and (o.ended_at_s is None or o.ended_at_s > start) for o in self.host.states)
 
     def _facts(self, state: JobState) -> dict[str, Any]:
+        """The job's record (the results.json schema) plus wall-clock times."""
         def at(t):
             return None if t is None else self._wall0 + t
 
-        return {
-            "job": state.name, "status": state.status.value, "steps": state.steps_done,
-            "steps_requested": state.job.steps, "peak_pool_bytes": state.peak_bytes,
-            "persistent_bytes": state.persistent_bytes, "temporary_bytes": state.temporary_bytes,
-            "leaked_bytes": state.leaked_bytes, "median_step_s": state.median_step_s,
-            "final_loss": state.last_loss if state.last_loss is not None and math.isfinite(state.last_loss)
-            else None,
-            "error": state.error, "error_type": state.error_type,
-            "started_at": at(state.admitted_at_s), "ended_at": at(state.ended_at_s),
-        }
+        record = JobRecord.of(state)
+        return {"job": record.name, "status": record.status, "steps": record.steps,
+                "steps_requested": record.steps_requested, "peak_pool_bytes": record.peak_pool_bytes,
+                "training_peak_pool_bytes": record.training_peak_pool_bytes,
+                "persistent_bytes": record.persistent_bytes, "temporary_bytes": record.temporary_bytes,
+                "leaked_bytes": record.leaked_bytes, "median_step_s": record.median_step_s,
+                "final_loss": record.final_loss, "error": record.error, "error_type": record.error_type,
+                "started_at": at(state.admitted_at_s), "ended_at": at(state.ended_at_s)}
 
     def _tell(self, run: TrialRun, trial_state: TrialState, *, value: float | None = None,
               facts: dict[str, Any], interrupted: str | None = None,

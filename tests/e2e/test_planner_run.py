@@ -85,10 +85,11 @@ def test_plan_fits_two_jobs_into_a_budget_their_peaks_exceed(tmp_path, plan_peak
 COLD_START = """
 import json, sys
 import tensile_tf
+tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
 from tensile_tf.determinism import enable_deterministic_training
 enable_deterministic_training()
 from tensile_tf.config import JobSpec
-from tensile_tf.host import JobHost
+from tensile_tf.runtime import JobHost
 from tensile_tf.jobs import Job
 host = JobHost(sys.argv[1], planner=sys.argv[2], admission="none", record_weights=True)
 host.submit(Job.from_spec(JobSpec.model_validate(dict(

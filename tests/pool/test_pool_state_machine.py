@@ -4,7 +4,7 @@ step. Arena bytes are filled per allocation, so overlapping chunks would be
 caught by their contents too, not only by the pool's own bookkeeping."""
 import hypothesis.strategies as st
 from hypothesis import settings
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, precondition, rule
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
 from tf_plugin import MIN_CHUNK_BYTES, SYNCED, PoolOutOfMemory, StreamAwarePool
 

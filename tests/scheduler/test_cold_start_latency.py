@@ -1,5 +1,5 @@
 """ColdStartLatency: the planner's latency guess for a job that never ran
-(Note [Cold-start planning] in tensile_tf/host.py)."""
+(Note [Cold-start planning] in tensile_tf/runtime/planning.py)."""
 import pytest
 
 from tensile_tf.scheduler import ColdStartLatency, GraphBuilder, Planner, PlannerJob

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, install_runtime
+
+install_runtime()  # in-process drivers train real jobs: the pool before any TF op
 
 
 def cli_env() -> dict:

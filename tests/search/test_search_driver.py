@@ -8,10 +8,9 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState
 
-from tensile_tf.host import JobHost
+from tensile_tf.runtime import JobHost
 from tensile_tf.search import run_search
 from tensile_tf.search.storage import JOB_ATTR
-from tests.conftest import last_json_line, run_python
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -84,7 +83,7 @@ def test_a_trial_out_of_memory_beside_others_is_requeued_not_failed():
     re-queued a bounded number of times; an OOM alone is the trial's own."""
     from types import SimpleNamespace
 
-    from tensile_tf.host import JobState, JobStatus
+    from tensile_tf.runtime import JobState, JobStatus
     from tensile_tf.jobs import Job
     from tensile_tf.search.driver import MAX_OOM_RETRIES, SearchDriver, TrialRun
     from tensile_tf.search.storage import INTERRUPTED_ATTR, RETRY_ATTR, counted_trials

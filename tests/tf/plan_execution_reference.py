@@ -7,7 +7,6 @@ tests/tf/test_plan_execution.py and benchmarks/plan_execution_bench.py."""
 import argparse
 import hashlib
 import json
-import os
 import time
 
 parser = argparse.ArgumentParser()
@@ -37,7 +36,9 @@ args = parser.parse_args()
 
 import tensorflow as tf  # noqa: E402
 
-import tensile_tf  # noqa: E402,F401
+import tensile_tf
+
+tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 

@@ -5,6 +5,7 @@ from tests.conftest import last_json_line, run_python
 CHECK = """
 import json, threading
 import tensile_tf
+tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
 from tensorflow.python.eager import context

@@ -1,5 +1,4 @@
 """TensorFlow integration: the device pool serves every CPU tensor."""
-import sys
 
 import keras
 import numpy as np
@@ -7,6 +6,8 @@ import pytest
 import tensorflow as tf
 
 import tensile_tf
+
+tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
 from tests.conftest import REPO_ROOT, last_json_line, run_python
 
 
@@ -78,6 +79,7 @@ def test_over_capacity_batch_raises_resource_exhausted_then_smaller_batch_trains
         import json
         import tensorflow as tf
         import tensile_tf
+        tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
         tensile_tf.configure_pool("48MiB")
         import keras
         model = keras.Sequential([keras.Input((512,)), keras.layers.Dense(1024, activation="relu"),
@@ -115,6 +117,7 @@ def test_importing_after_tensorflow_created_devices_raises_clear_error():
         tf.constant(1.0)
         try:
             import tensile_tf
+            tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
         except ImportError as e:
             print("ERROR:", e)
     """)
@@ -127,6 +130,7 @@ def test_bfc_environment_variable_is_refused():
     proc = run_python("""
         try:
             import tensile_tf
+            tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
         except ImportError as e:
             print("ERROR:", e)
     """, env={"TF_CPU_ALLOCATOR_USE_BFC": "1"})

@@ -1,12 +1,13 @@
 """JobHost: concurrency, failure isolation, memory return, admission."""
-import json
 
 import numpy as np
 import pytest
 
 import tensile_tf
+
+tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
 from tensile_tf.config import JobSpec
-from tensile_tf.host import JobHost, JobStatus
+from tensile_tf.runtime import JobHost, JobStatus
 from tensile_tf.jobs import Job
 from tests import job_factories
 from tests.conftest import last_json_line, run_python
@@ -67,7 +68,8 @@ ADMISSION_SCRIPT = """
     import json
     import tensorflow as tf
     import tensile_tf
-    from tensile_tf.host import JobHost
+    tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
+    from tensile_tf.runtime import JobHost
     from tensile_tf.jobs import Job
     from tensile_tf.config import JobSpec
     def spec(name, batch, steps):
@@ -118,7 +120,8 @@ def test_out_of_memory_mid_run_fails_only_that_job_and_returns_its_memory():
         import json
         import tensorflow as tf
         import tensile_tf
-        from tensile_tf.host import JobHost
+        tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
+        from tensile_tf.runtime import JobHost
         from tensile_tf.jobs import Job
         from tests import job_factories
         host = JobHost(pool_bytes="48MiB", admission="none")

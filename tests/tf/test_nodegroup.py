@@ -5,8 +5,10 @@ import pytest
 import tensorflow as tf
 
 import tensile_tf
+
+tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
 from tensile_tf.config import JobSpec
-from tensile_tf.host import JobHost, JobStatus
+from tensile_tf.runtime import JobHost, JobStatus
 from tensile_tf.jobs import Job
 from tensile_tf.memory import JobStream
 from tests import job_factories
@@ -17,8 +19,9 @@ from tf_plugin.nodegroup.rewrite import graph_nodes, insert_barriers
 TWO_JOBS = """
 import json, sys
 import tensile_tf
+tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
 from tensile_tf.config import JobSpec
-from tensile_tf.host import JobHost
+from tensile_tf.runtime import JobHost
 from tensile_tf.jobs import Job
 host = JobHost({pool}, pipeline="{pipeline}", split_size="8MiB", admission="none", barrier_timeout_s=60)
 for i in range({jobs}):
@@ -64,7 +67,7 @@ import tensorflow as tf
 import tensile_tf, keras
 from tensile_tf.determinism import enable_deterministic_training
 enable_deterministic_training()
-from tensile_tf.host import JobHost
+from tensile_tf.runtime import JobHost
 from tensile_tf.jobs import Job, TrainStep, supervised_train_step
 from tensile_tf import zoo
 
@@ -184,8 +187,9 @@ def test_barrier_timeout_is_a_tensorflow_error_naming_the_barrier():
 EIGHT_JOBS = """
 import json
 import tensile_tf
+tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
 from tensile_tf.config import JobSpec
-from tensile_tf.host import JobHost
+from tensile_tf.runtime import JobHost
 from tensile_tf.jobs import Job
 host = JobHost("1GiB", pipeline="nodegroup", split_size="16KiB", admission="none", barrier_timeout_s=60)
 for i in range(8):
@@ -222,12 +226,13 @@ def test_steps_that_create_optimizer_slots_in_their_first_trace_still_lift():
 ONEDNN_PIPELINE = """
 import json, sys
 import tensile_tf
+tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
 import tf_plugin.nodegroup.rewrite as rewrite
 from tf_plugin._loader import onednn_rewrites_enabled
 if "MODE" == "without-merge-hints":
     rewrite.ONEDNN_MERGED_CHAINS = frozenset()
 from tensile_tf.config import JobSpec
-from tensile_tf.host import JobHost
+from tensile_tf.runtime import JobHost
 from tensile_tf.jobs import Job
 host = JobHost("1GiB", pipeline="nodegroup", split_size="64KiB", admission="none", barrier_timeout_s=60)
 for i in range(2):

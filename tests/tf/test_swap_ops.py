@@ -117,7 +117,7 @@ def test_late_swap_in_waits_and_is_counted():
 
 def test_variable_swap_leaves_and_reenters_the_pool():
     import tensile_tf
-
+    tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
     v = tf.Variable(tf.random.normal([512, 512]))
     value = v.numpy()
 

@@ -15,7 +15,8 @@ args = parser.parse_args()
 import tensorflow as tf  # noqa: E402
 
 if args.pool:
-    import tensile_tf  # noqa: F401
+    import tensile_tf
+    tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
 
     tensile_tf.configure_pool("512MiB")
 import keras  # noqa: E402

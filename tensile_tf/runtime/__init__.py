@@ -1,0 +1,27 @@
+"""The runtime: jobs of one process training at once on the device pool.
+
+Files in the order a run goes through them:
+
+* ``run_loop.py``  JobHost: submit, probe, admit, start, watch, tear down (reads in one sitting)
+* ``probing.py``   build a job, run its first step, measure P and T; teardown
+* ``admission.py`` the Salus safety condition (seed 002 §2.2) and the other policies
+* ``planning.py``  TENSILE in the host: capture, joint plan, cold start, saved plans
+* ``nodegroup.py`` the Waterwave node-group pipeline's coordinator (seed 004)
+* ``job_thread.py`` a job's steps and training thread
+* ``failures.py``  how a job's failure is recorded
+* ``records.py``   the typed records and the results.json schema
+
+Importing it loads TensorFlow and the plugin (``tensile_tf.memory``).
+"""
+from tensile_tf.runtime.admission import POOL_HEADROOM, AdmissionControl, salus_safety_condition
+from tensile_tf.runtime.failures import NonFiniteLoss, summarize_error
+from tensile_tf.runtime.job_thread import variables_digest
+from tensile_tf.runtime.planning import COLD_START_HEADROOM, SavedPlan, SavedPlanMismatch
+from tensile_tf.runtime.records import JobRecord, JobState, JobStatus, MemorySample, PlanRecord, RunResult, StepRecord
+from tensile_tf.runtime.run_loop import JobHost, ProgressSink
+
+__all__ = [
+    "COLD_START_HEADROOM", "POOL_HEADROOM", "AdmissionControl", "JobHost", "JobRecord", "JobState", "JobStatus",
+    "MemorySample", "NonFiniteLoss", "PlanRecord", "ProgressSink", "RunResult", "SavedPlan", "SavedPlanMismatch",
+    "StepRecord", "salus_safety_condition", "summarize_error", "variables_digest",
+]

@@ -1,0 +1,112 @@
+"""Admission control: which jobs may run together in the pool (seed 002,
+Salus §2.2).
+
+A job's memory is persistent P (variables, optimizer slots: held for the
+job's whole life) plus temporary T (activations: come and go within a step).
+Salus's *safety condition* admits a set of jobs when
+
+    sum(P_j) + max(T_j)  <=  room
+
+because only one job's temporaries need to be resident at a time when steps
+are interleaved at iteration granularity. ``sum`` (``sum(P) + sum(T)``) is safe
+for free-running jobs whose temporaries may peak together; ``none`` admits up
+to the concurrency limit. ``room`` is the pool less the bytes held outside
+every job, less POOL_HEADROOM when jobs share it.
+
+``predict`` answers (P, T) for a job before it is probed, from a measured job
+of the same signature scaled by batch size; a plan's needs replace the
+measured ones once a job is planned.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from tensile_tf.config import Admission
+from tensile_tf.runtime.records import JobState
+
+# Share of the pool that plans and admission leave free when jobs share it:
+# chunks fragment (replayed steps needed 1.06-1.17x their peak bytes as arena,
+# benchmarks/RESULTS.md "Fragmentation"), and the planner's peak prediction
+# is within ~10-15% of what the pool measures. A job alone may use it all.
+POOL_HEADROOM = 0.10
+
+
+def salus_safety_condition(needs: Sequence[tuple[int, int]], room: int) -> bool:
+    """Seed 002 §2.2: sum of persistent bytes plus the largest temporary
+    bytes fits ``room``. ``needs``: (P, T) per job."""
+    if not needs:
+        return True
+    return sum(p for p, _ in needs) + max(t for _, t in needs) <= room
+
+
+def sum_condition(needs: Sequence[tuple[int, int]], room: int) -> bool:
+    """Every job's P and T at once: safe when temporaries may peak together."""
+    return sum(p + t for p, t in needs) <= room
+
+
+def shared_room(capacity: int, held_outside_jobs: int, jobs: int) -> int:
+    """The bytes jobs may use: the pool less what no job holds, less
+    POOL_HEADROOM when more than one job shares it."""
+    room = capacity - held_outside_jobs
+    return int(room * (1 - POOL_HEADROOM)) if jobs > 1 else room
+
+
+class AdmissionControl:
+    """Applies the configured condition to the host's jobs."""
+
+    def __init__(self, capacity: int, policy: Admission, concurrency: int | None):
+        self.capacity = capacity
+        self.policy = policy
+        self.concurrency = concurrency
+        self._measured_by_signature: dict[str, tuple[int, int, int]] = {}
+
+    def has_room(self, running: int) -> bool:
+        return self.concurrency is None or running < self.concurrency
+
+    def fits(self, state: JobState, alongside: Sequence[JobState], held_outside_jobs: int) -> bool:
+        """Whether ``state`` may run beside ``alongside``."""
+        group = [s for s in alongside if s is not state] + [state]
+        if self.concurrency is not None and len(group) > self.concurrency:
+            return False
+        if self.policy == Admission.none:
+            return True
+        needs = [self.predict(s) or (0, 0) for s in group]
+        room = shared_room(self.capacity, held_outside_jobs, len(group))
+        if self.policy == Admission.salus:
+            return salus_safety_condition(needs, room)
+        return sum_condition(needs, room)
+
+    def never_fits(self, state: JobState) -> bool:
+        return (state.persistent_bytes or 0) + (state.temporary_bytes or 0) > self.capacity
+
+    def remember(self, state: JobState) -> None:
+        """Keeps a vanilla job's measurement for jobs of the same signature."""
+        sig = _signature(state)
+        if sig is not None and state.measured and not state.cold_planned:
+            self._measured_by_signature[sig] = (state.job.spec.batch_size, state.persistent_bytes,
+                                                state.temporary_bytes)
+
+    def predict(self, state: JobState) -> tuple[int, int] | None:
+        """(P, T): planned, measured, else scaled from a measured job of the
+        same signature. Temporary memory scales with the batch; persistent
+        memory is taken as the larger of the two (synthetic batches grow with
+        it too), so the prediction errs on the safe side."""
+        if state.planned_needs is not None:
+            return state.planned_needs
+        if state.measured:
+            return state.persistent_bytes, state.temporary_bytes
+        sig = _signature(state)
+        ref = self._measured_by_signature.get(sig) if sig else None
+        if ref is None:
+            return None
+        batch, p, t = ref
+        scale = state.job.spec.batch_size / batch
+        return int(p * max(1.0, scale)), int(t * scale)
+
+
+def _signature(state: JobState) -> str | None:
+    """What makes two YAML jobs' memory comparable: all but batch size and scalars."""
+    spec = state.job.spec
+    if spec is None:
+        return None
+    return spec.model_dump_json(include={"model", "input_shape", "classes", "data", "loss"}) + spec.optimizer.name

@@ -1,0 +1,119 @@
+"""A job's steps and its training thread.
+
+``run_step`` is every step the host runs (probes included): it resets the
+job's stream peak, runs the step, and records duration, loss and the step's
+own peak (Note [Training window] in records.py). ``JobThread`` runs a job's
+remaining steps in its own thread (TensorFlow releases the GIL, so jobs
+train at once), and reports the end, whatever it was, on the host's queue.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import queue
+import threading
+import time
+from typing import Callable
+
+import tensorflow as tf
+
+from tensile_tf.runtime.failures import NonFiniteLoss, record_failure
+from tensile_tf.runtime.records import JobState, JobStatus, StepRecord
+
+
+class RunClock:
+    """Seconds since the run started (every ``*_s`` time in the records)."""
+
+    def __init__(self) -> None:
+        self.restart()
+
+    def restart(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self._t0
+
+
+def run_step(state: JobState, batch: tuple, clock: RunClock) -> None:
+    """Runs one step of the job; raises NonFiniteLoss if its loss is NaN or
+    infinite and the job stops on that."""
+    stream = state.job_stream
+    stream.reset_peak()
+    start = clock.now()
+    t = time.perf_counter()
+    loss = state.step_fn(*batch)
+    value = float(tf.reduce_mean(loss)) if loss is not None else math.nan
+    duration = time.perf_counter() - t
+    peak = stream.stats().get("peak", 0)
+    state.records.append(StepRecord(state.steps_done, start, duration, value, peak))
+    state.steps_done += 1
+    state.peak_bytes = max(state.peak_bytes, peak)
+    if state.job.stop_on_nan and not math.isfinite(value):
+        raise NonFiniteLoss(f"job {state.name!r}: loss became {value} at step {state.steps_done - 1}; "
+                            "lower the learning rate, or set stop_on_nan: false")
+
+
+def variables_digest(variables) -> str:
+    """sha256 over the variables' dtypes, shapes and bytes, in order (not their
+    names: a rebuilt model's variables get new unique names)."""
+    h = hashlib.sha256()
+    for v in variables:
+        value = v.numpy()
+        h.update(f"{value.dtype}:{value.shape}".encode())
+        h.update(value.tobytes())
+    return h.hexdigest()
+
+
+class JobThread:
+    """Trains one admitted job to its end in a thread of its own.
+
+    ``on_end(state)`` runs in the thread when the job ends (the pipeline
+    releases its barriers there, at once); then the state goes on ``ended``,
+    where the host's run loop picks it up. Never raises.
+    """
+
+    def __init__(self, state: JobState, clock: RunClock, ended: "queue.Queue[JobState]", *,
+                 record_weights: bool, on_end: Callable[[JobState], None] | None = None,
+                 stop: threading.Event | None = None):
+        self.state = state
+        self.clock = clock
+        self.ended = ended
+        self.record_weights = record_weights
+        self.on_end = on_end
+        self.stop = stop or threading.Event()
+        self.thread = threading.Thread(target=self._train, name=f"job-{state.name}", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def join(self) -> None:
+        self.thread.join()
+
+    def _train(self) -> None:
+        state = self.state
+        try:
+            with state.job_stream.eager_scope():
+                status = JobStatus.finished
+                spec = state.job.spec
+                offset = spec.start_offset_s if spec is not None else 0.0
+                if offset > self.clock.now():  # the planner timed the job to start then (start_offset_s)
+                    self.stop.wait(offset - self.clock.now())
+                while state.steps_done < state.job.steps:
+                    first = state.steps_done == 0 and state.first_batch is not None
+                    run_step(state, state.first_batch if first else state.train.next_batch(), self.clock)
+                    if state.job.on_step is not None and state.job.on_step(state) is False:
+                        status = JobStatus.stopped
+                        break
+                if state.planned_step is not None:
+                    state.planned_step.restore()  # variables the plan keeps on the host
+                if self.record_weights:
+                    optimizer_vars = list(getattr(state.train.optimizer, "variables", None) or [])
+                    state.weights_digest = variables_digest([*state.train.variables, *optimizer_vars])
+            state.status = status
+        except BaseException as e:  # noqa: BLE001 - isolate the failure to this job
+            record_failure(state, e, self.clock.now())
+        finally:
+            state.ended_at_s = self.clock.now()
+            if self.on_end is not None:
+                self.on_end(state)
+            self.ended.put(state)

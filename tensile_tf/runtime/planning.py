@@ -1,0 +1,231 @@
+"""TENSILE inside the host (``run.planner: tensile``): capture, plan, cold start.
+
+One path for every caller: ``tensile run``, ``tensile plan`` (the host's
+``plan_only``), ``--compare-vanilla``, the search driver and the benchmarks
+all probe a job, capture it with ``execution.capture_for_planning``
+(executor order, measured scratch bytes, profiled latencies) and plan it with
+``execution.plan_captured`` for the budget ``start_budget`` gives. So the
+plan ``tensile plan`` writes is the plan ``tensile run`` makes, and ``tensile
+run --plan plan.json`` runs exactly that plan (``SavedPlan``).
+
+Note [Planning in the host]
+Every job is probed with its vanilla step first: the probe measures P and T
+and, on the way, builds the optimizer's slots, so the traced step is the one
+the plan rewrites. The jobs probed at the start of ``run()`` stay built and
+are planned together for the pool's capacity less POOL_HEADROOM and, if the
+plan meets that budget, admitted together on its prediction; a job
+admitted later (queued, or from job_source) is planned alone for what the
+running jobs leave (capacity - sum of their needs). The plan's predicted
+saving for a job (its predicted vanilla peak - planned peak) is taken off
+its measured T for admission. A job whose planning fails runs vanilla with
+the reason in ``plan_error``. Before a planned job ends, variables its plan
+keeps on the host between steps come back into the pool (``restore()``), so
+weights read after the run are the real ones.
+
+Note [Cold-start planning]
+A job whose vanilla step does not fit what the pool has left cannot be
+probed, profiled or planned the usual way, yet fitting it is what swapping
+is for. With the planner on, the host snapshots the job's variables (host
+copies) before its probe; if the probe runs out of memory it writes them
+back (the failed step may have updated some), captures the traced graph
+without running it (static sizes, no scratch bytes, op latencies from
+``ColdStartLatency``: seed 000 §IV-A's cold start) and plans it alone for the
+pool's free bytes less COLD_START_HEADROOM (and at most ``plan_budget``). The
+planned step is then the probe: P and T are measured on it, and admission
+uses them as they are. The start's joint plan includes such jobs and leaves
+COLD_START_HEADROOM free when any of its jobs was captured cold. A capture
+whose profiling steps run out of memory falls back to the same cold capture.
+``plan.cold_start`` marks such jobs in results.json.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import tensorflow as tf
+
+from tensile_tf.config import PlanPeaks
+from tensile_tf.execution import CapturedJob, JobToPlan, capture_cold, capture_for_planning, plan_captured
+from tensile_tf.rewrite import apply_plan
+from tensile_tf.runtime.admission import POOL_HEADROOM
+from tensile_tf.runtime.failures import summarize_error
+from tensile_tf.runtime.records import JobState, PlanRecord
+from tensile_tf.scheduler import Plan
+
+# A cold-start plan (Note [Cold-start planning]) times its swaps by guessed
+# latencies: the deep MLP of tests/e2e/test_planner_run.py measured up to 20%
+# above the plan's predicted peak (transfers finishing later than guessed hold
+# their device copies longer). Its budget leaves this share free instead.
+COLD_START_HEADROOM = 0.25
+
+
+class SavedPlanMismatch(RuntimeError):
+    """A plan.json given to ``tensile run --plan`` was made for other graphs."""
+
+
+@dataclass
+class SavedPlan:
+    """A plan loaded from plan.json, applied instead of planning afresh."""
+
+    plan: Plan
+    path: str
+
+    @classmethod
+    def load(cls, path: str | Path) -> "SavedPlan":
+        text = Path(path).read_text(encoding="utf-8")
+        return cls(Plan.from_json(text), str(path))
+
+
+@dataclass
+class PlanningSettings:
+    plan_peaks: PlanPeaks
+    swap_bandwidth: int | None = None     # the emulated link (None: unlimited; the planner assumes PCIe 3 x16)
+    plan_budget: int | None = None        # most bytes the start's joint plan may use
+    saved_plan: SavedPlan | None = None
+
+
+class JobPlanning:
+    """Captures and plans the host's jobs; keeps every Plan made."""
+
+    def __init__(self, capacity: int, settings: PlanningSettings):
+        self.capacity = capacity
+        self.settings = settings
+        self.plans: list[Plan] = []
+
+    # --------------------------------------------------------- budgets
+
+    def start_budget(self, built: Sequence[JobState], held_outside_jobs: int) -> int:
+        """Bytes the start's joint plan may use: the pool less POOL_HEADROOM
+        (COLD_START_HEADROOM when a job was captured cold), at most plan_budget."""
+        cold = any(s.captured is not None and s.captured.cold for s in built)
+        headroom = COLD_START_HEADROOM if cold else POOL_HEADROOM
+        budget = int((self.capacity - held_outside_jobs) * (1 - headroom))
+        return min(budget, self.settings.plan_budget) if self.settings.plan_budget is not None else budget
+
+    def alone_budget(self, others_need: int, held_outside_jobs: int) -> int:
+        """A job admitted after the start: what the running jobs leave."""
+        free = self.capacity - held_outside_jobs - others_need
+        return int(max(0, free) * (1 - POOL_HEADROOM))
+
+    # ---------------------------------------------------------- capture
+
+    @staticmethod
+    def _to_plan(state: JobState) -> JobToPlan:
+        spec = state.job.spec
+        return JobToPlan(state.name, state.step_fn, state.first_batch, optimizer=state.train.optimizer,
+                         max_swapping_rate=spec.max_swapping_rate if spec is not None else 1.0,
+                         start_offset_s=spec.start_offset_s if spec is not None else 0.0)
+
+    def capture(self, state: JobState) -> None:
+        """Traces and profiles a built, probed job, while the pool can still
+        run its vanilla step (Note [Planning in the host])."""
+        job = self._to_plan(state)
+        out_of_memory = False
+        try:
+            with state.job_stream.eager_scope():
+                state.captured = capture_for_planning(job)
+        except Exception as e:  # noqa: BLE001 - the job still runs, unplanned
+            out_of_memory = isinstance(e.__cause__, tf.errors.ResourceExhaustedError)
+            state.plan_error = summarize_error(e)
+        if out_of_memory:
+            # The profiling steps did not fit beside the others (or fragmented
+            # the pool); they restored the variables they had changed. Plan
+            # from the graph alone (Note [Cold-start planning]).
+            self._capture_cold(state)
+
+    def _capture_cold(self, state: JobState) -> bool:
+        try:
+            state.captured = capture_cold(self._to_plan(state))
+            state.plan_error = None
+            return True
+        except Exception as e:  # noqa: BLE001 - reported; the job runs unplanned or is rejected
+            state.plan_error = summarize_error(e)
+            return False
+
+    def plan_cold(self, state: JobState, others_bytes: int) -> bool:
+        """Note [Cold-start planning]: plans a job whose vanilla probe ran out
+        of memory, alone, for what the others leave. True if its step now
+        carries a plan that changes it."""
+        budget = int(max(0, self.capacity - others_bytes) * (1 - COLD_START_HEADROOM))
+        if self.settings.plan_budget is not None:
+            budget = min(budget, self.settings.plan_budget)
+        if not self._capture_cold(state):
+            return False
+        state.cold_planned = True
+        if self.plan([state], budget) is None or state.planned_step is None:
+            state.cold_planned = False
+            return False
+        state.planned_needs = None  # the planned probe measures them
+        return True
+
+    # ------------------------------------------------------------- plan
+
+    def _saved_plan_for(self, captured: Sequence[CapturedJob]) -> Plan:
+        saved = self.settings.saved_plan
+        for c in captured:
+            why = saved.plan.refusal(c.job.name, c.graph.fingerprint(), len(c.graph.ops))
+            if why is not None:
+                raise SavedPlanMismatch(f"{saved.path}: {why}; make a new plan with `tensile plan CONFIG`")
+        return saved.plan
+
+    def plan(self, states: list[JobState], budget: int, *, saved_plan_allowed: bool = False) -> Plan | None:
+        """TENSILE over ``states`` for ``budget`` pool bytes; each job's step
+        becomes its planned step. Returns the Plan, or None if there was
+        nothing to plan or planning failed (the reason in ``plan_error``).
+        ``saved_plan_allowed``: apply the saved plan (``--plan``) instead of
+        planning; raises SavedPlanMismatch if it was made for other graphs."""
+        states = [s for s in states if s.captured is not None]
+        if not states:
+            return None
+        peaks = self.settings.plan_peaks
+        try:
+            if saved_plan_allowed and self.settings.saved_plan is not None:
+                plan = self._saved_plan_for([s.captured for s in states])
+                steps = {s.name: apply_plan(s.step_fn, s.first_batch, plan.jobs[s.name], s.captured.graph)
+                         for s in states}
+            else:
+                plan, steps = plan_captured([s.captured for s in states], pool_bytes=budget,
+                                            bandwidth_bytes_per_s=self.settings.swap_bandwidth,
+                                            coincident_peaks=peaks != PlanPeaks.timeline,
+                                            peaking_jobs=2 if peaks == PlanPeaks.paired else None)
+        except SavedPlanMismatch:
+            raise
+        except Exception as e:  # noqa: BLE001 - the jobs still run, unplanned
+            why = summarize_error(e)
+            for s in states:
+                s.plan_error = why
+            return None
+        self.plans.append(plan)
+        source = self.settings.saved_plan.path if saved_plan_allowed and self.settings.saved_plan else "planned"
+        for s in states:
+            self._adopt(s, plan, steps[s.name], budget, source)
+        return plan
+
+    @staticmethod
+    def _adopt(s: JobState, plan: Plan, step, budget: int, source: str) -> None:
+        """Makes ``step`` the job's step (if the plan changes it) and records
+        the plan and the needs admission will use."""
+        jp = plan.jobs[s.name]
+        if jp.swap_outs or jp.swap_ins or jp.recomputes:
+            with s.job_stream.eager_scope():
+                if s.planned_step is not None:
+                    s.planned_step.restore()  # the old plan's variables back before the new plan
+                step.evict()  # the first planned step starts as every later one
+            s.planned_step = step
+            s.step_fn = step
+        # The predicted saving comes off the measured P + T (variables swapped
+        # across iterations lower P itself). A cold-planned job's P and T were
+        # measured on a planned step already.
+        saved = 0 if s.cold_planned else max(0, jp.vanilla_peak_bytes - jp.planned_peak_bytes)
+        p_bytes, t_bytes = s.persistent_bytes or 0, s.temporary_bytes or 0
+        total = max(0, p_bytes + t_bytes - saved)
+        s.planned_needs = (min(p_bytes, total), total - min(p_bytes, total))
+        report = step.report
+        s.plan = PlanRecord(
+            budget_bytes=budget, budget_met=plan.budget_met,
+            predicted_vanilla_peak_bytes=jp.vanilla_peak_bytes, predicted_planned_peak_bytes=jp.planned_peak_bytes,
+            predicted_msr=jp.msr, swap_outs=len(jp.swap_outs), swap_ins=len(jp.swap_ins),
+            recomputes=len(jp.recomputes), planning_s=plan.planning_s, cold_start=s.captured.cold,
+            swapped_bytes_per_step=report.swapped_bytes_per_step, recomputed_ops=report.recomputed_ops,
+            rewrite=report.to_dict(), source=source)

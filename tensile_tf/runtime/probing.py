@@ -1,0 +1,246 @@
+"""Building, probing and tearing down a job (the main thread does all three,
+serially, while no other job builds).
+
+* ``build``: the job's model, optimizer and data under its own pool stream;
+  its step traced once (``jit_compile=False``), with the node-group barriers
+  when the pipeline is on.
+* ``probe``: build, run the first step and measure persistent bytes P
+  (variables, optimizer slots) and temporary peak T (activations; seed 002
+  calls them persistent and ephemeral memory), then say whether the job can
+  run now (``ProbeOutcome``). With the planner on, a probe that runs out of
+  memory is retried with a cold-start plan (Note [Cold-start planning] in
+  planning.py) and a probed job is captured for planning.
+* ``teardown``: drop every reference, collect garbage, check that the
+  stream's bytes went back to zero, release the stream.
+"""
+from __future__ import annotations
+
+import gc
+from enum import Enum
+from typing import Callable, Sequence
+
+import tensorflow as tf
+
+import tf_plugin
+from tensile_tf.memory import JobStream
+from tensile_tf.runtime.admission import AdmissionControl
+from tensile_tf.runtime.failures import record_failure
+from tensile_tf.runtime.job_thread import RunClock, run_step
+from tensile_tf.runtime.nodegroup import NodeGroupCoordinator
+from tensile_tf.runtime.planning import JobPlanning
+from tensile_tf.runtime.records import FINAL_STATUSES, JobState, JobStatus
+from tf_plugin.tf_internals import custom_gradient_names, forget_custom_gradients
+
+
+class ProbeOutcome(str, Enum):
+    run = "run"              # measured; may start now
+    hold = "hold"            # measured and kept built (the start's jobs, planned together next)
+    queued = "queued"        # does not fit yet; try again when memory frees
+    ended = "ended"          # failed, rejected or already finished
+
+
+class _OutOfMemory(Exception):
+    """The probe step ran out of pool memory (internal signal)."""
+
+
+class JobLifecycle:
+    def __init__(self, states: list[JobState], clock: RunClock, admission: AdmissionControl,
+                 held_outside_jobs: Callable[[], int], *, pipeline: NodeGroupCoordinator | None,
+                 planning: JobPlanning | None):
+        self.states = states
+        self.clock = clock
+        self.admission = admission
+        self.held_outside_jobs = held_outside_jobs
+        self.pipeline = pipeline
+        self.planning = planning
+
+    def _others_built(self, state: JobState) -> bool:
+        return any(s.train is not None and s is not state for s in self.states)
+
+    def fail(self, state: JobState, error: BaseException, status: JobStatus = JobStatus.failed) -> None:
+        record_failure(state, error, self.clock.now(), status)
+
+    # ------------------------------------------------------------ build
+
+    def build(self, state: JobState) -> bool:
+        """Builds and traces the job under its own stream. False if it failed
+        (then queued, if others hold the memory it lacked, else failed or rejected)."""
+        state.attempts += 1
+        state.job_stream = JobStream(state.name)
+        state.stream = state.job_stream.stream
+        state.records.clear()
+        state.steps_done = 0
+        registered_before = custom_gradient_names()
+        failed = False
+        try:
+            with state.job_stream.eager_scope():
+                state.train = state.job.build()
+                transform = self.pipeline.graph_transform(state.name, state.stream) if self.pipeline else None
+                state.step_fn = state.job_stream.step_function(state.train.step_fn, graph_transform=transform)
+                state.first_batch = state.train.next_batch()
+                state.step_fn.get_concrete_function(*state.first_batch)  # trace once, here, serially
+        except tf.errors.ResourceExhaustedError as e:
+            # Building (variables, optimizer slots) ran out of pool memory.
+            if self._others_built(state):
+                state.status = JobStatus.queued  # others hold memory: try again later
+            else:
+                self.fail(state, e, status=JobStatus.rejected)
+            failed = True
+        except Exception as e:  # noqa: BLE001 - a bad job must not stop the host
+            self.fail(state, e)
+            failed = True
+        # See Note [Custom gradients keep traced jobs alive] in tf_plugin.tf_internals.
+        state.custom_gradients |= custom_gradient_names() - registered_before
+        if failed:
+            # Outside the except block: its traceback would keep the job's objects alive.
+            self.teardown(state)
+        return not failed
+
+    # ------------------------------------------------------------ probe
+
+    def probe(self, state: JobState, alongside: Sequence[JobState], *, hold: bool = False) -> ProbeOutcome:
+        """Build, trace, run step 1 measuring P and T; then say what follows.
+        ``hold``: keep a measured job built, admission to follow once the
+        start's jobs are planned together."""
+        if not self.build(state):
+            return ProbeOutcome.queued if state.status == JobStatus.queued else ProbeOutcome.ended
+        stream = state.job_stream
+        # The stream is new (built just now), so its peak is this build's and
+        # this probe's: no pool-wide reset needed (it would hide others' peaks).
+        before = stream.stats()["current"]
+        ended = self._probe_step(state)
+        if ended is not None:
+            # Outside the except blocks: a live traceback would keep the job's objects alive.
+            state.status = ended
+            self.teardown(state)
+            return ProbeOutcome.queued if ended == JobStatus.queued else ProbeOutcome.ended
+        after = stream.stats()
+        state.persistent_bytes = after["current"]
+        state.temporary_bytes = max(0, state.records[-1].peak_bytes - max(before, after["current"]))
+        self.admission.remember(state)
+        if self.admission.never_fits(state):
+            self.fail(state, RuntimeError(
+                f"needs {tf_plugin.human_bytes(state.persistent_bytes)} persistent + "
+                f"{tf_plugin.human_bytes(state.temporary_bytes)} temporary, more than the pool's "
+                f"{tf_plugin.human_bytes(self.admission.capacity)}; raise `pool:` or lower the job's "
+                "`batch_size:`"), status=JobStatus.rejected)
+            self.teardown(state)
+            return ProbeOutcome.ended
+        if state.steps_done >= state.job.steps:
+            state.status = JobStatus.finished
+            self.teardown(state)
+            return ProbeOutcome.ended
+        if self.planning is not None and not state.cold_planned:
+            self.planning.capture(state)
+        if hold:
+            state.status = JobStatus.queued
+            return ProbeOutcome.hold
+        if self.admission.fits(state, alongside, self.held_outside_jobs()):
+            return ProbeOutcome.run
+        state.status = JobStatus.queued
+        if state.job.rebuildable:
+            self.teardown(state)
+        return ProbeOutcome.queued
+
+    def _probe_step(self, state: JobState) -> JobStatus | None:
+        """Runs the first step (with a cold-start plan, if the vanilla step
+        ran out of memory and the planner is on). None if it ran; else what
+        became of the job."""
+        restore = self._snapshot_variables(state) if self.planning is not None else None
+        try:
+            self._run_probe_step(state, raise_oom=restore is not None)
+            return None
+        except _OutOfMemory:
+            pass
+        except _ProbeEnded as e:
+            return e.status
+        # Note [Cold-start planning]: undo what the failed step wrote, plan the
+        # job from its traced graph alone, and probe with the planned step.
+        restore()
+        del restore
+        gc.collect()  # whatever the failed step's frames still held
+        others = tf_plugin.device_pool().stats()["current"] - state.job_stream.stats()["current"]
+        if not self.planning.plan_cold(state, others):
+            if self._others_built(state):
+                return JobStatus.queued  # as for any probe that does not fit beside others
+            self.fail(state, RuntimeError(
+                f"its first step ran out of pool memory and no cold-start plan could be applied "
+                f"({state.plan_error or 'the plan has no swaps or recomputation'}); raise `pool:` or lower "
+                "the job's `batch_size:`"), status=JobStatus.rejected)
+            return JobStatus.rejected
+        try:
+            self._run_probe_step(state, raise_oom=False)
+        except _ProbeEnded as e:
+            return e.status
+        return None
+
+    def _run_probe_step(self, state: JobState, *, raise_oom: bool) -> None:
+        """Runs the job's first step; raises _OutOfMemory (``raise_oom``) or
+        _ProbeEnded with what became of the job."""
+        try:
+            with state.job_stream.eager_scope():
+                run_step(state, state.first_batch, self.clock)
+        except tf.errors.ResourceExhaustedError as e:
+            if raise_oom:
+                raise _OutOfMemory() from None
+            if self._others_built(state):
+                raise _ProbeEnded(JobStatus.queued) from None  # try again when the pool is emptier
+            self.fail(state, e, status=JobStatus.rejected)
+            raise _ProbeEnded(JobStatus.rejected) from None
+        except Exception as e:  # noqa: BLE001 - a bad job must not stop the host
+            self.fail(state, e)
+            raise _ProbeEnded(JobStatus.failed) from None
+
+    @staticmethod
+    def _snapshot_variables(state: JobState):
+        """Host copies of the job's variables (restores them), or None."""
+        from tensile_tf.capture import snapshot_variables
+
+        try:
+            return snapshot_variables(state.step_fn.get_concrete_function(*state.first_batch).graph)
+        except Exception:  # noqa: BLE001 - no snapshot: an OOM probe is then not retried
+            return None
+
+    # --------------------------------------------------------- teardown
+
+    def teardown(self, state: JobState) -> None:
+        """Drops the job's objects; its pool bytes must return to zero."""
+        stream = state.job_stream
+        planned, state.planned_step = state.planned_step, None
+        state.captured = None  # a rebuild traces new ops; it is captured and planned again
+        state.cold_planned = False
+        state.planned_needs = None
+        if planned is not None:
+            from tf_plugin import swap
+
+            try:  # variables left on the host by a failed step: back, then dropped with the job
+                planned.restore()
+            except Exception:  # noqa: BLE001 - teardown must go on
+                pass
+            swap.drain_swap_channel()
+            if stream is not None:
+                swap.release_stream_host_copies(stream.stream)  # activation copies a failed step left
+            del planned
+        state.train = None
+        state.step_fn = None
+        state.first_batch = None
+        if state.status in FINAL_STATUSES:
+            state.job.forget()
+        forget_custom_gradients(state.custom_gradients)
+        state.custom_gradients = set()
+        if stream is None:
+            return
+        if self.pipeline is not None:
+            self.pipeline.job_ended(state.name, state.stream)
+        gc.collect()
+        stats = stream.stats()
+        state.peak_bytes = max(state.peak_bytes, stats.get("peak", 0))
+        state.leaked_bytes = stats.get("current", 0)
+        stream.release()
+        state.job_stream = None
+
+
+class _ProbeEnded(Exception):
+    def __init__(self, status: JobStatus):
+        super().__init__(status.value)
+        self.status = status

@@ -1,0 +1,312 @@
+"""Typed records: what the runtime knows about jobs and the run, and the one
+schema they are written in (results.json, compare.json, the search driver).
+
+Every record is a dataclass; nothing crosses a module boundary as a dict read
+with ``.get``. ``to_dict()`` gives the JSON form; the schema is versioned by
+``SCHEMA_VERSION`` (bumped whenever a key changes meaning or disappears).
+
+Peaks follow one rule everywhere (Note [Training window]):
+
+Note [Training window]
+A job's first step is special: it runs unplanned (it measures the job and
+builds its optimizer slots), its allocations include one-time work, and it
+may run alone while others wait. Peaks credited to a plan, or compared
+between runs, are therefore taken over the *training window*: every step
+after the first, the same steps in every run. Each step's own peak
+(``StepRecord.peak_bytes``: the job's stream peak within that step) is
+recorded, so a comparison also knows each run's step-to-step spread and
+never credits a plan with less than that noise (tensile_tf.compare).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:  # runtime objects, never serialised
+    from tensile_tf.jobs import Job, TrainStep
+    from tensile_tf.memory import JobStream
+
+SCHEMA_VERSION = 2
+
+
+class JobStatus(str, Enum):
+    pending = "pending"      # submitted, not probed yet
+    queued = "queued"        # waiting for memory
+    running = "running"
+    finished = "finished"
+    stopped = "stopped"      # ended early by its on_step callback (e.g. pruned)
+    failed = "failed"
+    rejected = "rejected"    # can never fit the pool
+
+
+FINAL_STATUSES = frozenset({JobStatus.finished, JobStatus.stopped, JobStatus.failed, JobStatus.rejected})
+
+
+def finite_or_none(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+@dataclass
+class StepRecord:
+    index: int
+    start_s: float       # seconds since the run started
+    duration_s: float
+    loss: float
+    peak_bytes: int = 0  # the job's stream peak within this step (Note [Training window])
+
+
+@dataclass
+class PlanRecord:
+    """The plan a job runs: its budget, the planner's prediction (labelled as
+    such) and what the rewrite carried out."""
+
+    budget_bytes: int
+    budget_met: bool
+    predicted_vanilla_peak_bytes: int
+    predicted_planned_peak_bytes: int
+    predicted_msr: float
+    swap_outs: int
+    swap_ins: int
+    recomputes: int
+    planning_s: float
+    cold_start: bool
+    swapped_bytes_per_step: int = 0
+    recomputed_ops: int = 0
+    rewrite: dict[str, Any] = field(default_factory=dict)   # RewriteReport.to_dict()
+    source: str = "planned"      # "planned" (this run) or the plan.json it was loaded from
+
+    @property
+    def changes_step(self) -> bool:
+        return bool(self.swap_outs or self.swap_ins or self.recomputes)
+
+
+@dataclass
+class JobState:
+    """Everything the host knows about one job. The serialisable part is
+    ``JobRecord.of(state)``; runtime objects are dropped at teardown."""
+
+    job: "Job"
+    status: JobStatus = JobStatus.pending
+    error: str | None = None
+    error_type: str | None = None
+    traceback: str | None = None
+    steps_done: int = 0
+    records: list[StepRecord] = field(default_factory=list)
+    persistent_bytes: int | None = None
+    temporary_bytes: int | None = None
+    peak_bytes: int = 0              # the job's own peak pool bytes, first step included
+    leaked_bytes: int = 0            # bytes still attributed to it after teardown
+    stream: int | None = None
+    attempts: int = 0                # probes / builds
+    admitted_at_s: float | None = None
+    ended_at_s: float | None = None
+    plan: PlanRecord | None = None
+    planned_needs: tuple[int, int] | None = None   # (P, T) admission uses once planned
+    plan_error: str | None = None
+    cold_planned: bool = False    # planned before its step ever ran (Note [Cold-start planning])
+    weights_digest: str | None = None    # sha256 of the final variables (record_weights=True)
+    end_notified: bool = field(default=False, repr=False)  # on_end called
+    # Runtime objects, dropped at teardown.
+    train: "TrainStep | None" = field(default=None, repr=False)
+    step_fn: Callable | None = field(default=None, repr=False)
+    job_stream: "JobStream | None" = field(default=None, repr=False)
+    first_batch: tuple | None = field(default=None, repr=False)
+    custom_gradients: set[str] = field(default_factory=set, repr=False)
+    planned_step: Any = field(default=None, repr=False)   # rewrite.PlannedStep
+    captured: Any = field(default=None, repr=False)       # execution.CapturedJob of the current build
+
+    @property
+    def name(self) -> str:
+        return self.job.name
+
+    @property
+    def last_loss(self) -> float | None:
+        return self.records[-1].loss if self.records else None
+
+    @property
+    def training_records(self) -> list[StepRecord]:
+        """The steps of the training window (Note [Training window])."""
+        return [r for r in self.records if r.index >= 1]
+
+    @property
+    def median_step_s(self) -> float | None:
+        # Step 0 includes one-time work (first-call overheads); leave it out when we can.
+        times = sorted(r.duration_s for r in self.training_records or self.records)
+        return times[len(times) // 2] if times else None
+
+    @property
+    def training_peak_bytes(self) -> int | None:
+        """The job's peak over the training window (None: it trained no step after its first)."""
+        peaks = [r.peak_bytes for r in self.training_records]
+        return max(peaks) if peaks else None
+
+    @property
+    def measured(self) -> bool:
+        return self.persistent_bytes is not None
+
+
+@dataclass
+class JobRecord:
+    """One job in results.json (and in a search trial's user attributes)."""
+
+    name: str
+    status: str
+    error: str | None
+    error_type: str | None
+    steps: int
+    steps_requested: int
+    median_step_s: float | None
+    peak_pool_bytes: int
+    training_peak_pool_bytes: int | None
+    training_peak_spread_bytes: int | None   # max - min of the per-step peaks of the training window
+    persistent_bytes: int | None
+    temporary_bytes: int | None
+    leaked_bytes: int
+    final_loss: float | None
+    losses: list[float | None]
+    step_peak_bytes: list[int]
+    admitted_at_s: float | None
+    ended_at_s: float | None
+    weights_digest: str | None
+    plan: PlanRecord | None
+    plan_error: str | None
+
+    @classmethod
+    def of(cls, s: JobState) -> "JobRecord":
+        window = [r.peak_bytes for r in s.training_records]
+        return cls(
+            name=s.name, status=s.status.value, error=s.error, error_type=s.error_type,
+            steps=s.steps_done, steps_requested=s.job.steps, median_step_s=s.median_step_s,
+            peak_pool_bytes=s.peak_bytes, training_peak_pool_bytes=s.training_peak_bytes,
+            training_peak_spread_bytes=(max(window) - min(window)) if window else None,
+            persistent_bytes=s.persistent_bytes, temporary_bytes=s.temporary_bytes,
+            leaked_bytes=s.leaked_bytes, final_loss=finite_or_none(s.last_loss),
+            losses=[finite_or_none(r.loss) for r in s.records], step_peak_bytes=[r.peak_bytes for r in s.records],
+            admitted_at_s=s.admitted_at_s, ended_at_s=s.ended_at_s, weights_digest=s.weights_digest,
+            plan=s.plan, plan_error=s.plan_error)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class MemorySample:
+    t_s: float
+    pool_current: int
+    jobs: dict[str, int]
+
+
+@dataclass
+class PoolRecord:
+    """The pool over the run. ``peak`` is the whole run's (probes and
+    planning included); ``training_peak`` the peak since the jobs probed at
+    the start began training."""
+
+    capacity: int
+    peak: int
+    training_peak: int
+    current: int
+    run_ooms: int
+    stats: dict[str, Any]                # pool_stats() at the end, without "jobs" (C++ vocabulary)
+    nodegroup: dict[str, Any] | None = None   # NodeGroupCoordinator.summary()
+
+
+@dataclass
+class TraceCoverage:
+    """How much of the run the pool's event trace covers (Note [Trace
+    coverage] in tensile_tf.reports)."""
+
+    events_in_run: int        # alloc / free / sync / oom events the pool saw during the run
+    events_kept: int          # of those, still in the pool's bounded trace at the end
+    kept_from_s: float | None  # run time of the oldest kept event
+    samples: int              # memory samples (the whole run, every sample_interval_s)
+    how_to_keep_all: str = ("the per-job memory samples cover the whole run; for every pool event, "
+                            "set TENSILE_POOL_TRACE_EVENTS to at least events_in_run")
+
+    @property
+    def events_dropped(self) -> int:
+        return max(0, self.events_in_run - self.events_kept)
+
+
+@dataclass
+class SwapLinkRecord:
+    """The swap link over the run (planner runs): tf_plugin.swap's stats."""
+
+    bandwidth_bytes_per_s: int | None     # None: unlimited
+    bytes_out: int
+    bytes_in: int
+    late_swap_ins: int
+    checked_swap_ins: int
+    host_store_peak_bytes: int
+    channel: dict[str, Any]
+    host: dict[str, Any]
+
+    @classmethod
+    def of(cls, bandwidth: int | None, stats: dict[str, Any]) -> "SwapLinkRecord":
+        channel, host = stats.get("channel", {}), stats.get("host", {})
+        return cls(bandwidth, int(channel.get("bytes_out", 0)), int(channel.get("bytes_in", 0)),
+                   int(channel.get("late_swap_ins", 0)), int(channel.get("checked_swap_ins", 0)),
+                   int(host.get("peak", 0)), channel, host)
+
+
+@dataclass
+class PlanSummary:
+    """One Plan the run made (plan.json holds it whole)."""
+
+    jobs: list[str]
+    budget_bytes: int | None
+    budget_met: bool
+    predicted_pool_vanilla_peak_bytes: int
+    predicted_pool_planned_peak_bytes: int
+    predicted_sum_of_job_peaks_bytes: int
+    predicted_msr: float
+    bandwidth_bytes_per_s: float
+    planning_s: float
+    iterations: int
+    stop_reason: str
+
+    @classmethod
+    def of(cls, plan) -> "PlanSummary":
+        return cls(list(plan.jobs), plan.pool_bytes, plan.budget_met, plan.pool_vanilla_peak_bytes,
+                   plan.pool_planned_peak_bytes, plan.sum_of_job_peaks_bytes, plan.msr,
+                   plan.bandwidth_bytes_per_s, plan.planning_s, plan.iterations, plan.stop_reason)
+
+
+@dataclass
+class PlannerRecord:
+    plans: list[PlanSummary]
+    swap: SwapLinkRecord
+
+
+@dataclass
+class RunResult:
+    """What ``JobHost.run()`` returns; ``results_document()`` is results.json."""
+
+    capacity: int
+    pool: PoolRecord
+    jobs: list[JobState]
+    samples: list[MemorySample]
+    pool_events: list[dict[str, Any]]   # the pool's trace (C++ event dicts), oldest first
+    started_at: float                   # time.time() at start
+    wall_s: float
+    trace_origin_ns: int                # steady-clock ns at the run's start (pool event times)
+    trace: TraceCoverage
+    planner: PlannerRecord | None = None
+    plans: list[Any] = field(default_factory=list, repr=False)   # every scheduler.Plan made, in order
+
+    @property
+    def failed_jobs(self) -> list[JobState]:
+        return [s for s in self.jobs if s.status in (JobStatus.failed, JobStatus.rejected)]
+
+    def results_document(self) -> dict[str, Any]:
+        trace = asdict(self.trace) | {"events_dropped": self.trace.events_dropped}
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "pool": asdict(self.pool),
+            "wall_s": self.wall_s,
+            "trace": trace,
+            "jobs": [JobRecord.of(s).to_dict() for s in self.jobs],
+            "planner": asdict(self.planner) if self.planner is not None else None,
+        }

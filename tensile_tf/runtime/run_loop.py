@@ -1,0 +1,368 @@
+"""JobHost: runs many training jobs at once in one process on the device pool.
+
+The run, in order (the main thread does every step but the training loops):
+
+1. ``submit(job)`` queues jobs; nothing runs yet.
+2. ``run()`` *probes* each job in submit order, serially, with no job thread
+   running (probing.py): build, trace, first step, P and T measured.
+3. With the planner on, the jobs probed at the start are planned together
+   (planning.py) and admitted on the plan's prediction.
+4. Admission (admission.py, the Salus safety condition): a job runs only if
+   it fits beside the running ones; others wait; one that can never fit is
+   rejected with the reason.
+5. Admitted jobs train in their own threads (job_thread.py); the node-group
+   pipeline (nodegroup.py), when on, pairs the running jobs' node groups.
+6. When a job ends, the main thread tears it down (its pool bytes must go
+   back to zero) and admits waiting jobs, until none runs or waits.
+7. The records (records.py) are the RunResult.
+
+Failure isolation: an exception in one job (OOM included) marks that job
+failed with its error; the others go on.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from typing import Any, Callable, Protocol
+
+import tf_plugin
+from tensile_tf.config import Admission, PipelineKind, PlannerKind, PlanPeaks, RunSpec
+from tensile_tf.determinism import disable_graph_dependent_rewrites
+from tensile_tf.jobs import Job
+from tensile_tf.memory import ensure_pool, pool_stats
+from tensile_tf.runtime.admission import AdmissionControl
+from tensile_tf.runtime.job_thread import JobThread, RunClock
+from tensile_tf.runtime.nodegroup import NodeGroupCoordinator
+from tensile_tf.runtime.planning import JobPlanning, PlanningSettings, SavedPlan
+from tensile_tf.runtime.probing import JobLifecycle, ProbeOutcome
+from tensile_tf.runtime.records import (
+    FINAL_STATUSES,
+    JobState,
+    JobStatus,
+    MemorySample,
+    PlannerRecord,
+    PlanSummary,
+    PoolRecord,
+    RunResult,
+    SwapLinkRecord,
+    TraceCoverage,
+)
+from tensile_tf.units import parse_bytes
+
+
+class ProgressSink(Protocol):
+    def update(self, state: JobState, pool: dict[str, Any]) -> None: ...
+
+
+class JobHost:
+    """Runs jobs concurrently in one process on the shared device pool.
+
+    >>> host = JobHost(pool_bytes="2GiB")
+    >>> host.submit(Job.from_train_step("mine", TrainStep(step_fn, batches), steps=100))
+    >>> result = host.run()
+    """
+
+    def __init__(self, pool_bytes: int | str | None = None, *, concurrency: int | None = None,
+                 admission: Admission | str = Admission.salus, sample_interval_s: float = 0.05,
+                 progress: ProgressSink | None = None, pipeline: PipelineKind | str = PipelineKind.none,
+                 split_size: int | str = "auto", barrier_timeout_s: float = 60.0,
+                 planner: PlannerKind | str = PlannerKind.none, swap_bandwidth: int | str | None = None,
+                 plan_budget: int | str | None = None, plan_peaks: PlanPeaks | str | None = None,
+                 record_weights: bool = False, saved_plan: SavedPlan | None = None):
+        if pool_bytes is not None:
+            ensure_pool(pool_bytes)
+        self.capacity = tf_plugin.device_pool().capacity
+        self.planner, self.pipeline_kind = PlannerKind(planner), PipelineKind(pipeline)
+        if plan_peaks is None:  # the pipeline pairs the jobs; free-running jobs follow the timeline
+            plan_peaks = PlanPeaks.paired if self.pipeline_kind == PipelineKind.nodegroup else PlanPeaks.timeline
+        self.plan_peaks = PlanPeaks(plan_peaks)
+        self.swap_bandwidth = parse_bytes(swap_bandwidth, what="swap_bandwidth") if swap_bandwidth else None
+        self.record_weights = record_weights
+        self.sample_interval_s = sample_interval_s
+        self.progress = progress
+        self.states: list[JobState] = []
+        self.admission = AdmissionControl(self.capacity, Admission(admission), concurrency)
+        self.planning = None
+        if self.planner == PlannerKind.tensile:
+            self.planning = JobPlanning(self.capacity, PlanningSettings(
+                self.plan_peaks, self.swap_bandwidth,
+                parse_bytes(plan_budget, what="plan_budget") if plan_budget else None, saved_plan))
+        self.pipeline = None
+        if self.pipeline_kind == PipelineKind.nodegroup:
+            split = split_size if split_size == "auto" else parse_bytes(split_size, what="split_size")
+            self.pipeline = NodeGroupCoordinator(self.capacity, split, timeout_s=barrier_timeout_s)
+        if self.planning is not None or self.pipeline is not None:
+            # Rewritten steps must compute what the unplanned ones compute
+            # (Note [Graph-dependent Grappler rewrites] in tensile_tf.determinism).
+            disable_graph_dependent_rewrites()
+        self.clock = RunClock()
+        self.lifecycle = JobLifecycle(self.states, self.clock, self.admission, self._held_outside_jobs,
+                                      pipeline=self.pipeline, planning=self.planning)
+        self._ended: queue.Queue[JobState] = queue.Queue()
+        self._threads: dict[str, JobThread] = {}
+
+    @classmethod
+    def from_config(cls, pool: int, run: "RunSpec", **kwargs) -> "JobHost":
+        """The host a config's ``pool:`` and ``run:`` section describe (every
+        command builds its host here); ``kwargs`` override or add settings."""
+        settings = dict(concurrency=run.concurrency, admission=run.admission, pipeline=run.pipeline,
+                        split_size=run.split_size, barrier_timeout_s=run.barrier_timeout_s, planner=run.planner,
+                        swap_bandwidth=run.swap_bandwidth, plan_budget=run.plan_budget, plan_peaks=run.plan_peaks)
+        return cls(pool, **(settings | kwargs))
+
+    @property
+    def concurrency(self) -> int | None:
+        return self.admission.concurrency
+
+    @property
+    def plans(self) -> list:
+        return self.planning.plans if self.planning is not None else []
+
+    def submit(self, job: Job) -> JobState:
+        if any(s.name == job.name for s in self.states):
+            raise ValueError(f"JobHost: a job named {job.name!r} was already submitted")
+        state = JobState(job=job)
+        self.states.append(state)
+        return state
+
+    # ----------------------------------------------------------- the run
+
+    def run(self, job_source: Callable[[], Job | None] | None = None) -> RunResult:
+        """Runs every submitted job; returns when all have ended.
+
+        ``job_source``, if given, is asked for another job whenever no job is
+        waiting and fewer than ``concurrency`` run; it returns a Job, or None
+        for "nothing more now". The run ends when no job runs or waits and the
+        source has nothing more (search drivers keep the pool full with it).
+        """
+        started_at, pool = time.time(), tf_plugin.device_pool()
+        before = pool_stats()
+        self.clock.restart()
+        pool.reset_peak()
+        if self.planning is not None:
+            from tf_plugin import swap
+
+            swap.set_swap_bandwidth(self.swap_bandwidth or 0)
+            swap.reset_swap_stats()
+        origin_ns = time.monotonic_ns()
+        samples: list[MemorySample] = []
+        stop_sampling = threading.Event()
+        sampler = threading.Thread(target=self._sample, args=(samples, stop_sampling),
+                                   name="tensile-memory-sampler", daemon=True)
+        sampler.start()
+        waiting: deque[JobState] = deque()
+        try:
+            admitted = self._probe_start(waiting)
+            # Peaks from here on are the training's (probing and planning ran vanilla steps).
+            start_peak = pool.stats()["peak"]
+            pool.reset_peak()
+            for state in admitted:
+                self._start(state)
+            while True:
+                self._pull_jobs(job_source, waiting)
+                if not (self._threads or waiting):
+                    break
+                if not self._threads:
+                    self._admit_waiting(waiting)
+                    if not self._threads:
+                        break  # what waits cannot run even alone
+                try:
+                    ended = self._ended.get(timeout=0.25)
+                except queue.Empty:
+                    for state in self.states:
+                        if state.status == JobStatus.running:
+                            self._report(state)
+                    continue
+                self._threads.pop(ended.name).join()
+                self.lifecycle.teardown(ended)
+                self._report(ended)
+                self._notify_end(ended)
+                self._admit_waiting(waiting)
+        finally:
+            stop_sampling.set()
+            sampler.join()
+        for state in waiting:  # could not be admitted even when alone
+            state.status = JobStatus.rejected
+            state.error = state.error or "never fit the pool"
+            self._notify_end(state)
+        return self._result(started_at, origin_ns, before, start_peak, samples)
+
+    def _probe_start(self, waiting: deque) -> list[JobState]:
+        """Probes every submitted job serially, before any job thread starts;
+        with the planner on, plans the built ones together. Returns the jobs
+        to start; the rest wait in ``waiting``."""
+        admitted: list[JobState] = []
+        hold = self.planning is not None
+        for state in self.states:
+            outcome = self.lifecycle.probe(state, admitted, hold=hold)
+            if outcome == ProbeOutcome.run:
+                admitted.append(state)
+            elif outcome in (ProbeOutcome.queued, ProbeOutcome.hold):
+                waiting.append(state)
+            self._report(state)
+            self._notify_end(state)
+        if hold:
+            admitted = self._plan_start(waiting)
+        return admitted
+
+    def _plan_start(self, waiting: deque) -> list[JobState]:
+        """Plans the built, probed jobs together; admits those that fit with
+        their planned needs, in submit order; tears down the rest."""
+        built = [s for s in waiting if s.train is not None]
+        plan = None
+        if built:
+            budget = self.planning.start_budget(built, self._held_outside_jobs())
+            plan = self.planning.plan(built, budget, saved_plan_allowed=True)
+        # A plan that met its budget is the admission prediction for the jobs
+        # in it (their combined peak over time, not the sum of their peaks).
+        jointly = set(plan.jobs) if plan is not None and plan.budget_met else set()
+        admitted: list[JobState] = []
+        for state in built:
+            if (state.name in jointly and self.admission.has_room(len(admitted))) or \
+                    self.admission.fits(state, admitted, self._held_outside_jobs()):
+                waiting.remove(state)
+                admitted.append(state)
+            elif state.job.rebuildable:
+                self.lifecycle.teardown(state)
+        return admitted
+
+    def plan_only(self):
+        """``tensile plan``: probes and plans the submitted jobs exactly as
+        ``run()`` does at its start, then tears them down without training.
+        Returns the Plan (None if nothing could be planned)."""
+        if self.planning is None:
+            raise ValueError("JobHost.plan_only needs planner='tensile'")
+        waiting: deque[JobState] = deque()
+        self.clock.restart()
+        self._probe_start(waiting)
+        for state in self.states:
+            self.lifecycle.teardown(state)
+        return self.plans[-1] if self.plans else None
+
+    def _running(self) -> list[JobState]:
+        return [s for s in self.states if s.status == JobStatus.running]
+
+    def _admit_waiting(self, waiting: deque) -> None:
+        """Starts queued jobs that fit now, in submit order (later small jobs may pass)."""
+        for state in list(waiting):
+            active = self._running()
+            if not self.admission.has_room(len(active)):
+                return
+            if not state.measured:
+                # Probing runs a step. With nothing running, nothing can be
+                # disturbed; otherwise only a job whose predicted needs fit.
+                predicted = self.admission.predict(state) is not None
+                if self._threads and not (predicted and self.admission.fits(state, active, self._held_outside_jobs())):
+                    continue
+                waiting.remove(state)
+                outcome = self.lifecycle.probe(state, active)
+                if outcome == ProbeOutcome.run:
+                    self._plan_alone(state, active)
+                    self._start(state)
+                elif outcome == ProbeOutcome.queued:
+                    waiting.append(state)
+                self._report(state)
+                self._notify_end(state)
+                continue
+            if not self.admission.fits(state, active, self._held_outside_jobs()):
+                continue
+            waiting.remove(state)
+            if state.train is None and not self.lifecycle.build(state):
+                if state.status == JobStatus.queued:
+                    waiting.append(state)
+                self._report(state)
+                self._notify_end(state)
+                continue
+            if self.planning is not None and state.planned_step is None and state.captured is None:
+                self.planning.capture(state)
+            self._plan_alone(state, active)
+            self._start(state)
+
+    def _plan_alone(self, state: JobState, alongside: list[JobState]) -> None:
+        """A job admitted after the start is planned alone for what the running jobs leave."""
+        if self.planning is None or state.cold_planned or state.planned_step is not None:
+            return
+        needs = [self.admission.predict(s) or (0, 0) for s in alongside if s is not state]
+        budget = self.planning.alone_budget(sum(p + t for p, t in needs), self._held_outside_jobs())
+        self.planning.plan([state], budget)
+
+    def _start(self, state: JobState) -> None:
+        state.status = JobStatus.running
+        state.admitted_at_s = self.clock.now()
+        if self.pipeline is not None:
+            self.pipeline.job_started(state.name, state.stream, state.persistent_bytes, state.temporary_bytes)
+        on_end = (lambda s: self.pipeline.job_ended(s.name, s.stream)) if self.pipeline is not None else None
+        thread = JobThread(state, self.clock, self._ended, record_weights=self.record_weights, on_end=on_end)
+        self._threads[state.name] = thread
+        thread.start()
+
+    def _pull_jobs(self, job_source, waiting: deque) -> None:
+        """Takes new jobs from job_source while there is room, and admits them."""
+        if job_source is None:
+            return
+        while not waiting and self.admission.has_room(len(self._threads)):
+            job = job_source()
+            if job is None:
+                return
+            waiting.append(self.submit(job))
+            self._admit_waiting(waiting)
+
+    # ------------------------------------------------------- bookkeeping
+
+    def _notify_end(self, state: JobState) -> None:
+        """Calls the job's on_end once, when it reached a final status (also
+        for jobs failed or rejected while probing, or never admitted)."""
+        if state.end_notified or state.status not in FINAL_STATUSES:
+            return
+        state.end_notified = True
+        if state.job.on_end is not None:
+            try:
+                state.job.on_end(state)
+            except Exception as e:  # noqa: BLE001 - a callback must not stop the host
+                state.error = (state.error or "") + f" [on_end callback failed: {e!r}]"
+
+    def _report(self, state: JobState) -> None:
+        if self.progress is not None:
+            self.progress.update(state, pool_stats())
+
+    def _sample(self, samples: list[MemorySample], stop: threading.Event) -> None:
+        pool = tf_plugin.device_pool()
+        while True:
+            s = pool.stats()
+            samples.append(MemorySample(self.clock.now(), s["current"],
+                                        {name: j["current"] for name, j in s["jobs"].items()}))
+            if stop.wait(self.sample_interval_s):
+                return
+
+    @staticmethod
+    def _held_outside_jobs() -> int:
+        """Pool bytes held outside every job (eager tensors, stray state)."""
+        return pool_stats()["jobs"].get("default", {}).get("current", 0)
+
+    def _result(self, started_at: float, origin_ns: int, before: dict, start_peak: int,
+                samples: list[MemorySample]) -> RunResult:
+        wall = self.clock.now()
+        stats = pool_stats()
+        pool = tf_plugin.device_pool()
+        events = pool.trace()
+        in_run = stats["trace_recorded"] - before["trace_recorded"]
+        kept = [e for e in events if e["time_ns"] >= origin_ns]
+        coverage = TraceCoverage(events_in_run=in_run, events_kept=len(kept),
+                                 kept_from_s=(kept[0]["time_ns"] - origin_ns) / 1e9 if kept else None,
+                                 samples=len(samples))
+        pool_record = PoolRecord(
+            capacity=self.capacity, peak=max(stats["peak"], start_peak), training_peak=stats["peak"],
+            current=stats["current"], run_ooms=stats["num_ooms"] - before["num_ooms"],
+            stats={k: v for k, v in stats.items() if k != "jobs"},
+            nodegroup=self.pipeline.summary() if self.pipeline is not None else None)
+        planner = None
+        if self.planning is not None:
+            from tf_plugin import swap
+
+            planner = PlannerRecord([PlanSummary.of(p) for p in self.plans],
+                                    SwapLinkRecord.of(self.swap_bandwidth, swap.swap_stats()))
+        return RunResult(capacity=self.capacity, pool=pool_record, jobs=list(self.states), samples=samples,
+                         pool_events=kept, started_at=started_at, wall_s=wall, trace_origin_ns=origin_ns,
+                         trace=coverage, planner=planner, plans=list(self.plans))

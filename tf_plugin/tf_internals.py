@@ -1,0 +1,140 @@
+"""Every private TensorFlow internal this project relies on, in one place
+(checked on TensorFlow 2.21). Nothing here runs at import: each hook is
+installed by an explicit call from the code that needs it.
+
+| internal | used for | called from |
+| --- | --- | --- |
+| ``context.context_safe()._context_handle`` | "devices exist": plugin loaded too late | ``tf_plugin._loader`` |
+| ``_pywrap_util_port.IsMklEnabled`` | warn when oneDNN's rewrites are on | ``tf_plugin._loader`` |
+| ``ops._gradient_registry`` | Note [Custom gradients keep traced jobs alive] | ``tensile_tf.runtime.probing`` |
+| ``transform.FUNC_GRAPH_TRANSFORMS`` | Note [Editing a step after tracing] | ``tensile_tf.memory.JobStream`` |
+| ``auto_control_deps.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS`` | Note [Automatic control dependencies] | ``tensile_tf.rewrite`` |
+| ``Graph._get_function``, ``function_def_to_graph`` | inline a called function while capturing | ``tensile_tf.capture`` |
+| ``context.context()._config`` | memory optimizer off (Note [Graph-dependent Grappler rewrites]) | ``tensile_tf.determinism`` |
+| ``xplane_pb2.XSpace`` | read tf.profiler's per-op latencies | ``tensile_tf.capture`` |
+
+Note [Custom gradients keep traced jobs alive]
+``tf.custom_gradient`` in graph mode (Keras optimizers use it while a train
+step is traced) registers its gradient function in TensorFlow's global
+gradient registry under a fresh "CustomGradient-<uid>" name and never
+unregisters it. That function closes over tensors of the traced FuncGraph,
+whose captures hold the job's resource-variable handles, so a finished job's
+variables (parameters, optimizer slots) would stay in the device pool
+forever. The host records which registry names a job's tracing added and
+forgets exactly those when it tears the job down.
+"""
+from __future__ import annotations
+
+from tensorflow.python.framework import ops
+
+# Note [Editing a step after tracing]
+# TensorFlow applies every callable in FUNC_GRAPH_TRANSFORMS to each FuncGraph
+# it traces, after automatic control dependencies and before it builds the
+# function. Ours runs only the transform a step marked on its own graph while
+# it was traced, so other tf.functions are untouched.
+_TRANSFORM_ATTR = "_tensile_graph_transform"
+
+
+def _registry() -> dict:
+    return ops._gradient_registry._registry  # noqa: SLF001
+
+
+def custom_gradient_names() -> set[str]:
+    """Names of the custom gradients registered so far."""
+    return {name for name in _registry() if name.startswith("CustomGradient-")}
+
+
+def forget_custom_gradients(names: set[str]) -> int:
+    """Unregisters the given custom gradients; returns how many were removed."""
+    registry = _registry()
+    removed = 0
+    for name in names:
+        if registry.pop(name, None) is not None:
+            removed += 1
+    return removed
+
+
+def _apply_marked_transform(func_graph) -> None:
+    transform = getattr(func_graph, _TRANSFORM_ATTR, None)
+    if transform is not None:
+        transform(func_graph)
+
+
+def register_func_graph_transform() -> None:
+    """Installs the FuncGraph hook of Note [Editing a step after tracing] (once)."""
+    from tensorflow.python.eager.polymorphic_function import transform
+
+    if _apply_marked_transform not in transform.FUNC_GRAPH_TRANSFORMS:
+        transform.FUNC_GRAPH_TRANSFORMS.append(_apply_marked_transform)
+
+
+def mark_func_graph(func_graph, graph_transform) -> None:
+    """Asks the hook to run ``graph_transform`` on ``func_graph`` once traced."""
+    setattr(func_graph, _TRANSFORM_ATTR, graph_transform)
+
+
+def tensorflow_devices_exist() -> bool:
+    """Whether TensorFlow created its eager context and devices already."""
+    from tensorflow.python.eager import context
+
+    ctx = context.context_safe()
+    return ctx is not None and ctx._context_handle is not None  # noqa: SLF001
+
+
+def onednn_rewrites_enabled() -> bool:
+    """Whether TensorFlow in this process runs oneDNN's graph rewrites."""
+    from tensorflow.python.util import _pywrap_util_port
+
+    return bool(_pywrap_util_port.IsMklEnabled())
+
+
+def exempt_from_automatic_control_deps(op_types: frozenset[str]) -> None:
+    """Adds ``op_types`` to tf.function's order-insensitive stateful ops, so
+    automatic control dependencies do not chain them in program order (Note
+    [Automatic control dependencies] in tensile_tf.rewrite). Idempotent."""
+    from tensorflow.python.framework import auto_control_deps as acd
+
+    if not op_types <= acd.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS:
+        acd.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS = acd.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS | op_types
+
+
+def called_function_graph(op):
+    """The graph of the function a call op (PartitionedCall, ...) calls."""
+    fn = op.graph._get_function(op.get_attr("f").name)  # noqa: SLF001
+    fgraph = getattr(fn, "graph", None)
+    if fgraph is None:
+        from tensorflow.python.framework.function_def_to_graph import function_def_to_graph
+
+        fgraph = function_def_to_graph(getattr(fn, "cached_definition", None) or fn.definition)
+    return fgraph
+
+
+def turn_off_memory_optimizer() -> None:
+    """memory_optimization = NO_MEM_OPT in the eager context's base ConfigProto
+    (there is no public switch)."""
+    from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    config = config_pb2.ConfigProto()
+    if getattr(ctx, "_config", None) is not None:
+        config.CopyFrom(ctx._config)  # noqa: SLF001
+    config.graph_options.rewrite_options.memory_optimization = rewriter_config_pb2.RewriterConfig.NO_MEM_OPT
+    ctx._config = config  # noqa: SLF001
+
+
+def memory_optimizer_off() -> bool:
+    from tensorflow.core.protobuf import rewriter_config_pb2
+    from tensorflow.python.eager import context
+
+    mem = context.context().config.graph_options.rewrite_options.memory_optimization
+    return mem == rewriter_config_pb2.RewriterConfig.NO_MEM_OPT
+
+
+def new_xspace():
+    """An empty tf.profiler XSpace protobuf (to parse an .xplane.pb file)."""
+    try:
+        from tsl.profiler.protobuf import xplane_pb2
+    except ImportError:  # pragma: no cover - layout of older TF wheels
+        from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    return xplane_pb2.XSpace()
