@@ -37,7 +37,7 @@ for spec in cfg.jobs:
         host.submit(Job.from_spec(spec.model_copy(update={{"steps": max(2, int(spec.total_steps * {scale!r}))}})))
 t = time.perf_counter()
 r = host.run()
-print(json.dumps({{"wall_s": time.perf_counter() - t, "peak": r.pool["peak"],
+print(json.dumps({{"wall_s": time.perf_counter() - t, "peak": r.pool.peak,
                   "jobs": [{{"name": s.name, "status": s.status.value, "steps": s.steps_done,
                             "error": (s.error or "")[:160]}} for s in r.jobs]}}))
 """

@@ -59,7 +59,7 @@ for i in range({jobs}):
         input_shape={shape!r}, batch_size={batch}, steps={steps}, seed=i, data={{"num_batches": {num_batches}}},
         optimizer={{"name": {opt!r}, "learning_rate": 0.001}}))))
 r = host.run()
-print(json.dumps({{"ok": all(s.status.value == "finished" for s in r.jobs), "peak": r.pool["peak"],
+print(json.dumps({{"ok": all(s.status.value == "finished" for s in r.jobs), "peak": r.pool.peak,
                   "errors": [(s.error or "")[:200] for s in r.jobs if s.error]}}))
 """
 

@@ -293,6 +293,7 @@ class RunResult:
     wall_s: float
     trace_origin_ns: int                # steady-clock ns at the run's start (pool event times)
     trace: TraceCoverage
+    most_jobs_running: int = 0          # the most jobs admission let train at once
     planner: PlannerRecord | None = None
     plans: list[Any] = field(default_factory=list, repr=False)   # every scheduler.Plan made, in order
 
@@ -306,6 +307,7 @@ class RunResult:
             "schema_version": SCHEMA_VERSION,
             "pool": asdict(self.pool),
             "wall_s": self.wall_s,
+            "most_jobs_running": self.most_jobs_running,
             "trace": trace,
             "jobs": [JobRecord.of(s).to_dict() for s in self.jobs],
             "planner": asdict(self.planner) if self.planner is not None else None,

@@ -102,6 +102,7 @@ class JobHost:
                                       pipeline=self.pipeline, planning=self.planning)
         self._ended: queue.Queue[JobState] = queue.Queue()
         self._threads: dict[str, JobThread] = {}
+        self._most_running = 0
 
     @classmethod
     def from_config(cls, pool: int, run: "RunSpec", **kwargs) -> "JobHost":
@@ -140,6 +141,7 @@ class JobHost:
         started_at, pool = time.time(), tf_plugin.device_pool()
         before = pool_stats()
         self.clock.restart()
+        self._most_running = 0
         pool.reset_peak()
         if self.planning is not None:
             from tf_plugin import swap
@@ -296,6 +298,9 @@ class JobHost:
         on_end = (lambda s: self.pipeline.job_ended(s.name, s.stream)) if self.pipeline is not None else None
         thread = JobThread(state, self.clock, self._ended, record_weights=self.record_weights, on_end=on_end)
         self._threads[state.name] = thread
+        # Jobs whose threads the host holds at once (an ended job counts until
+        # the run loop joins it): what admission let run together.
+        self._most_running = max(self._most_running, len(self._threads))
         thread.start()
 
     def _pull_jobs(self, job_source, waiting: deque) -> None:
@@ -365,4 +370,5 @@ class JobHost:
                                     SwapLinkRecord.of(self.swap_bandwidth, swap.swap_stats()))
         return RunResult(capacity=self.capacity, pool=pool_record, jobs=list(self.states), samples=samples,
                          pool_events=kept, started_at=started_at, wall_s=wall, trace_origin_ns=origin_ns,
-                         trace=coverage, planner=planner, plans=list(self.plans))
+                         trace=coverage, most_jobs_running=self._most_running, planner=planner,
+                         plans=list(self.plans))

@@ -106,13 +106,38 @@ def test_bad_builder_fails_only_that_job(tmp_path):
     assert jobs["cnn"]["status"] == "finished"
 
 
-def test_plan_prints_peaks_and_writes_plan_json(tmp_path):
-    cfg = write(tmp_path, SMALL_CONFIG.replace("pool: 256MiB", "pool: 2MiB").split("  - name: flaky")[0])
+TWO_JOBS = SMALL_CONFIG.split("  - name: flaky")[0]
+
+
+def test_plan_json_is_the_plan_that_runs(tmp_path):
+    """`tensile plan` probes and plans as `tensile run` does; `tensile run
+    --plan plan.json` runs that very plan (its prediction is the file's)."""
+    cfg = write(tmp_path, TWO_JOBS)
     out = tmp_path / "plan"
-    proc = tensile("plan", str(cfg), "--out", str(out))
+    proc = tensile("plan", str(cfg), "--out", str(out), "--budget", "512KiB")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "vanilla peak" in proc.stdout and "planned peak" in proc.stdout
+    assert "vanilla peak" in proc.stdout and "planned peak" in proc.stdout and "(predicted)" in proc.stdout
     plan = json.loads((out / "plan.json").read_text())
-    assert set(plan["jobs"]) == {"cnn", "mlp"}
+    assert set(plan["jobs"]) == {"cnn", "mlp"} and plan["pool_bytes"] == 512 * 2**10
+    assert plan["pool_planned_peak_bytes"] < plan["pool_vanilla_peak_bytes"]  # it had to plan something
     for job in plan["jobs"].values():
-        assert job["planned_peak_bytes"] <= job["vanilla_peak_bytes"]
+        assert len(job["graph_fingerprint"]) == 64 and job["graph_ops"] > 0
+    run_out = tmp_path / "run"
+    proc = tensile("run", str(cfg), "--out", str(run_out), "--plan", str(out / "plan.json"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((run_out / "results.json").read_text())
+    for job in results["jobs"]:
+        planned = plan["jobs"][job["name"]]
+        assert job["status"] == "finished"
+        assert job["plan"]["source"] == str(out / "plan.json")
+        assert job["plan"]["predicted_vanilla_peak_bytes"] == planned["vanilla_peak_bytes"]
+        assert job["plan"]["predicted_planned_peak_bytes"] == planned["planned_peak_bytes"]
+        assert job["plan"]["swap_outs"] == len(planned["swap_outs"])
+        assert job["plan"]["recomputes"] == len(planned["recomputes"])
+    # A plan made for other graphs is refused before training, with the reason.
+    other = write(tmp_path, TWO_JOBS.replace("batch_size: 16", "batch_size: 8"), name="other.yaml")
+    proc = tensile("run", str(other), "--out", str(tmp_path / "other"), "--plan", str(out / "plan.json"))
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    assert "refusing the plan" in proc.stdout and "job 'cnn': the plan was made for a graph of" in proc.stdout
+    assert "tensile plan CONFIG" in proc.stdout
+    assert not (tmp_path / "other" / "results.json").exists()

@@ -5,7 +5,8 @@ import pytest
 import tensorflow as tf
 
 from tensile_tf.capture import capture_job_graph, measure_op_latencies
-from tensile_tf.planning import format_plan_summary, plan_jobs
+from tensile_tf.execution import JobToPlan, capture_for_planning
+from tensile_tf.reports import format_plan_summary
 from tensile_tf.scheduler import Plan, Planner, PlannerJob, TensorAccessSequence
 
 
@@ -88,19 +89,14 @@ def test_measured_latencies_cover_the_graph_and_do_not_train(mlp_job):
     assert 0 < TensorAccessSequence(g, lat).period_s < 1.0
 
 
-def test_plan_jobs_end_to_end_on_two_mlp_jobs(mlp_job):
+def test_capture_and_plan_end_to_end_on_two_mlp_jobs(mlp_job):
     model, opt, step, args = mlp_job
-
-    class Job:
-        def __init__(self, name, offset):
-            self.name, self.step_fn, self.example_args, self.optimizer = name, step, args, opt
-            self.max_swapping_rate, self.start_offset_s = 1.0, offset
-
     probe = Planner([PlannerJob(capture_job_graph("p", step, args, optimizer=opt),
                                 measure_op_latencies(step, args, repeats=1))], max_iterations=0).plan()
     budget = int(2 * probe.pool_vanilla_peak_bytes * 0.8)
-    plan = plan_jobs([Job("a", 0.0), Job("b", 0.0)], pool_bytes=budget, bandwidth_bytes_per_s=1e9,
-                     latency_repeats=1)
+    captured = [capture_for_planning(JobToPlan(name, step, args, optimizer=opt), latency_repeats=1)
+                for name in ("a", "b")]
+    plan = Planner([c.planner_job for c in captured], pool_bytes=budget, bandwidth_bytes_per_s=1e9).plan()
     assert set(plan.jobs) == {"a", "b"}
     assert plan.pool_planned_peak_bytes <= plan.pool_vanilla_peak_bytes
     assert plan.pool_vanilla_peak_bytes <= plan.sum_of_job_peaks_bytes

@@ -55,7 +55,8 @@ def test_keras_training_step_is_attributed_to_its_job():
         stats = job.stats()
         # Each step allocates at least its activations (64x64 floats) in the job's stream.
         assert stats["allocated"] - before >= 3 * 64 * 64 * 4
-        assert stats["current"] <= stats["peak"]
+        # The peak held a step's activations on top of what stays (they were freed since).
+        assert stats["peak"] >= stats["current"] + 64 * 64 * 4
         events = [e for e in tensile_tf.pool_trace() if e["stream"] == job.stream and e["kind"] == "alloc"]
         ops = {e["op"] for e in events}
         assert any("MatMul" in op or "dense" in op for op in ops), ops

@@ -40,16 +40,10 @@ def test_jobs_run_concurrently_and_failures_stay_isolated():
         assert s.persistent_bytes > 0 and s.temporary_bytes >= 0 and s.peak_bytes > 0
     assert all(name in ("default",) or not name.startswith(("ok", "boom", "nan"))
                for name in tensile_tf.pool_stats()["jobs"])
-    # The jobs overlapped in time: concurrent, not one after another.
-    ok_steps = [(r.start_s, r.start_s + r.duration_s) for r in ok.records[1:]]
-    user_steps = [(r.start_s, r.start_s + r.duration_s) for r in user.records[1:]]
-    # Their training spans overlap (run one after the other, one span would end
-    # before the other began); single steps are too short to compare on a fast machine.
-    ok_span = (min(a for a, _ in ok_steps), max(b for _, b in ok_steps))
-    user_span = (min(a for a, _ in user_steps), max(b for _, b in user_steps))
-    assert max(ok_span[0], user_span[0]) < min(ok_span[1], user_span[1]), (ok_span, user_span)
+    # Admission let all four train at once (what the host recorded, not timing).
+    assert result.most_jobs_running == 4
     assert np.isfinite([r.loss for r in ok.records]).all()
-    assert result.samples and result.pool["num_ooms"] == 0
+    assert result.samples and result.pool.run_ooms == 0
 
 
 def test_duplicate_job_names_are_refused():
@@ -81,7 +75,8 @@ ADMISSION_SCRIPT = """
     print(json.dumps({{"jobs": [dict(name=s.name, status=s.status.value, error=s.error, admitted=s.admitted_at_s,
                                     ended=s.ended_at_s, leaked=s.leaked_bytes, P=s.persistent_bytes,
                                     T=s.temporary_bytes) for s in states],
-                      "ooms": result.pool["num_ooms"], "peak": result.pool["peak"]}}))
+                      "ooms": result.pool.run_ooms, "peak": result.pool.peak,
+                      "most_running": result.most_jobs_running}}))
 """
 
 
@@ -100,7 +95,7 @@ def test_admission_queues_jobs_the_pool_cannot_hold_at_once():
     for before, after in zip(order, order[1:]):
         assert after["admitted"] >= before["ended"] - 1e-6, (before, after)
     assert all(j["leaked"] == 0 for j in jobs.values())
-    assert out["peak"] <= 56 * 2**20
+    assert out["most_running"] == 1
     assert all(j["P"] + j["T"] <= 56 * 2**20 < 2 * (j["P"] + j["T"]) for j in jobs.values())
 
 
@@ -130,7 +125,7 @@ def test_out_of_memory_mid_run_fails_only_that_job_and_returns_its_memory():
         result = host.run()
         print(json.dumps({s.name: dict(status=s.status.value, steps=s.steps_done, error=s.error,
                                        type=s.error_type, leaked=s.leaked_bytes) for s in (steady, grows)}
-                         | {"ooms": result.pool["num_ooms"], "current": result.pool["current"]}))
+                         | {"ooms": result.pool.run_ooms, "current": result.pool.current}))
     """)
     out = last_json_line(proc)
     assert out["steady"]["status"] == "finished" and out["steady"]["steps"] == 40
