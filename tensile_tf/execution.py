@@ -20,7 +20,6 @@ them, as §IV-B counts every allocation the step makes.
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -32,9 +31,14 @@ from tensile_tf.scheduler import DEFAULT_BANDWIDTH_BYTES_PER_S, ColdStartLatency
 from tensile_tf.scheduler.job_graph import JobGraph
 
 
+def _size_matches(a: int, b: int) -> bool:
+    return abs(a - b) <= max(256, b // 100)   # the pool rounds requests up to its chunk granularity
+
+
 def measure_temp_bytes(step_fn, args: Sequence, graph: JobGraph) -> dict[str, int]:
-    """Per op, bytes the op allocated and freed itself during one step (its
-    scratch; Note [Scratch memory]). The variables are restored afterwards."""
+    """Per op, the scratch bytes resident while it runs (Note [Scratch
+    memory], Note [Concurrent scratch]), from the pool's trace of one step.
+    The variables are restored afterwards."""
     pool = tf_plugin.device_pool()
     restore = snapshot_variables(step_fn.get_concrete_function(*args).graph)
     pool.clear_trace()
@@ -43,25 +47,47 @@ def measure_temp_bytes(step_fn, args: Sequence, graph: JobGraph) -> dict[str, in
     finally:
         restore()  # also when the step fails (out of memory)
     trace = pool.trace()
-    live: dict[int, tuple[str, int]] = {}
-    temp: dict[str, int] = defaultdict(int)
-    for ev in trace:
+    # Allocations freed within the step: (op name as traced, bytes, alloc index, free index).
+    live: dict[int, tuple[str, int, int]] = {}
+    freed: list[tuple[str, int, int, int]] = []
+    for k, ev in enumerate(trace):
         if ev["kind"] == "alloc":
-            live[ev["offset"]] = (ev["op"], ev["bytes"])
+            live[ev["offset"]] = (ev["op"], ev["bytes"], k)
         elif ev["kind"] == "free" and ev["offset"] in live:
-            op, size = live.pop(ev["offset"])
-            if op and op == ev["op"]:
-                temp[op] += size
+            op, size, start = live.pop(ev["offset"])
+            if op:
+                freed.append((op, size, start, k))
     # The trace keeps 63 characters of an op name: a truncated name may stand
-    # for several ops (Conv2DBackpropInput / ...Filter); they share its bytes.
+    # for several ops (Conv2DBackpropInput / ...Filter).
+    by_name = {o.name: o for o in graph.ops}
+    ops_of: dict[str, list] = {}
+    for name in {f[0] for f in freed}:
+        if name in by_name:
+            ops_of[name] = [by_name[name]]
+        elif len(name) >= 63:
+            ops_of[name] = [o for o in graph.ops if o.name.startswith(name)]
+    scratch: list[tuple[str, int, int, int]] = []
+    for name, ops in ops_of.items():
+        outputs = [graph.tensors[t].size_bytes for o in ops for t in o.outputs]
+        for alloc in sorted((f for f in freed if f[0] == name), key=lambda f: -f[1]):
+            match = next((i for i, size in enumerate(outputs) if _size_matches(alloc[1], size)), None)
+            if match is not None:
+                outputs.pop(match)   # one of the op's outputs, counted as a tensor already
+            else:
+                scratch.append(alloc)
+    if not scratch:
+        return {}
+    # Note [Concurrent scratch]: siblings (ops reading a common tensor, ready
+    # together) whose buffers were live at the same time count at both steps.
+    inputs_of = {name: {t for o in ops for t in o.inputs if not graph.tensors[t].persistent}
+                 for name, ops in ops_of.items()}
     out: dict[str, int] = {}
-    for name, size in temp.items():
-        if any(o.name == name for o in graph.ops):
-            out[name] = out.get(name, 0) + size
-            continue
-        matches = [o.name for o in graph.ops if len(name) >= 63 and o.name.startswith(name)]
-        for m in matches:
-            out[m] = out.get(m, 0) + size // len(matches)
+    for name, size, start, end in scratch:
+        at_once = size + sum(other_size for other, other_size, s0, s1 in scratch
+                             if (other, s0) != (name, start) and s0 < end and start < s1
+                             and inputs_of[name] & inputs_of[other])
+        for o in ops_of[name]:
+            out[o.name] = max(out.get(o.name, 0), at_once)
     return out
 
 

@@ -333,13 +333,15 @@ class JobHost:
             self.progress.update(state, pool_stats())
 
     def _sample(self, samples: list[MemorySample], stop: threading.Event) -> None:
+        """Samples the pool from the run's start to its end: the first sample
+        before any job's first step, the last after every job ended."""
         pool = tf_plugin.device_pool()
-        while True:
+        stopped = False
+        while not stopped:
+            stopped = stop.wait(self.sample_interval_s) if samples else False
             s = pool.stats()
             samples.append(MemorySample(self.clock.now(), s["current"],
                                         {name: j["current"] for name, j in s["jobs"].items()}))
-            if stop.wait(self.sample_interval_s):
-                return
 
     @staticmethod
     def _held_outside_jobs() -> int:

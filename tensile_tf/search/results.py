@@ -78,7 +78,8 @@ def results_dict(study: optuna.Study, *, storage_url: str, metric: str, n_trials
         ended = [r for r in result.trials if r.told is not None]
         worker.update(wall_s=result.wall_s, trials_run=len(ended),
                       trials_per_hour=len(ended) / result.wall_s * 3600 if result.wall_s > 0 else None,
-                      requeued=result.requeued)
+                      requeued=result.requeued,
+                      most_trials_running=result.host_result.most_jobs_running if result.host_result else None)
     return {
         "study": {"name": study.study_name, "storage": st.redact(storage_url),
                   "direction": study.direction.name.lower(), "metric": metric, "n_trials": n_trials},

@@ -31,8 +31,8 @@ jobs:
 """
 
 
-def tensile(*args, timeout=600):
-    env = {k: v for k, v in os.environ.items() if k != "TENSILE_POOL_BYTES"}
+def tensile(*args, timeout=600, env=None):
+    env = {k: v for k, v in os.environ.items() if k != "TENSILE_POOL_BYTES"} | (env or {})
     env["PYTHONPATH"] = str(REPO_ROOT)
     return subprocess.run([sys.executable, "-m", "tensile_tf", *args], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
@@ -47,11 +47,20 @@ def write(tmp_path, text, name="config.yaml"):
 def test_run_writes_results_trace_and_memory_picture(tmp_path):
     cfg = write(tmp_path, SMALL_CONFIG)
     out = tmp_path / "out"
-    proc = tensile("run", str(cfg), "--out", str(out))
+    # A pool event ring far smaller than the run's events: results.json and the
+    # console say what was dropped and how to keep it (Note [Trace coverage]).
+    proc = tensile("run", str(cfg), "--out", str(out), env={"TENSILE_POOL_TRACE_EVENTS": "2000"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
+    assert results["schema_version"] == 2
+    cov = results["trace"]
+    assert cov["events_kept"] <= 2000 < cov["events_in_run"]
+    assert cov["events_dropped"] == cov["events_in_run"] - cov["events_kept"] > 0
+    assert f"TENSILE_POOL_TRACE_EVENTS={cov['events_in_run']}" in proc.stdout
     jobs = {j["name"]: j for j in results["jobs"]}
     assert jobs["cnn"]["status"] == "finished" and jobs["cnn"]["steps"] == 6
+    assert len(jobs["cnn"]["step_peak_bytes"]) == 6
+    assert jobs["cnn"]["training_peak_pool_bytes"] == max(jobs["cnn"]["step_peak_bytes"][1:])
     assert jobs["mlp"]["status"] == "finished" and jobs["mlp"]["steps"] == 10
     assert jobs["flaky"]["status"] == "failed" and "injected failure" in jobs["flaky"]["error"]
     for j in jobs.values():
@@ -59,8 +68,14 @@ def test_run_writes_results_trace_and_memory_picture(tmp_path):
         assert j["peak_pool_bytes"] > 0
     assert isinstance(jobs["cnn"]["final_loss"], float) and jobs["cnn"]["median_step_s"] > 0
     assert results["pool"]["capacity"] == 256 * 2**20
-    assert 0 < results["pool"]["peak"] <= results["pool"]["capacity"]
+    assert results["pool"]["peak"] >= max(j["peak_pool_bytes"] for j in jobs.values())
     trace = json.loads((out / "trace.json").read_text())
+    assert trace["metadata"]["pool_events_dropped"] == cov["events_dropped"]
+    # The sampled per-job series covers the whole run, from its first step to its last.
+    sampled = [e["ts"] for e in trace["traceEvents"] if e.get("name") == "pool bytes by job"]
+    steps = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    assert min(sampled) <= min(e["ts"] for e in steps)
+    assert max(sampled) >= max(e["ts"] + e["dur"] for e in steps)
     names = {e.get("name") for e in trace["traceEvents"]}
     assert "step 0" in names and "pool bytes by job" in names
     assert (out / "memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

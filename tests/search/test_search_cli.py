@@ -11,11 +11,6 @@ from tests.conftest import REPO_ROOT
 from tests.search.conftest import cli_env, explain, run_search_cli, search_cmd, write_yaml
 
 
-def _overlapping_pairs(trials):
-    spans = [(t["started_at"], t["ended_at"]) for t in trials if t["started_at"] and t["ended_at"]]
-    return sum(1 for i, (a0, a1) in enumerate(spans) for b0, b1 in spans[i + 1:] if a0 < b1 and b0 < a1)
-
-
 def test_grid_search_runs_every_point_once_with_trials_packed(tmp_path):
     config = write_yaml(tmp_path / "grid.yaml", """
         pool: 256MiB
@@ -46,7 +41,8 @@ def test_grid_search_runs_every_point_once_with_trials_packed(tmp_path):
     best = min(trials, key=lambda t: t["value"])
     assert results["best"] == {"number": best["number"], "value": best["value"], "params": best["params"]}
     assert results["counts"] == {"COMPLETE": 4} and results["study"]["n_trials"] == 4
-    assert _overlapping_pairs(trials) >= 1, "trials ran one after another, not packed"
+    # Admission packed the trials: the host held them all at once (what it recorded, not timing).
+    assert results["worker"]["most_trials_running"] >= 2, (results["worker"], explain(proc))
     assert (out / "study.db").exists()
     for png in ("objective.png", "params.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -83,7 +79,8 @@ def test_random_search_of_a_keras_model_stays_in_the_space(tmp_path):
         assert 1e-3 <= t["params"]["optimizer.learning_rate"] <= 0.3
     assert len({t["params"]["batch_size"] for t in trials}) > 1  # packs trials of different sizes
     assert 8 <= results["best"]["params"]["batch_size"] <= 128
-    assert _overlapping_pairs(trials) >= 1, "trials ran one after another, not packed"
+    # Admission packed the trials: the host held them all at once (what it recorded, not timing).
+    assert results["worker"]["most_trials_running"] >= 2, (results["worker"], explain(proc))
     assert results["worker"]["trials_run"] == 4 and results["worker"]["trials_per_hour"] > 0
 
 
