@@ -1,12 +1,12 @@
 """Plan execution for running jobs: capture -> measure -> plan -> rewrite.
 
-``plan_and_apply(jobs, ...)`` takes jobs whose train steps are traced (the
-host's attributed step functions), captures their graphs, measures op
-latencies and each op's scratch memory, plans them together (one pool, one
-swap channel) and returns each job's ``PlannedStep``. The two halves are
-``capture_for_planning`` (per job, runs its step) and ``plan_captured``
-(all jobs at once): the host captures each job right after its probe step,
-while the pool can still hold it, and plans later.
+The two halves every caller uses (the host's planning, tensile_tf/runtime/
+planning.py, and the benchmarks): ``capture_for_planning`` (per job: its
+graph in executor order, its ops' scratch memory and latencies, measured by
+running its step) and ``plan_captured`` (all jobs at once: one Plan for one
+pool and one swap channel, and each job's rewritten ``PlannedStep``). The
+host captures each job right after its probe step, while the pool can still
+hold it, and plans later.
 
 Note [Scratch memory]
 Some kernels allocate large buffers that are neither inputs nor outputs:
@@ -155,7 +155,7 @@ def executor_order(graph: JobGraph, step_fn, args: Sequence) -> JobGraph:
 
 @dataclass
 class JobToPlan:
-    """What plan_and_apply needs of a job."""
+    """What capture and planning need of a job."""
 
     name: str
     step_fn: Any                 # a traced tf.function (the host's attributed step)
@@ -224,22 +224,3 @@ def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
                                     delta_scale=delta_scale)
              for c in captured}
     return plan, steps
-
-
-def plan_and_apply(jobs: Sequence[JobToPlan], *, pool_bytes: int | None,
-                   bandwidth_bytes_per_s: float | None = None, enable_recompute: bool = True,
-                   latency_repeats: int = 3, delta_scale: float = 1.0,
-                   horizon_iterations: float = 2.0, cold: bool = False,
-                   coincident_peaks: bool = False) -> tuple[Plan, dict[str, PlannedStep]]:
-    """Plans ``jobs`` together and rewrites each one's step. ``pool_bytes``:
-    the budget (None: minimise the peak by swapping only). ``bandwidth``: the
-    link the planner assumes (default: PCIe 3.0 x16); cap the runtime's link
-    with ``tf_plugin.swap.set_swap_bandwidth`` to match. ``cold``: plan from
-    the traced graphs alone, without running a step (``capture_cold``).
-    ``coincident_peaks``: plan for the sum of the job peaks (Note [Coincident
-    peaks] in tensile_tf.scheduler.peak_analysis)."""
-    captured = [capture_cold(job) if cold else capture_for_planning(job, latency_repeats=latency_repeats)
-                for job in jobs]
-    return plan_captured(captured, pool_bytes=pool_bytes, bandwidth_bytes_per_s=bandwidth_bytes_per_s,
-                         enable_recompute=enable_recompute, delta_scale=delta_scale,
-                         horizon_iterations=horizon_iterations, coincident_peaks=coincident_peaks)

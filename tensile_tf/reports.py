@@ -27,10 +27,6 @@ from tensile_tf.units import human_bytes
 _MAX_COUNTER_EVENTS = 50_000
 
 
-def results_dict(result: RunResult) -> dict[str, Any]:
-    return result.results_document()
-
-
 def chrome_trace(result: RunResult) -> dict[str, Any]:
     cov = result.trace
     events: list[dict[str, Any]] = [
@@ -117,7 +113,7 @@ def write_outputs(result: RunResult, out_dir: str | Path) -> dict[str, Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"results": out / "results.json", "trace": out / "trace.json", "memory": out / "memory.png"}
-    paths["results"].write_text(json.dumps(results_dict(result), indent=2))
+    paths["results"].write_text(json.dumps(result.results_document(), indent=2))
     paths["trace"].write_text(json.dumps(chrome_trace(result)))
     write_memory_png(result, paths["memory"])
     return paths

@@ -470,7 +470,6 @@ class _Rewriter:
             return
         acc = self._accesses(tensor)
         groups = self._group_gaps(tensor, outs, ins)
-        prev_in = None
         for out_ev, group in groups:
             for ev in group:
                 q = self.pos.get(ev.serves_op)
@@ -511,7 +510,6 @@ class _Rewriter:
                                        "close a cycle in the step graph (plan and graph disagree on op order)")
                 self._anchor(trig_out if copy else None, vo)
                 self._anchor(ev.trigger_op, vi)
-                prev_in = vi
                 self.report.variable_swap_outs += 1
                 self.report.variable_swap_ins += 1
                 self.report.swapped_bytes_per_step += 2 * ev.size_bytes

@@ -12,9 +12,6 @@ The host calls four hooks, in this order over a job's life:
    next iteration. An ended or failed job first leaves the pipeline, which
    releases every barrier it takes part in.
 4. ``summary()`` for results.json.
-
-Separable on purpose: the TENSILE planner's rewrite is another graph
-transform; ``compose`` runs several in order on the same traced step.
 """
 from __future__ import annotations
 
@@ -26,20 +23,6 @@ from tf_plugin.nodegroup import install_schedule, device_pipeline
 from tf_plugin.nodegroup.partition import Partition, auto_split_size, partition_graph
 from tf_plugin.nodegroup.rewrite import graph_nodes, insert_barriers
 from tf_plugin.nodegroup.schedule import JobProfile, PairSchedule, schedule_pairs
-
-
-def compose(*transforms: Callable | None) -> Callable | None:
-    """One graph transform that runs the given ones (None skipped) in order."""
-    live = [t for t in transforms if t is not None]
-    if not live:
-        return None
-    if len(live) == 1:
-        return live[0]
-
-    def composed(fg) -> None:
-        for t in live:
-            t(fg)
-    return composed
 
 
 @dataclass

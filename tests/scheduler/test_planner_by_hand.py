@@ -1,13 +1,10 @@
 """Plans for small graphs, checked against answers worked out by hand (see graphs.py)."""
 import json
-import subprocess
-import sys
 
 import pytest
 
 from tensile_tf.scheduler import (GraphBuilder, JobFootprint, JobGraph, LatencyTable, Plan, Planner, PlannerJob,
                                   TensorAccessSequence, UniformLatency)
-from tests.conftest import REPO_ROOT
 from tests.scheduler.graphs import FIG1_STEP_BYTES, fig1_graph, recompute_graph
 
 UNIT = UniformLatency(1.0)
