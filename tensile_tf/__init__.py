@@ -45,4 +45,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'tensile_tf' has no attribute {name!r}")
 
 
-__all__ = sorted(_MEMORY_NAMES | {"install", "human_bytes", "parse_bytes"})
+__all__ = ["JobStream", "configure_pool", "human_bytes", "install", "parse_bytes", "pool_stats", "pool_trace",
+           "reset_pool_peak", "sync_pool"]
