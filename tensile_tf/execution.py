@@ -20,9 +20,11 @@ them, as §IV-B counts every allocation the step makes.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import tensorflow as tf
 
 import tf_plugin
 from tensile_tf.capture import capture_job_graph, measure_op_latencies, snapshot_variables
@@ -77,17 +79,21 @@ def measure_temp_bytes(step_fn, args: Sequence, graph: JobGraph) -> dict[str, in
                 scratch.append(alloc)
     if not scratch:
         return {}
-    # Note [Concurrent scratch]: siblings (ops reading a common tensor, ready
-    # together) whose buffers were live at the same time count at both steps.
-    inputs_of = {name: {t for o in ops for t in o.inputs if not graph.tensors[t].persistent}
-                 for name, ops in ops_of.items()}
-    out: dict[str, int] = {}
-    for name, size, start, end in scratch:
-        at_once = size + sum(other_size for other, other_size, s0, s1 in scratch
-                             if (other, s0) != (name, start) and s0 < end and start < s1
-                             and inputs_of[name] & inputs_of[other])
+    # A truncated name's buffers are shared out among the ops it may stand for.
+    own: dict[str, int] = {}
+    for name, size, _, _ in scratch:
         for o in ops_of[name]:
-            out[o.name] = max(out.get(o.name, 0), at_once)
+            own[o.name] = own.get(o.name, 0) + size // len(ops_of[name])
+    # Note [Concurrent scratch]: siblings (ops reading a common activation) are
+    # ready together; with k inter-op threads up to k of them run at once, so
+    # each one's step also holds its k - 1 largest siblings' scratch.
+    threads = tf.config.threading.get_inter_op_parallelism_threads() or os.cpu_count() or 1
+    inputs_of = {name: {t for t in by_name[name].inputs if not graph.tensors[t].persistent} for name in own}
+    out: dict[str, int] = {}
+    for name, size in own.items():
+        siblings = sorted((own[other] for other in own if other != name and inputs_of[name] & inputs_of[other]),
+                          reverse=True)
+        out[name] = size + sum(siblings[:threads - 1])
     return out
 
 

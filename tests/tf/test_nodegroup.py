@@ -23,7 +23,8 @@ tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF o
 from tensile_tf.config import JobSpec
 from tensile_tf.runtime import JobHost
 from tensile_tf.jobs import Job
-host = JobHost({pool}, pipeline="{pipeline}", split_size="8MiB", admission="none", barrier_timeout_s=60)
+host = JobHost({pool}, pipeline="{pipeline}", split_size="8MiB", admission="none", barrier_timeout_s=60,
+               planner="{planner}")
 for i in range({jobs}):
     host.submit(Job.from_spec(JobSpec(name=f"j{{i}}", model={{"builder": "tensile_tf.zoo:small_cnn",
         "args": {{"filters": [32, 64]}}}}, input_shape=[64, 64, 3], batch_size=32, steps=4, seed=i,
@@ -32,28 +33,29 @@ r = host.run()
 ng = (r.pool.nodegroup or {{}})
 print(json.dumps({{"jobs": [[s.name, s.status.value, s.steps_done, s.error or "", s.persistent_bytes,
                              s.temporary_bytes] for s in r.jobs],
+                  "predicted_peaks": [s.plan.predicted_vanilla_peak_bytes if s.plan else None for s in r.jobs],
                   "peak": r.pool.peak, "ooms": r.pool.run_ooms, "capacity": r.capacity,
                   "schedules": ng.get("schedules", []), "runtime": ng.get("runtime", {{}})}}))
 """
 
 
 def test_two_jobs_fit_only_when_pipelined():
-    # One job alone gives P and T (they depend on the kernels: with oneDNN on,
-    # fused convolutions need less); the pool then holds both jobs'
+    # One job alone, planned in a roomy pool (its plan changes nothing), gives
+    # P and the planner's predicted vanilla peak: the structural one, with the
+    # sibling backprops' scratch counted as running at once (Note [Concurrent
+    # scratch]). A measured T depends on whether they overlapped in that
+    # step, which the machine's load decides. The pool then holds both jobs'
     # parameters and one and a half jobs' activations, not two.
-    alone = last_json_line(run_python(TWO_JOBS.format(pool=1 << 30, pipeline="none", jobs=1)))
-    (_, status, _, _, p, t), = alone["jobs"]
+    alone = last_json_line(run_python(TWO_JOBS.format(pool=1 << 30, pipeline="none", jobs=1, planner="tensile")))
+    (_, status, _, _, p, _), = alone["jobs"]
     assert status == "finished", alone
+    t = alone["predicted_peaks"][0] - p
     capacity = 2 * p + 3 * t // 2
-    piped = last_json_line(run_python(TWO_JOBS.format(pool=capacity, pipeline="nodegroup", jobs=2)))
-    (_, _, _, _, p0, t0), (_, _, _, _, p1, t1) = piped["jobs"]
-    # The pool cannot hold both jobs' activation peaks at once (free-running, a
-    # step whose peak meets the other's runs out of memory; whether they meet
-    # depends on the interleaving, so it is not asserted here)...
-    assert p0 + p1 + max(t0, t1) <= piped["capacity"] < p0 + p1 + t0 + t1
-    # ...pipelined, the second job's allocations wait for the first's frees: both finish.
+    assert capacity < 2 * (p + t)   # both jobs at their peaks at once would not fit
+    piped = last_json_line(run_python(TWO_JOBS.format(pool=capacity, pipeline="nodegroup", jobs=2, planner="none")))
+    # Pipelined, the second job's allocations wait for the first's frees: both finish.
     assert [(n, s, k) for n, s, k, *_ in piped["jobs"]] == [("j0", "finished", 4), ("j1", "finished", 4)], piped
-    assert piped["ooms"] == 0 and piped["peak"] <= piped["capacity"]
+    assert piped["ooms"] == 0, piped
     paired = [s for s in piped["schedules"] if len(s["jobs"]) == 2]
     assert paired and paired[0]["fits"] and paired[0]["num_pairs"] > 2
     rt = piped["runtime"]

@@ -3,11 +3,15 @@
 of the peak the job's training steps measure in the pool, through the real
 path (probe, capture with scratch bytes and executor order, plan, run).
 
-The two models are jobs of configs/quickstart.yaml whose peaks a model
-without measured scratch missed by half (cnn-a: 13.1 MiB predicted, 55.3 MiB
-measured; Note [Scratch memory] and Note [Concurrent scratch] in
-tensile_tf/execution.py). Each job runs alone (concurrency 1), so its peak is
-its own step's."""
+The two models are jobs of configs/quickstart.yaml (cnn-a: predicted 13.1
+MiB by a model without measured scratch, 55.3 MiB measured; Note [Scratch
+memory] in tensile_tf/execution.py). Each job runs alone (concurrency 1) with
+one inter-op thread, so the executor runs one op at a time and the measured
+peak does not depend on how the machine's load interleaves sibling kernels
+(Note [Concurrent scratch]: with TensorFlow's default threads the peak of
+cnn-a is 33 or 55 MiB depending on whether its two convolution backprops
+overlapped; benchmarks/prediction_accuracy_bench.py measures that case and
+benchmarks/RESULTS.md records it)."""
 import pytest
 
 from tests.conftest import last_json_line, run_python
@@ -16,6 +20,8 @@ SCRIPT = """
 import json, sys
 import tensile_tf
 tensile_tf.install("512MiB")
+import tensorflow as tf
+tf.config.threading.set_inter_op_parallelism_threads(1)  # before TensorFlow's context exists
 from tensile_tf.config import load_config
 from tensile_tf.runtime import JobHost
 from tensile_tf.jobs import Job
@@ -33,7 +39,7 @@ print(json.dumps({"status": s.status.value, "error": s.error, "plan_error": s.pl
 """
 
 
-@pytest.mark.parametrize("job", ["cnn-a", "resnet-c"])
+@pytest.mark.parametrize("job", ["cnn-a", "transformer-d"])
 def test_predicted_vanilla_peak_is_within_ten_percent_of_the_measured_one(job):
     out = last_json_line(run_python(f"import sys; sys.argv = ['x', {job!r}]\n" + SCRIPT))
     assert out["status"] == "finished", out
