@@ -29,7 +29,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tensile_tf.capture import capture_job_graph, measure_op_latencies  # noqa: E402
+from tensile_tf.execution import JobToPlan, capture_for_planning  # noqa: E402
 from tensile_tf.scheduler import JobGraph, LatencyTable, Planner, PlannerJob  # noqa: E402
 
 BATCH = 16
@@ -77,12 +77,10 @@ def capture(name: str):
     else:
         x = tf.random.normal([BATCH, *shape])
     y = tf.zeros([BATCH], tf.int32)
+    # The runtime's capture (executor order, scratch bytes, profiled latencies).
     t0 = time.perf_counter()
-    graph = capture_job_graph(name, step, (x, y), optimizer=opt)
-    t1 = time.perf_counter()
-    lat = measure_op_latencies(step, (x, y), graph=graph, repeats=2)
-    t2 = time.perf_counter()
-    return graph, lat, t1 - t0, t2 - t1
+    captured = capture_for_planning(JobToPlan(name, step, (x, y), optimizer=opt), latency_repeats=2)
+    return captured.graph, captured.planner_job.latencies, time.perf_counter() - t0
 
 
 def copies(graph: JobGraph, k: int) -> list[JobGraph]:
@@ -132,10 +130,10 @@ def main() -> None:
     a = ap.parse_args()
     rows = []
     for name in a.models.split(","):
-        graph, lat, cap_s, lat_s = capture(name)
+        graph, lat, cap_s = capture(name)
         n_act = sum(t.kind == "activation" for t in graph.tensors.values())
         print(f"## {name}: {len(graph.ops)} ops, {n_act} activations, {len(graph.updated_variables)} updated "
-              f"variables; capture {cap_s:.2f} s, profile {lat_s:.2f} s, step {lat.total_s(graph) * 1e3:.1f} ms, "
+              f"variables; capture and profile {cap_s:.2f} s, step {lat.total_s(graph) * 1e3:.1f} ms, "
               f"latency coverage {lat.covered(graph):.0%}", flush=True)
         for k in (int(x) for x in a.jobs.split(",")):
             for frac in ((None, 0.6) if k == 1 else (0.6,)):
