@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError,
+                      ValidationInfo, field_validator, model_validator)
 
 from tensile_tf.units import parse_bytes
 
@@ -47,11 +48,11 @@ class ModelSpec(_Strict):
     """Exactly one of: a keras.applications name, a model builder, or a whole
     train-step factory ("module:function"). ``args`` go to it as keywords."""
 
-    application: str | None = Field(None, description="keras.applications name, e.g. ResNet50")
-    builder: str | None = Field(
+    application: StrictStr | None = Field(None, description="keras.applications name, e.g. ResNet50")
+    builder: StrictStr | None = Field(
         None, description="'module:function' returning a keras.Model or a dict with model, "
         "optimizer, loss and/or dataset")
-    train_step_factory: str | None = Field(
+    train_step_factory: StrictStr | None = Field(
         None, description="'module:function' returning a tensile_tf.TrainStep")
     args: dict[str, Any] = Field(default_factory=dict)
 
@@ -70,8 +71,8 @@ class ModelSpec(_Strict):
 
 
 class OptimizerSpec(_Strict):
-    name: str = "adam"
-    learning_rate: float = Field(1e-3, gt=0)
+    name: StrictStr = "adam"
+    learning_rate: StrictFloat = Field(1e-3, gt=0)
     args: dict[str, Any] = Field(default_factory=dict, description="other keras optimizer keywords")
 
 
@@ -80,9 +81,9 @@ class DataSpec(_Strict):
     ``function``: 'module:function' returning a tf.data.Dataset of (x, y) batches."""
 
     kind: Literal["synthetic", "function"] = "synthetic"
-    function: str | None = None
+    function: StrictStr | None = None
     args: dict[str, Any] = Field(default_factory=dict)
-    num_batches: int = Field(4, ge=1, description="distinct synthetic batches cycled through")
+    num_batches: StrictInt = Field(4, ge=1, description="distinct synthetic batches cycled through")
 
     @model_validator(mode="after")
     def _function_given(self) -> "DataSpec":
@@ -92,22 +93,22 @@ class DataSpec(_Strict):
 
 
 class JobSpec(_Strict):
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
+    name: StrictStr = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
     model: ModelSpec
-    input_shape: tuple[int, ...] | None = Field(None, description="per-example input shape")
-    classes: int = Field(10, ge=2)
+    input_shape: tuple[StrictInt, ...] | None = Field(None, description="per-example input shape")
+    classes: StrictInt = Field(10, ge=2)
     data: DataSpec = Field(default_factory=DataSpec)
-    batch_size: int = Field(32, ge=1)
+    batch_size: StrictInt = Field(32, ge=1)
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
-    loss: str = "sparse_categorical_crossentropy"
-    steps: int | None = Field(None, ge=1)
-    epochs: int | None = Field(None, ge=1)
-    steps_per_epoch: int | None = Field(None, ge=1)
-    seed: int = 0
-    stop_on_nan: bool = True
-    max_swapping_rate: float = Field(1.0, gt=0, le=1, description="TENSILE: the job's cap on its share "
+    loss: StrictStr = "sparse_categorical_crossentropy"
+    steps: StrictInt | None = Field(None, ge=1)
+    epochs: StrictInt | None = Field(None, ge=1)
+    steps_per_epoch: StrictInt | None = Field(None, ge=1)
+    seed: StrictInt = 0
+    stop_on_nan: StrictBool = True
+    max_swapping_rate: StrictFloat = Field(1.0, gt=0, le=1, description="TENSILE: the job's cap on its share "
                                      "of swapped tensors, also its swap priority")
-    start_offset_s: float = Field(0.0, ge=0, description="planner: when the job's first iteration starts")
+    start_offset_s: StrictFloat = Field(0.0, ge=0, description="planner: when the job's first iteration starts")
 
     @model_validator(mode="after")
     def _length(self) -> "JobSpec":
@@ -149,8 +150,8 @@ class PlanPeaks(str, Enum):
 
 
 class RunSpec(_Strict):
-    concurrency: int | None = Field(None, ge=1, description="most jobs running at once")
-    out_dir: str = "runs/latest"
+    concurrency: StrictInt | None = Field(None, ge=1, description="most jobs running at once")
+    out_dir: StrictStr = "runs/latest"
     admission: Admission = Admission.salus
     planner: PlannerKind = Field(
         PlannerKind.none, description="tensile: plan swaps and recomputation for the jobs so they fit the pool together")
@@ -170,7 +171,7 @@ class RunSpec(_Strict):
     split_size: int | Literal["auto"] = Field(
         "auto", description="node-group pipeline: net bytes (de)allocated per node group, e.g. 16MiB, "
         "or 'auto' (a job's temporary peak over 4)")
-    barrier_timeout_s: float = Field(60.0, gt=0, description="node-group pipeline: longest wait at a "
+    barrier_timeout_s: StrictFloat = Field(60.0, gt=0, description="node-group pipeline: longest wait at a "
                                      "CounterBarrier before the step fails")
 
     @field_validator("split_size", mode="before")

@@ -42,6 +42,16 @@ def ensure_pool(pool_bytes: int | str) -> None:
             "tensile_tf.install(pool_bytes)) before the first TensorFlow op.")
 
 
+def create_devices() -> None:
+    """Makes TensorFlow create its devices now (on the pool, which must be
+    configured), with its GPU probe's messages filtered
+    (tf_plugin._loader.gpu_probe_noise_filtered)."""
+    from tf_plugin._loader import gpu_probe_noise_filtered
+
+    with gpu_probe_noise_filtered():
+        tf.config.list_logical_devices()
+
+
 def _configure_from_environment() -> None:
     raw = os.environ.get("TENSILE_POOL_BYTES")
     if raw and tf_plugin._plugin.device_pool() is None:  # noqa: SLF001

@@ -99,7 +99,9 @@ def format_plan_summary(plan) -> str:
         rows.append(f"{jp.name:<20} {human_bytes(jp.vanilla_peak_bytes):>13} {human_bytes(jp.planned_peak_bytes):>13} "
                     f"{jp.msr:>6.1%} {len(jp.swap_ins):>6} {len(jp.recomputes):>6} "
                     f"{jp.iteration_s:>9.4f} {jp.planned_iteration_s - jp.iteration_s:>9.4f}")
-    rows.append(f"{'pool (time-aligned)':<20} {human_bytes(plan.pool_vanilla_peak_bytes):>13} "
+    pool_row = {"timeline": "pool (time-aligned)", "coincident": "pool (sum of peaks)",
+                "paired": "pool (paired peaks)"}.get(plan.peak_model, f"pool ({plan.peak_model})")
+    rows.append(f"{pool_row:<20} {human_bytes(plan.pool_vanilla_peak_bytes):>13} "
                 f"{human_bytes(plan.pool_planned_peak_bytes):>13} {plan.msr:>6.1%}")
     budget = "none (minimise)" if plan.pool_bytes is None else human_bytes(plan.pool_bytes)
     rows.append(f"budget {budget}: {'met' if plan.budget_met else 'NOT met'}; sum of per-job peaks "

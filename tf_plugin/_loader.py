@@ -61,6 +61,58 @@ def onednn_rewrites_enabled() -> bool:
     return enabled()
 
 
+# Lines TensorFlow's import writes to the process's stderr (from C++, before
+# its logging is set up, so TF_CPP_MIN_LOG_LEVEL cannot silence them) when it
+# probes for a GPU on a machine that has none. They say nothing about the run.
+GPU_PROBE_NOISE = (
+    "Could not find cuda drivers on your machine",
+    "All log messages before absl::InitializeLog() is called",
+    "Unable to register cuDNN factory", "Unable to register cuFFT factory", "Unable to register cuBLAS factory",
+    "TF-TRT Warning: Could not find TensorRT",
+    "computation placer already registered",
+    "oneDNN custom operations are on",
+    "failed call to cuInit",
+)
+
+
+class gpu_probe_noise_filtered:
+    """Runs ``import tensorflow`` (``tensorflow_import=True``), or TensorFlow's
+    device creation, with the process's stderr (file descriptor 2, which C++
+    writes to) captured, then writes back every captured line that is not
+    GPU-probe noise (``GPU_PROBE_NOISE``). Anything else TensorFlow says then
+    still reaches the console. ``TENSILE_SHOW_TF_IMPORT_LOG=1`` turns the
+    filter off."""
+
+    def __init__(self, tensorflow_import: bool = False):
+        self.tensorflow_import = tensorflow_import
+
+    def __enter__(self):
+        self.active = os.environ.get("TENSILE_SHOW_TF_IMPORT_LOG", "") not in ("1", "true", "yes") and \
+            not (self.tensorflow_import and "tensorflow" in sys.modules)
+        if self.active:
+            import tempfile
+
+            sys.stderr.flush()
+            self.captured = tempfile.TemporaryFile(mode="w+b")
+            self.saved_fd = os.dup(2)
+            os.dup2(self.captured.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc):
+        if not self.active:
+            return False
+        sys.stderr.flush()
+        os.dup2(self.saved_fd, 2)
+        os.close(self.saved_fd)
+        self.captured.seek(0)
+        kept = [line for line in self.captured.read().decode(errors="replace").splitlines(keepends=True)
+                if not any(noise in line for noise in GPU_PROBE_NOISE)]
+        self.captured.close()
+        if kept:
+            sys.stderr.write("".join(kept))
+        return False
+
+
 def load_plugin():
     """Imports TensorFlow, registers the pool allocator and ops, returns the module."""
     already = sys.modules.get(f"tf_plugin.{LIBRARY_NAME}")
@@ -74,7 +126,8 @@ def load_plugin():
         )
     # Note [oneDNN's graph rewrites are off]
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
-    import tensorflow as tf
+    with gpu_probe_noise_filtered(tensorflow_import=True):
+        import tensorflow as tf
 
     if onednn_rewrites_enabled():
         warnings.warn(

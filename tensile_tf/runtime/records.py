@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # runtime objects, never serialised
     from tensile_tf.jobs import Job, TrainStep
     from tensile_tf.memory import JobStream
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 class JobStatus(str, Enum):
@@ -92,6 +92,7 @@ class JobState:
     error: str | None = None
     error_type: str | None = None
     traceback: str | None = None
+    traceback_path: str | None = None   # the whole traceback, written into the output directory
     steps_done: int = 0
     records: list[StepRecord] = field(default_factory=list)
     persistent_bytes: int | None = None
@@ -155,6 +156,7 @@ class JobRecord:
     status: str
     error: str | None
     error_type: str | None
+    traceback_path: str | None    # relative to results.json's folder: the failure's whole traceback
     steps: int
     steps_requested: int
     median_step_s: float | None
@@ -178,7 +180,7 @@ class JobRecord:
         window = [r.peak_bytes for r in s.training_records]
         return cls(
             name=s.name, status=s.status.value, error=s.error, error_type=s.error_type,
-            steps=s.steps_done, steps_requested=s.job.steps, median_step_s=s.median_step_s,
+            traceback_path=s.traceback_path, steps=s.steps_done, steps_requested=s.job.steps, median_step_s=s.median_step_s,
             peak_pool_bytes=s.peak_bytes, training_peak_pool_bytes=s.training_peak_bytes,
             training_peak_spread_bytes=(max(window) - min(window)) if window else None,
             persistent_bytes=s.persistent_bytes, temporary_bytes=s.temporary_bytes,
@@ -266,12 +268,14 @@ class PlanSummary:
     planning_s: float
     iterations: int
     stop_reason: str
+    peak_model: str          # timeline | coincident | paired (config.PlanPeaks)
 
     @classmethod
     def of(cls, plan) -> "PlanSummary":
         return cls(list(plan.jobs), plan.pool_bytes, plan.budget_met, plan.pool_vanilla_peak_bytes,
                    plan.pool_planned_peak_bytes, plan.sum_of_job_peaks_bytes, plan.msr,
-                   plan.bandwidth_bytes_per_s, plan.planning_s, plan.iterations, plan.stop_reason)
+                   plan.bandwidth_bytes_per_s, plan.planning_s, plan.iterations, plan.stop_reason,
+                   plan.peak_model)
 
 
 @dataclass

@@ -100,6 +100,7 @@ class Plan:
     iterations: int = 0
     planning_s: float = 0.0
     stop_reason: str = ""
+    peak_model: str = "timeline"               # how the jobs' peaks were assumed to overlap (config.PlanPeaks)
     version: int = 2                           # 2: JobPlan.graph_fingerprint / graph_ops
 
     def refusal(self, job: str, fingerprint: str, ops: int) -> str | None:

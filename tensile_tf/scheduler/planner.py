@@ -84,6 +84,7 @@ class Planner:
         self.max_iterations = max_iterations
         self.coincident_peaks = coincident_peaks  # Note [Coincident peaks] in peak_analysis
         self.peaking_jobs = peaking_jobs          # Note [Paired peaks] in peak_analysis
+        self.peak_model = "coincident" if coincident_peaks else ("paired" if peaking_jobs else "timeline")
         self.jobs: list[JobState] = []
         self.order: list[SwapDecision] = []
         self.iterations = 0
@@ -284,7 +285,8 @@ class Planner:
         return Plan(jobs=jobs, pool_vanilla_peak_bytes=self._vanilla_pool_peak, pool_planned_peak_bytes=pool_peak,
                     pool_bytes=self.pool_bytes, bandwidth_bytes_per_s=self.bandwidth,
                     horizon_s=self.timeline.horizon_s, sum_of_job_peaks_bytes=self._sum_job_peaks,
-                    iterations=self.iterations, planning_s=seconds, stop_reason=self.stop_reason)
+                    iterations=self.iterations, planning_s=seconds, stop_reason=self.stop_reason,
+                    peak_model=self.peak_model)
 
 
 def plan_graphs(jobs: Sequence[PlannerJob], **kwargs) -> Plan:

@@ -112,27 +112,29 @@ def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def _final_table(results: dict[str, Any], console) -> None:
+def _final_table(study, metric: str, console) -> None:
+    """The study's trials (every worker's), one row each, from their TrialRecords."""
     from rich.table import Table
 
+    from tensile_tf.search.results import TrialRecord, best_trial
     from tf_plugin import human_bytes
 
-    names = sorted({k for t in results["trials"] for k in t["params"]})
-    best = results["best"]
-    table = Table(title=f"study {results['study']['name']}: {results['study']['metric']} "
-                        f"({results['study']['direction']}), {len(results['trials'])} trials")
+    trials = [TrialRecord.of(t) for t in study.get_trials(deepcopy=False)]
+    names = sorted({k for t in trials for k in t.params})
+    best = best_trial(study)
+    table = Table(title=f"study {study.study_name}: {metric} ({study.direction.name.lower()}), {len(trials)} trials")
     for col in ("#", "state", "value", *names, "steps", "peak pool", "error"):
         table.add_column(col, no_wrap=col != "error", overflow="fold")
-    for t in results["trials"]:
-        style = "bold green" if best is not None and t["number"] == best["number"] else None
-        table.add_row(str(t["number"]), t["state"], _fmt(t["value"]) if t["value"] is not None else "-",
-                      *[_fmt(t["params"].get(n, "-")) for n in names], str(t["steps"] or "-"),
-                      human_bytes(t["peak_pool_bytes"]) if t["peak_pool_bytes"] else "-",
-                      (t["error"] or "")[:80], style=style)
+    for t in trials:
+        style = "bold green" if best is not None and t.number == best.number else None
+        table.add_row(str(t.number), t.state, _fmt(t.value) if t.value is not None else "-",
+                      *[_fmt(t.params.get(n, "-")) for n in names], str(t.job.steps or "-"),
+                      human_bytes(t.job.peak_pool_bytes) if t.job.peak_pool_bytes else "-",
+                      (t.job.error or t.interrupted or "")[:80], style=style)
     console.print(table)
     if best is not None:
-        console.print(f"best: trial {best['number']} {results['study']['metric']}={best['value']:.6g}  " +
-                      "  ".join(f"{k}={_fmt(v)}" for k, v in best["params"].items()), highlight=False)
+        console.print(f"best: trial {best.number} {metric}={best.value:.6g}  " +
+                      "  ".join(f"{k}={_fmt(v)}" for k, v in best.params.items()), highlight=False)
     else:
         console.print("[red]no trial completed[/red]: see the errors above")
 
@@ -201,7 +203,7 @@ def cmd_search(args) -> int:
         console.print(f"re-queued interrupted trials: {', '.join(map(str, result.requeued))}")
     results = results_dict(study, storage_url=storage_url, metric=search.objective.metric.value,
                            n_trials=n_trials, capacity=host.capacity, result=result)
-    _final_table(results, console)
+    _final_table(study, search.objective.metric.value, console)
     paths = write_search_outputs(results, out_dir)
     console.print(f"wrote {paths['results']}, {paths['objective']}, {paths['params']}", highlight=False)
     return 0 if results["best"] is not None else 1

@@ -53,6 +53,7 @@ from tensile_tf.jobs import Job
 from tensile_tf.search import storage as st
 from tensile_tf.search.config import CategoricalParam, ParamSpec, trial_job_spec
 from tensile_tf.search.objective import metric_function
+from tensile_tf.search.results import TrialFacts
 
 # A trial that runs out of memory beside others is re-queued at most this often.
 MAX_OOM_RETRIES = 2
@@ -283,8 +284,8 @@ class SearchDriver:
                 run = TrialRun(trial=trial, job=None, params=params)  # type: ignore[arg-type]
                 self.runs.append(run)
                 msg = e.errors()[0]["msg"] if isinstance(e, ValidationError) else str(e)
-                self._tell(run, TrialState.FAIL, facts={"status": "invalid", "error": f"invalid job: {msg}",
-                                                        "error_type": "ValidationError"})
+                self._tell(run, TrialState.FAIL, facts=TrialFacts(status="invalid", error=f"invalid job: {msg}",
+                                                                error_type="ValidationError"))
                 continue
             run = TrialRun(trial=trial, job=None, params=params,  # type: ignore[arg-type]
                            retry_of=trial.user_attrs.get(st.RETRY_ATTR))
@@ -347,7 +348,7 @@ class SearchDriver:
             if math.isfinite(value):
                 self._tell(run, TrialState.COMPLETE, value=value, facts=facts)
             else:
-                facts["error"] = f"objective {self.metric_name} is {value}"
+                facts.error = f"objective {self.metric_name} is {value}"
                 self._tell(run, TrialState.FAIL, facts=facts)
         elif state.status == JobStatus.stopped:
             self._tell(run, TrialState.PRUNED, facts=facts)
@@ -355,7 +356,7 @@ class SearchDriver:
             retries = run.trial.user_attrs.get(OOM_RETRIES_ATTR, 0) + 1
             reason = (f"ran out of pool memory beside other trials (packing, not its params); "
                       f"re-queued (retry {retries} of {MAX_OOM_RETRIES})")
-            facts["error"] = f"{reason}: {state.error}"
+            facts.error = f"{reason}: {state.error}"
             self._tell(run, TrialState.FAIL, facts=facts, interrupted=reason,
                        retry_attrs={OOM_RETRIES_ATTR: retries})
         else:
@@ -380,22 +381,15 @@ class SearchDriver:
         return any(o is not state and o.admitted_at_s is not None and o.admitted_at_s < end
                    and (o.ended_at_s is None or o.ended_at_s > start) for o in self.host.states)
 
-    def _facts(self, state: JobState) -> dict[str, Any]:
+    def _facts(self, state: JobState) -> TrialFacts:
         """The job's record (the results.json schema) plus wall-clock times."""
         def at(t):
             return None if t is None else self._wall0 + t
 
-        record = JobRecord.of(state)
-        return {"job": record.name, "status": record.status, "steps": record.steps,
-                "steps_requested": record.steps_requested, "peak_pool_bytes": record.peak_pool_bytes,
-                "training_peak_pool_bytes": record.training_peak_pool_bytes,
-                "persistent_bytes": record.persistent_bytes, "temporary_bytes": record.temporary_bytes,
-                "leaked_bytes": record.leaked_bytes, "median_step_s": record.median_step_s,
-                "final_loss": record.final_loss, "error": record.error, "error_type": record.error_type,
-                "started_at": at(state.admitted_at_s), "ended_at": at(state.ended_at_s)}
+        return TrialFacts.of(JobRecord.of(state), started_at=at(state.admitted_at_s), ended_at=at(state.ended_at_s))
 
     def _tell(self, run: TrialRun, trial_state: TrialState, *, value: float | None = None,
-              facts: dict[str, Any], interrupted: str | None = None,
+              facts: TrialFacts, interrupted: str | None = None,
               retry_attrs: dict[str, Any] | None = None) -> None:
         """Tells the study; ``interrupted``: fail the trial as interrupted
         (it does not count toward n_trials) and enqueue a retry of its params."""
@@ -405,7 +399,7 @@ class SearchDriver:
             run.told = trial_state
             run.value = value
             try:
-                run.trial.set_user_attr(st.JOB_ATTR, facts)
+                run.trial.set_user_attr(st.JOB_ATTR, facts.to_attrs())
                 if interrupted is not None:
                     run.trial.set_user_attr(st.INTERRUPTED_ATTR, interrupted)
                     self.study.enqueue_trial(run.trial.params,

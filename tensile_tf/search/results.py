@@ -5,15 +5,15 @@ any one worker of a shared study, describe every trial in the study.
 
 results.json schema::
 
-    {"study": {"name", "storage", "direction", "metric", "n_trials"},
+    {"schema_version": the runtime's SCHEMA_VERSION,
+     "study": {"name", "storage", "direction", "metric", "n_trials"},
      "pool": {"capacity"},
      "worker": {"host", "pid", "wall_s", "trials_run", "trials_per_hour", "requeued"},
      "counts": {"COMPLETE": n, "PRUNED": n, "FAIL": n, ...},
      "best": {"number", "value", "params"} | null,
-     "trials": [{"number", "state", "params", "value", "steps", "peak_pool_bytes",
-                 "persistent_bytes", "temporary_bytes", "error", "error_type",
-                 "job_status", "started_at", "ended_at", "worker", "interrupted",
-                 "retry_of", "intermediate_values"}]}
+     "trials": [TrialRecord: {"number", "state", "params", "value",
+                 "job": TrialFacts (the job's JobRecord facts, started_at, ended_at),
+                 "worker", "interrupted", "retry_of", "intermediate_values"}]}
 
 ``started_at`` / ``ended_at`` are Unix times of the job's admission and end
 (training only: the probe step runs before admission).
@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
+from tensile_tf.runtime.records import SCHEMA_VERSION, JobRecord
 from tensile_tf.search import storage as st
 
 
@@ -35,28 +37,81 @@ def _finite(x: Any) -> Any:
     return x if not isinstance(x, float) or math.isfinite(x) else None
 
 
+@dataclass
+class TrialFacts:
+    """What a trial's job did: its JobRecord's facts (the results.json
+    schema, tensile_tf.runtime.records) plus wall-clock times. The driver
+    stores it in the trial's user attributes (``storage.JOB_ATTR``) and
+    results.json reads it back through ``from_attrs``, so both sides share
+    one set of keys."""
+
+    job: str | None = None
+    status: str | None = None          # JobStatus value, or "invalid" (the trial's params make no job)
+    steps: int | None = None
+    steps_requested: int | None = None
+    peak_pool_bytes: int | None = None
+    training_peak_pool_bytes: int | None = None
+    persistent_bytes: int | None = None
+    temporary_bytes: int | None = None
+    leaked_bytes: int | None = None
+    median_step_s: float | None = None
+    final_loss: float | None = None
+    error: str | None = None
+    error_type: str | None = None
+    traceback_path: str | None = None
+    started_at: float | None = None    # Unix time of admission
+    ended_at: float | None = None
+
+    @classmethod
+    def of(cls, record: JobRecord, *, started_at: float | None, ended_at: float | None) -> "TrialFacts":
+        return cls(job=record.name, status=record.status, steps=record.steps,
+                   steps_requested=record.steps_requested, peak_pool_bytes=record.peak_pool_bytes,
+                   training_peak_pool_bytes=record.training_peak_pool_bytes,
+                   persistent_bytes=record.persistent_bytes, temporary_bytes=record.temporary_bytes,
+                   leaked_bytes=record.leaked_bytes, median_step_s=record.median_step_s,
+                   final_loss=record.final_loss, error=record.error, error_type=record.error_type,
+                   traceback_path=record.traceback_path, started_at=started_at, ended_at=ended_at)
+
+    @classmethod
+    def from_attrs(cls, attrs: dict[str, Any] | None) -> "TrialFacts":
+        """Reads what ``to_attrs`` stored (a study written by an older
+        version may lack keys: they read as None)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in (attrs or {}).items() if k in known})
+
+    def to_attrs(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class TrialRecord:
+    """One trial in the search's results.json."""
+
+    number: int
+    state: str                          # Optuna's TrialState name
+    params: dict[str, Any]
+    value: float | None
+    job: TrialFacts
+    worker: dict[str, Any] | None
+    interrupted: str | None             # why the trial was cut short (it was re-queued)
+    retry_of: int | None
+    intermediate_values: dict[str, float | None]
+
+    @classmethod
+    def of(cls, t: optuna.trial.FrozenTrial) -> "TrialRecord":
+        attrs = t.user_attrs
+        return cls(number=t.number, state=t.state.name, params=t.params,
+                   value=_finite(t.value) if t.state == TrialState.COMPLETE else None,
+                   job=TrialFacts.from_attrs(attrs.get(st.JOB_ATTR)), worker=attrs.get(st.WORKER_ATTR),
+                   interrupted=attrs.get(st.INTERRUPTED_ATTR), retry_of=attrs.get(st.RETRY_ATTR),
+                   intermediate_values={str(k): _finite(v) for k, v in sorted(t.intermediate_values.items())})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 def trial_dict(t: optuna.trial.FrozenTrial) -> dict[str, Any]:
-    facts = t.user_attrs.get(st.JOB_ATTR) or {}
-    return {
-        "number": t.number,
-        "state": t.state.name,
-        "params": t.params,
-        "value": _finite(t.value) if t.state == TrialState.COMPLETE else None,
-        "steps": facts.get("steps"),
-        "peak_pool_bytes": facts.get("peak_pool_bytes"),
-        "persistent_bytes": facts.get("persistent_bytes"),
-        "temporary_bytes": facts.get("temporary_bytes"),
-        "median_step_s": facts.get("median_step_s"),
-        "error": facts.get("error") or t.user_attrs.get(st.INTERRUPTED_ATTR),
-        "error_type": facts.get("error_type"),
-        "job_status": facts.get("status"),
-        "started_at": facts.get("started_at"),
-        "ended_at": facts.get("ended_at"),
-        "worker": t.user_attrs.get(st.WORKER_ATTR),
-        "interrupted": t.user_attrs.get(st.INTERRUPTED_ATTR),
-        "retry_of": t.user_attrs.get(st.RETRY_ATTR),
-        "intermediate_values": {str(k): _finite(v) for k, v in sorted(t.intermediate_values.items())},
-    }
+    return TrialRecord.of(t).to_dict()
 
 
 def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
@@ -81,6 +136,7 @@ def results_dict(study: optuna.Study, *, storage_url: str, metric: str, n_trials
                       requeued=result.requeued,
                       most_trials_running=result.host_result.most_jobs_running if result.host_result else None)
     return {
+        "schema_version": SCHEMA_VERSION,
         "study": {"name": study.study_name, "storage": st.redact(storage_url),
                   "direction": study.direction.name.lower(), "metric": metric, "n_trials": n_trials},
         "pool": {"capacity": capacity},

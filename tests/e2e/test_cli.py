@@ -52,7 +52,7 @@ def test_run_writes_results_trace_and_memory_picture(tmp_path):
     proc = tensile("run", str(cfg), "--out", str(out), env={"TENSILE_POOL_TRACE_EVENTS": "2000"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
-    assert results["schema_version"] == 2
+    assert results["schema_version"] == 3
     cov = results["trace"]
     assert cov["events_kept"] <= 2000 < cov["events_in_run"]
     assert cov["events_dropped"] == cov["events_in_run"] - cov["events_kept"] > 0

@@ -12,7 +12,7 @@ from tests.e2e.test_cli import tensile, write
 
 TWO_MLPS = """
 pool: {pool}
-run: {{out_dir: unused, admission: sum{plan_budget}{plan_peaks}}}
+run: {{out_dir: unused, admission: sum{plan_budget}{plan_peaks}{bandwidth}}}
 jobs:
   - name: mlp-a
     model: {{builder: "tensile_tf.zoo:mlp", args: {{hidden: [1024, 1024, 1024]}}}}
@@ -31,10 +31,11 @@ jobs:
 """
 
 
-def _compare(tmp_path, pool, plan_budget=None, plan_peaks=None):
+def _compare(tmp_path, pool, plan_budget=None, plan_peaks=None, swap_bandwidth=None):
     budget = f", plan_budget: {plan_budget}" if plan_budget else ""
     peaks = f", plan_peaks: {plan_peaks}" if plan_peaks else ""
-    cfg = write(tmp_path, TWO_MLPS.format(pool=pool, plan_budget=budget, plan_peaks=peaks))
+    bandwidth = f", swap_bandwidth: {swap_bandwidth}" if swap_bandwidth else ""
+    cfg = write(tmp_path, TWO_MLPS.format(pool=pool, plan_budget=budget, plan_peaks=peaks, bandwidth=bandwidth))
     out = tmp_path / "out"
     proc = tensile("run", str(cfg), "--out", str(out), "--compare-vanilla")
     compare = json.loads((out / "compare.json").read_text()) if (out / "compare.json").exists() else None
@@ -64,7 +65,13 @@ def test_plan_fits_two_jobs_into_a_budget_their_peaks_exceed(tmp_path, plan_peak
     # swap, and its prediction admits both at once. (The pool is larger than
     # the budget: each job's vanilla probe and capture run beside the other's
     # persistent memory first.) Coincident: planned for the sum of the job peaks.
-    proc, compare, runs = _compare(tmp_path, "130MiB", plan_budget="80MiB", plan_peaks=plan_peaks)
+    # The link is planned at 1 TiB/s so that every swap fits the gap it is
+    # planned into whatever the measured op latencies are: at PCIe speed,
+    # whether the planner meets 80 MiB depends on how fast the profiled step
+    # ran, which the machine's load decides (seen: 77.2 and 82.3 MiB
+    # predicted for the same config on a quiet machine).
+    proc, compare, runs = _compare(tmp_path, "130MiB", plan_budget="80MiB", plan_peaks=plan_peaks,
+                                   swap_bandwidth="1TiB")
     vanilla = {j["name"]: j for j in runs["vanilla"]["jobs"]}
     planned = {j["name"]: j for j in runs["planned"]["jobs"]}
     assert vanilla["mlp-a"]["status"] == vanilla["mlp-b"]["status"] == "finished"
@@ -76,6 +83,7 @@ def test_plan_fits_two_jobs_into_a_budget_their_peaks_exceed(tmp_path, plan_peak
     plan = runs["planned"]["planner"]["plans"][0]
     assert plan["budget_bytes"] == 80 * 2**20 and plan["budget_met"]
     assert plan["predicted_pool_planned_peak_bytes"] <= 80 * 2**20 < plan["predicted_pool_vanilla_peak_bytes"]
+    assert plan["peak_model"] == plan_peaks
     if plan_peaks == "coincident":
         assert plan["predicted_pool_vanilla_peak_bytes"] == plan["predicted_sum_of_job_peaks_bytes"]
     assert runs["planned"]["planner"]["swap"]["host"]["current"] == 0  # every host copy came back

@@ -36,11 +36,12 @@ def test_grid_search_runs_every_point_once_with_trials_packed(tmp_path):
     points = sorted((t["params"]["batch_size"], t["params"]["model.args.width"]) for t in trials)
     assert points == [(16, 32), (16, 96), (64, 32), (64, 96)]
     for t in trials:
-        assert t["steps"] == 400 and t["peak_pool_bytes"] > 0 and math.isfinite(t["value"])
-        assert t["error"] is None and t["worker"]["pid"] == results["worker"]["pid"]
+        assert t["job"]["steps"] == 400 and t["job"]["peak_pool_bytes"] > 0 and math.isfinite(t["value"])
+        assert t["job"]["error"] is None and t["worker"]["pid"] == results["worker"]["pid"]
     best = min(trials, key=lambda t: t["value"])
     assert results["best"] == {"number": best["number"], "value": best["value"], "params": best["params"]}
     assert results["counts"] == {"COMPLETE": 4} and results["study"]["n_trials"] == 4
+    assert results["schema_version"] == 3   # the runtime's results.json schema (records.SCHEMA_VERSION)
     # Admission packed the trials: the host held them all at once (what it recorded, not timing).
     assert results["worker"]["most_trials_running"] >= 2, (results["worker"], explain(proc))
     assert (out / "study.db").exists()
