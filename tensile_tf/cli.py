@@ -22,13 +22,70 @@ def _is_search_config(path: str) -> bool:
 
     try:
         data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError):
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return False  # load_config reports it with its location
     return isinstance(data, dict) and "search" in data and "jobs" not in data
 
 
+class UserError(Exception):
+    """A mistake in what the user asked for (config, arguments, paths): the
+    command says what and where and exits 2, without a traceback."""
+
+
+def _load_checked(path: str, *, references: bool, install_pool: bool = True):
+    """The config after every check ``tensile validate`` makes (the schema,
+    sizes, and with ``references`` the modules, names and arguments it
+    refers to: those import Keras, so the runtime is installed first, with
+    the config's pool when ``install_pool``, else with whatever pool the
+    process has: validating trains nothing)."""
+    from tensile_tf.config import ConfigError, config_from_data, read_yaml
+    from tensile_tf.validation import check_config, raise_problems
+
+    try:
+        data, marks = read_yaml(path)
+        cfg = config_from_data(data, source=path, marks=marks)
+        raise_problems(check_config(cfg, references=False), source=path, marks=marks)
+        if references:
+            _install(cfg.pool if install_pool else None)
+            raise_problems(check_config(cfg, references=True), source=path, marks=marks)
+    except ConfigError as e:
+        raise UserError(str(e)) from None
+    return cfg
+
+
+def _install(pool: int | None) -> None:
+    """The runtime with the config's pool (None: the process's), before any
+    TensorFlow op; a machine or environment that cannot host it (e.g.
+    TF_CPU_ALLOCATOR_USE_BFC set) is the user's to fix."""
+    import tensile_tf
+    from tf_plugin._loader import PluginLoadError
+
+    try:
+        tensile_tf.install(pool)
+        if pool is None:
+            from tensile_tf.memory import create_devices
+
+            create_devices()
+    except PluginLoadError as e:
+        raise UserError(str(e)) from None
+
+
+def check_output_dir(out: Path, what: str = "--out") -> Path:
+    """Makes sure results can be written to ``out`` before anything trains."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{what} {out}: is a file, not a folder; name a folder for the results")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".tensile-write-check"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"{what} {out}: cannot write there ({e.strerror}); name a folder you can write to") from None
+    return out
+
+
 def _cmd_validate(args) -> int:
-    from tensile_tf.config import ConfigError, load_config
+    from tensile_tf.config import ConfigError
 
     if _is_search_config(args.config):
         from tensile_tf.search.config import load_search_config
@@ -36,20 +93,15 @@ def _cmd_validate(args) -> int:
         try:
             scfg = load_search_config(args.config)
         except ConfigError as e:
-            print(e, file=sys.stderr)
-            return 2
+            raise UserError(str(e)) from None
         s = scfg.search
         print(f"{args.config}: valid search: pool {scfg.pool} bytes, study {s.study_name!r}, "
               f"{s.sampler.name.value} sampler, {len(s.space)} parameters "
               f"({', '.join(s.space)}), n_trials {s.total_trials}")
         return 0
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as e:
-        print(e, file=sys.stderr)
-        return 2
+    cfg = _load_checked(args.config, references=True, install_pool=False)
     print(f"{args.config}: valid: pool {cfg.pool} bytes, {len(cfg.jobs)} jobs "
-          f"({', '.join(j.name for j in cfg.jobs)})")
+          f"({', '.join(j.name for j in cfg.jobs)}); every reference resolves and every size fits")
     return 0
 
 
@@ -137,28 +189,23 @@ def _make_host(cfg, *, planner, progress=None, record_weights: bool = False, sav
 
 
 def _run_host(cfg, console, *, planner, record_weights: bool = False, saved_plan=None):
+    """Runs the config's jobs; Ctrl-C or SIGTERM stops them at a step
+    boundary (Note [Stopping on a signal] in tensile_tf.runtime.interrupts)."""
+    from tensile_tf.runtime.interrupts import StopOnSignals
+
     with RichProgress(console) as progress:
         host = _make_host(cfg, planner=planner, progress=progress, record_weights=record_weights,
                           saved_plan=saved_plan)
-        return host.run()
-
-
-def _load(path: str):
-    from tensile_tf.config import ConfigError, load_config
-
-    try:
-        return load_config(path)
-    except ConfigError as e:
-        print(e, file=sys.stderr)
-        return None
+        with StopOnSignals(host.request_stop, say=lambda line: console.print(f"[yellow]{line}[/yellow]")):
+            return host.run()
 
 
 def _cmd_run(args) -> int:
     from tensile_tf.config import PlannerKind
 
-    cfg = _load(args.config)
-    if cfg is None:
-        return 2
+    cfg = _load_checked(args.config, references=False)
+    out_dir = check_output_dir(Path(args.out) if args.out else Path(cfg.run.out_dir),
+                               "--out" if args.out else "run.out_dir")
     saved_plan = None
     if args.plan:
         from tensile_tf.runtime.planning import SavedPlan
@@ -166,32 +213,43 @@ def _cmd_run(args) -> int:
         try:
             saved_plan = SavedPlan.load(args.plan)
         except (OSError, ValueError, KeyError, TypeError) as e:
-            print(f"{args.plan}: cannot read the plan ({e}); write one with `tensile plan {args.config}`",
-                  file=sys.stderr)
-            return 2
-    import tensile_tf
-
-    tensile_tf.install(cfg.pool)  # the pool before any TensorFlow op
+            raise UserError(f"{args.plan}: cannot read the plan ({e}); write one with "
+                            f"`tensile plan {args.config}`") from None
+    cfg = _load_checked(args.config, references=True)   # installs the runtime with the config's pool
     from rich.console import Console
 
     from tensile_tf.reports import write_outputs
-    from tensile_tf.runtime import JobStatus, SavedPlanMismatch
+    from tensile_tf.runtime import SavedPlanMismatch
 
     console = Console(width=max(Console().width, 120))
-    out_dir = Path(args.out or cfg.run.out_dir)
     if args.compare_vanilla:
         return _compare_vanilla(cfg, console, out_dir)
     planner = PlannerKind.tensile if saved_plan is not None else cfg.run.planner
     try:
         result = _run_host(cfg, console, planner=planner, saved_plan=saved_plan)
     except SavedPlanMismatch as e:
-        console.print(f"[red]refusing the plan[/red]: {e}", soft_wrap=True)
-        return 2
+        raise UserError(f"refusing the plan {args.plan}: {e}") from None
     _summary_table(result, console)
     paths = write_outputs(result, out_dir)
     console.print(f"wrote {paths['results']}, {paths['trace']}, {paths['memory']}")
-    failed = [s for s in result.jobs if s.status != JobStatus.finished]
-    return 1 if failed and len(failed) == len(result.jobs) else 0
+    return _run_exit_code(result, console)
+
+
+def _run_exit_code(result, console) -> int:
+    """0: every job finished; 130: interrupted; 1: a job failed, was
+    rejected or stopped (named here)."""
+    from tensile_tf.runtime import JobStatus
+    from tensile_tf.runtime.interrupts import EXIT_INTERRUPTED
+
+    if result.interrupted is not None:
+        console.print(f"[yellow]interrupted[/yellow] ({result.interrupted}): the results of what ran are written")
+        return EXIT_INTERRUPTED
+    unfinished = [s for s in result.jobs if s.status != JobStatus.finished]
+    if unfinished:
+        console.print(f"[red]{len(unfinished)} of {len(result.jobs)} jobs did not finish[/red]: "
+                      + ", ".join(f"{s.name} ({s.status.value})" for s in unfinished), soft_wrap=True)
+        return 1
+    return 0
 
 
 def _compare_vanilla(cfg, console, out_dir: Path) -> int:
@@ -211,6 +269,9 @@ def _compare_vanilla(cfg, console, out_dir: Path) -> int:
         results[mode] = _run_host(cfg, console, planner=planner, record_weights=True)
         _summary_table(results[mode], console)
         write_outputs(results[mode], out_dir / mode)
+        if results[mode].interrupted is not None:
+            console.print(f"wrote the {mode} run's outputs in {out_dir / mode}; no comparison (interrupted)")
+            return _run_exit_code(results[mode], console)
     comparison = compare_runs(results["vanilla"], results["planned"])
     console.print(format_comparison(comparison), soft_wrap=True)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -233,9 +294,7 @@ def _cmd_plan(args) -> int:
     from tensile_tf.config import PlannerKind
     from tensile_tf.units import parse_bytes
 
-    cfg = _load(args.config)
-    if cfg is None:
-        return 2
+    cfg = _load_checked(args.config, references=False)
     run = cfg.run
     try:
         if args.budget:
@@ -243,12 +302,10 @@ def _cmd_plan(args) -> int:
         if args.bandwidth:
             run = run.model_copy(update={"swap_bandwidth": parse_bytes(args.bandwidth, what="--bandwidth")})
     except ValueError as e:
-        print(f"tensile plan: {e}", file=sys.stderr)
-        return 2
-    cfg = cfg.model_copy(update={"run": run})
-    import tensile_tf
-
-    tensile_tf.install(cfg.pool)
+        raise UserError(str(e)) from None
+    out = check_output_dir(Path(args.out) if args.out else Path(cfg.run.out_dir),
+                           "--out" if args.out else "run.out_dir")
+    cfg = _load_checked(args.config, references=True).model_copy(update={"run": run})
     from tensile_tf.reports import format_plan_summary
 
     host = _make_host(cfg, planner=PlannerKind.tensile)
@@ -260,8 +317,6 @@ def _cmd_plan(args) -> int:
         print("tensile plan: no job could be planned (see above)", file=sys.stderr)
         return 1
     print(format_plan_summary(plan))
-    out = Path(args.out or cfg.run.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "plan.json").write_text(plan.to_json())
     print(f"wrote {out / 'plan.json'} (run it with `tensile run {args.config} --plan {out / 'plan.json'}`)")
     return 0
@@ -270,6 +325,7 @@ def _cmd_plan(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tensile", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--debug", action="store_true", help="show the traceback of any error")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train the jobs of a YAML config concurrently in one process")
     run.add_argument("config")
@@ -294,12 +350,41 @@ def build_parser() -> argparse.ArgumentParser:
     from tensile_tf.search.cli import add_search_parser
 
     add_search_parser(sub)
+    for command in sub.choices.values():  # `tensile run X --debug` as well as `tensile --debug run X`
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                             help="show the traceback of any error")
     return parser
 
 
+EXIT_USAGE = 2   # a bad config, argument or path (argparse uses 2 too)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Exit codes: 0 every job finished; 1 a job failed or was rejected (or
+    an internal error); 2 a bad config or usage; 130 interrupted. A user's
+    mistake prints what, where and what to do, never a traceback (``--debug``
+    shows one for any error)."""
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except UserError as e:
+        if getattr(args, "debug", False):
+            raise
+        print(f"tensile {args.command}: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        if getattr(args, "debug", False):
+            raise
+        from tensile_tf.runtime.interrupts import EXIT_INTERRUPTED
+
+        print(f"tensile {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as e:  # noqa: BLE001 - the last line of defence: one line, and how to see more
+        if getattr(args, "debug", False):
+            raise
+        print(f"tensile {args.command}: internal error: {type(e).__name__}: {e}\n"
+              f"  run it again with --debug for the traceback", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

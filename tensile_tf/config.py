@@ -195,14 +195,6 @@ class RunConfig(_Strict):
     def _pool_size(cls, v: Any) -> int:
         return _size(v, "pool")
 
-    @model_validator(mode="after")
-    def _unique_names(self) -> "RunConfig":
-        seen: set[str] = set()
-        for job in self.jobs:
-            if job.name in seen:
-                raise ValueError(f"job name {job.name!r} is used twice; job names must be unique")
-            seen.add(job.name)
-        return self
 
 
 # ----------------------------------------------------------- YAML locations
@@ -242,24 +234,52 @@ def _locate(marks: dict[tuple, yaml.Mark], loc: tuple) -> yaml.Mark | None:
     return marks.get(())
 
 
+def format_location(source: str, marks: dict | None, loc: tuple, message: str) -> str:
+    """``file:line:col: path: message`` for the key path ``loc``."""
+    mark = _locate(marks or {}, tuple(loc))
+    where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+    return f"{where}: {_format_loc(tuple(loc))}: {message}"
+
+
+_YAML_BOOLEANS = "yes/no, on/off and true/false"
+
+
+def _error_message(err: dict[str, Any]) -> str:
+    """pydantic's message for one error, with what to do."""
+    kind, given = err["type"], err.get("input")
+    msg = err["msg"].removeprefix("Value error, ")
+    if kind == "extra_forbidden":
+        return "unknown key; check its spelling and indentation"
+    if kind == "missing":
+        return "required key is missing; add it"
+    if kind == "string_type" and isinstance(given, bool):
+        return f"expected text, but YAML read {given!r} as a boolean ({_YAML_BOOLEANS} are booleans); quote it"
+    if kind in ("int_type", "float_type") and isinstance(given, str):
+        return f"expected a number, got the text {given!r}; write it without quotes"
+    if kind == "int_type" and isinstance(given, float):
+        return f"expected a whole number, got {given!r}; write it without a decimal point"
+    if kind == "bool_type":
+        return f"expected true or false, got {given!r}"
+    if kind == "enum":
+        return msg.replace("Input should be", "expected")
+    if kind.endswith("_type") or kind in ("greater_than", "greater_than_equal", "less_than_equal", "string_too_short",
+                                          "string_pattern_mismatch", "too_short"):
+        return msg.replace("Input should be", "expected") + f" (got {given!r})"
+    return msg
+
+
 def config_from_data(data: Any, *, source: str = "<config>", marks: dict | None = None) -> RunConfig:
     """Validates already-parsed YAML/JSON data."""
+    if data is None:
+        raise ConfigError(f"{source}: the file is empty; a config needs `pool:` and `jobs:` "
+                          "(see configs/quickstart.yaml)")
     if not isinstance(data, dict):
-        raise ConfigError(f"{source}: the top level must be a mapping with 'pool' and 'jobs'")
+        raise ConfigError(f"{source}:1:1: the top level must be a mapping with `pool:` and `jobs:`, "
+                          f"not a {type(data).__name__} (see configs/quickstart.yaml)")
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
-        lines = []
-        for err in e.errors():
-            loc = _clean_loc(err["loc"])
-            mark = _locate(marks or {}, loc)
-            where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
-            msg = err["msg"].removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
-                msg = "unknown key; check its spelling and indentation"
-            elif err["type"] == "missing":
-                msg = "required key is missing"
-            lines.append(f"{where}: {_format_loc(loc)}: {msg}")
+        lines = [format_location(source, marks, _clean_loc(err["loc"]), _error_message(err)) for err in e.errors()]
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from None
 
 
@@ -268,17 +288,53 @@ def read_yaml(path: str | Path) -> tuple[Any, dict[tuple, yaml.Mark]]:
     ConfigError when it cannot be read or parsed."""
     path = Path(path)
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a folder; name the YAML file") from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read the configuration ({e.strerror})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise ConfigError(f"{path}:{line}:{column}: the file is not UTF-8 text (byte 0x{raw[e.start]:02x}); "
+                          "save it as UTF-8") from None
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        raise ConfigError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
+        problem = getattr(e, "problem", None) or str(e)
+        hint = "; YAML indents with spaces, never tabs" if "'\\t'" in problem or "tab" in problem else \
+            "; check the indentation and the brackets or quotes on this line"
+        raise ConfigError(f"{where}: not valid YAML: {problem}{hint}") from None
+    duplicates = _duplicate_keys(node) if node is not None else []
+    if duplicates:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(
+            f"{path}:{mark.line + 1}:{mark.column + 1}: {_format_loc(loc)}: the key appears twice in one mapping "
+            f"(first on line {first.line + 1}); YAML would keep only the last: remove one"
+            for loc, mark, first in duplicates))
     return data, (_mark_map(node) if node is not None else {})
+
+
+def _duplicate_keys(node: yaml.Node, path: tuple = ()) -> list[tuple[tuple, yaml.Mark, yaml.Mark]]:
+    """(path, where, where first) of every key given twice in one mapping."""
+    found = []
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[Any, yaml.Mark] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value
+            if key in seen:
+                found.append((path + (key,), key_node.start_mark, seen[key]))
+            else:
+                seen[key] = key_node.start_mark
+            found += _duplicate_keys(value_node, path + (key,))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            found += _duplicate_keys(item, path + (i,))
+    return found
 
 
 def load_config(path: str | Path) -> RunConfig:

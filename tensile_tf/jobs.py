@@ -24,6 +24,11 @@ class JobBuildError(RuntimeError):
     """A job's model, data or train step could not be built."""
 
 
+class JobDoesNotFit(JobBuildError):
+    """A job's data can never fit (the machine's memory): the job is
+    rejected, with the numbers and the YAML key to change."""
+
+
 @dataclass
 class TrainStep:
     """One job's training step and its inputs.
@@ -156,10 +161,20 @@ def _make_loss(spec: JobSpec):
 
 
 def synthetic_batches(spec: JobSpec, input_shape: Sequence[int], classes: int) -> list[tuple]:
-    """spec.data.num_batches fixed random (x, y) batches, reproducible from the seed."""
+    """spec.data.num_batches fixed random (x, y) batches, reproducible from the seed.
+
+    Each batch is made in host memory, then copied into the pool, one at a
+    time; before each, the machine's free memory is checked, so a batch
+    larger than the machine rejects the job instead of the kernel killing
+    the process (tensile_tf.validation.host_batch_problem)."""
+    from tensile_tf.validation import host_batch_problem
+
     rng = np.random.default_rng(spec.seed)
     out = []
     for _ in range(spec.data.num_batches):
+        problem = host_batch_problem(spec, tuple(input_shape))
+        if problem is not None:
+            raise JobDoesNotFit(f"job {spec.name!r}: `batch_size:` {problem.message()}")
         x = rng.standard_normal((spec.batch_size, *input_shape), dtype=np.float32)
         y = rng.integers(0, classes, spec.batch_size).astype(np.int32)
         out.append((tf.constant(x), tf.constant(y)))

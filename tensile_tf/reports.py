@@ -110,10 +110,23 @@ def format_plan_summary(plan) -> str:
     return "\n".join(rows)
 
 
+def write_failure_tracebacks(result: RunResult, out: Path) -> None:
+    """Each failed job's whole traceback into ``failures/JOB.txt``; the job's
+    ``traceback_path`` (relative to results.json) points at it."""
+    for state in result.jobs:
+        if state.traceback:
+            path = out / "failures" / f"{state.name}.txt"
+            path.parent.mkdir(exist_ok=True)
+            path.write_text(f"job {state.name!r} {state.status.value}: {state.error}\n\n{state.traceback}")
+            state.traceback_path = str(path.relative_to(out))
+
+
 def write_outputs(result: RunResult, out_dir: str | Path) -> dict[str, Path]:
-    """Writes results.json, trace.json and memory.png into out_dir."""
+    """Writes results.json, trace.json and memory.png (and failed jobs'
+    tracebacks, failures/) into out_dir."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    write_failure_tracebacks(result, out)
     paths = {"results": out / "results.json", "trace": out / "trace.json", "memory": out / "memory.png"}
     paths["results"].write_text(json.dumps(result.results_document(), indent=2))
     paths["trace"].write_text(json.dumps(chrome_trace(result)))

@@ -78,3 +78,29 @@ def regression_dataset(batch_size=32, seed=0, **_):
     x = rng.standard_normal((batch_size * 8, 32)).astype("float32")
     y = rng.integers(0, 10, batch_size * 8).astype("int32")
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size)
+
+
+def signals_progress(marker, mark_at_step=3, batch_size=32, width=64, seed=0, **_):
+    """A small regression step whose batch source creates the file ``marker``
+    when step ``mark_at_step`` asks for its batch: a test waits for that file
+    (what the job did, not a sleep) before it signals the process."""
+    from pathlib import Path
+
+    rng = np.random.default_rng(seed)
+    w = tf.Variable(rng.standard_normal((32, width)).astype("float32") * 0.05)
+    x = tf.constant(rng.standard_normal((batch_size, 32)).astype("float32"))
+    calls = {"n": 0}
+
+    def batches():
+        calls["n"] += 1
+        if calls["n"] == mark_at_step + 1:
+            Path(marker).touch()
+        return (x,)
+
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.nn.relu(x @ w) ** 2)
+        w.assign_sub(0.01 * tape.gradient(loss, w))
+        return loss
+
+    return TrainStep(step_fn=step, batches=batches, variables=[w])

@@ -13,6 +13,10 @@ Files in the order a run goes through them:
 
 Importing it loads TensorFlow and the plugin (``tensile_tf.memory``).
 """
+import tf_plugin
+
+tf_plugin.load()  # before any module here imports TensorFlow itself: the pool must be its allocator
+
 from tensile_tf.runtime.admission import POOL_HEADROOM, AdmissionControl, salus_safety_condition
 from tensile_tf.runtime.failures import NonFiniteLoss, summarize_error
 from tensile_tf.runtime.job_thread import variables_digest

@@ -3,6 +3,7 @@ kept for the output directory. A failure is always the job's own: the host
 catches it at the job's boundary and the other jobs go on."""
 from __future__ import annotations
 
+import re
 import traceback
 
 from tensile_tf.runtime.records import JobState, JobStatus
@@ -40,13 +41,37 @@ def summarize_error(error: BaseException | str, limit: int = 2000) -> str:
     return summary[:limit] or fallback
 
 
+# What the C++ pool's OOM message suggests (tf_plugin/allocator/stream_aware_pool.cc,
+# OomMessage): written for the library's users; a YAML user gets config keys instead.
+_POOL_OOM_REMEDY = re.compile(r"; raise the pool capacity \(TENSILE_POOL_BYTES.*?\(swapping / recomputation\)")
+
+
+def oom_remedy(state: JobState) -> str:
+    """What a YAML user can change when the job ran out of pool memory, with
+    the plan's own prediction when the job ran planned."""
+    spec = state.job.spec
+    batch = f" (now {spec.batch_size})" if spec is not None else ""
+    if state.plan is not None:
+        from tensile_tf.units import human_bytes
+
+        return (f"raise `pool:` or lower this job's `batch_size:`{batch}; its plan predicted a peak of "
+                f"{human_bytes(state.plan.predicted_planned_peak_bytes)} for a budget of "
+                f"{human_bytes(state.plan.budget_bytes)} (lower `run.plan_budget:` to plan with more room)")
+    return f"raise `pool:`, lower this job's `batch_size:`{batch}, or set `run.planner: tensile` to plan swaps"
+
+
 def record_failure(state: JobState, error: BaseException, at_s: float,
                    status: JobStatus = JobStatus.failed) -> None:
     """Marks the job failed (or rejected) with ``error``'s summary and traceback."""
     state.status = status
     state.error_type = type(error).__name__
     state.error = summarize_error(error)
-    state.traceback = "".join(traceback.format_exception(type(error), error, error.__traceback__))[-8000:]
+    if state.error_type == "ResourceExhaustedError":
+        remedy = oom_remedy(state)
+        state.error, n = _POOL_OOM_REMEDY.subn("; " + remedy, state.error)
+        if not n:
+            state.error += f"; {remedy}"
+    state.traceback = "".join(traceback.format_exception(type(error), error, error.__traceback__))
     state.ended_at_s = at_s
 
 

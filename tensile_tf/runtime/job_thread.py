@@ -69,7 +69,9 @@ class JobThread:
 
     ``on_end(state)`` runs in the thread when the job ends (the pipeline
     releases its barriers there, at once); then the state goes on ``ended``,
-    where the host's run loop picks it up. Never raises.
+    where the host's run loop picks it up. Never raises. When ``stop`` is
+    set (the run is interrupted) the job ends, ``interrupted``, before its
+    next step.
     """
 
     def __init__(self, state: JobState, clock: RunClock, ended: "queue.Queue[JobState]", *,
@@ -99,6 +101,9 @@ class JobThread:
                 if offset > self.clock.now():  # the planner timed the job to start then (start_offset_s)
                     self.stop.wait(offset - self.clock.now())
                 while state.steps_done < state.job.steps:
+                    if self.stop.is_set():  # the run is being stopped: end at this step boundary
+                        status = JobStatus.interrupted
+                        break
                     first = state.steps_done == 0 and state.first_batch is not None
                     run_step(state, state.first_batch if first else state.train.next_batch(), self.clock)
                     if state.job.on_step is not None and state.job.on_step(state) is False:

@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 import tensorflow as tf
 
 import tf_plugin
+from tensile_tf.jobs import JobDoesNotFit
 from tensile_tf.memory import JobStream
 from tensile_tf.runtime.admission import AdmissionControl
 from tensile_tf.runtime.failures import record_failure
@@ -85,6 +86,9 @@ class JobLifecycle:
                 state.status = JobStatus.queued  # others hold memory: try again later
             else:
                 self.fail(state, e, status=JobStatus.rejected)
+            failed = True
+        except JobDoesNotFit as e:  # its data can never fit the machine
+            self.fail(state, e, status=JobStatus.rejected)
             failed = True
         except Exception as e:  # noqa: BLE001 - a bad job must not stop the host
             self.fail(state, e)

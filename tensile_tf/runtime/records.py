@@ -39,9 +39,11 @@ class JobStatus(str, Enum):
     stopped = "stopped"      # ended early by its on_step callback (e.g. pruned)
     failed = "failed"
     rejected = "rejected"    # can never fit the pool
+    interrupted = "interrupted"  # the run was stopped (Ctrl-C, SIGTERM) before the job finished
 
 
-FINAL_STATUSES = frozenset({JobStatus.finished, JobStatus.stopped, JobStatus.failed, JobStatus.rejected})
+FINAL_STATUSES = frozenset({JobStatus.finished, JobStatus.stopped, JobStatus.failed, JobStatus.rejected,
+                            JobStatus.interrupted})
 
 
 def finite_or_none(x: float | None) -> float | None:
@@ -298,6 +300,7 @@ class RunResult:
     trace_origin_ns: int                # steady-clock ns at the run's start (pool event times)
     trace: TraceCoverage
     most_jobs_running: int = 0          # the most jobs admission let train at once
+    interrupted: str | None = None      # why the run was stopped early (a signal), None if it ran to its end
     planner: PlannerRecord | None = None
     plans: list[Any] = field(default_factory=list, repr=False)   # every scheduler.Plan made, in order
 
@@ -305,10 +308,20 @@ class RunResult:
     def failed_jobs(self) -> list[JobState]:
         return [s for s in self.jobs if s.status in (JobStatus.failed, JobStatus.rejected)]
 
+    @property
+    def status(self) -> str:
+        """finished (every job finished), interrupted, or failed (a job
+        failed, was rejected or stopped)."""
+        if self.interrupted is not None:
+            return "interrupted"
+        return "finished" if all(s.status == JobStatus.finished for s in self.jobs) else "failed"
+
     def results_document(self) -> dict[str, Any]:
         trace = asdict(self.trace) | {"events_dropped": self.trace.events_dropped}
         return {
             "schema_version": SCHEMA_VERSION,
+            "status": self.status,
+            "interrupted": self.interrupted,
             "pool": asdict(self.pool),
             "wall_s": self.wall_s,
             "most_jobs_running": self.most_jobs_running,

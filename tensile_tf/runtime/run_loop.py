@@ -16,6 +16,12 @@ The run, in order (the main thread does every step but the training loops):
    back to zero) and admits waiting jobs, until none runs or waits.
 7. The records (records.py) are the RunResult.
 
+Stopping early: ``request_stop(reason)`` (the CLI calls it on Ctrl-C or
+SIGTERM; safe from a signal handler) admits and probes nothing more; every
+running job ends ``interrupted`` at its next step boundary and is torn down
+as usual, jobs not started yet end ``interrupted`` too, and the RunResult
+(``interrupted`` = the reason) holds everything that ran.
+
 Failure isolation: an exception in one job (OOM included) marks that job
 failed with its error; the others go on.
 """
@@ -101,6 +107,8 @@ class JobHost:
         self.lifecycle = JobLifecycle(self.states, self.clock, self.admission, self._held_outside_jobs,
                                       pipeline=self.pipeline, planning=self.planning)
         self._ended: queue.Queue[JobState] = queue.Queue()
+        self._stop = threading.Event()
+        self._stop_reason: str | None = None
         self._threads: dict[str, JobThread] = {}
         self._most_running = 0
 
@@ -120,6 +128,17 @@ class JobHost:
     @property
     def plans(self) -> list:
         return self.planning.plans if self.planning is not None else []
+
+    def request_stop(self, reason: str) -> None:
+        """Stops the run at the jobs' next step boundaries (see the module
+        docstring). Only sets a flag: safe from a signal handler."""
+        if self._stop_reason is None:
+            self._stop_reason = reason
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
 
     def submit(self, job: Job) -> JobState:
         if any(s.name == job.name for s in self.states):
@@ -163,10 +182,14 @@ class JobHost:
             for state in admitted:
                 self._start(state)
             while True:
-                self._pull_jobs(job_source, waiting)
+                if self.stopping:
+                    if not self._threads:
+                        break  # every running job has ended at a step boundary
+                else:
+                    self._pull_jobs(job_source, waiting)
                 if not (self._threads or waiting):
                     break
-                if not self._threads:
+                if not self._threads and not self.stopping:
                     self._admit_waiting(waiting)
                     if not self._threads:
                         break  # what waits cannot run even alone
@@ -181,14 +204,25 @@ class JobHost:
                 self.lifecycle.teardown(ended)
                 self._report(ended)
                 self._notify_end(ended)
-                self._admit_waiting(waiting)
+                if not self.stopping:
+                    self._admit_waiting(waiting)
         finally:
             stop_sampling.set()
             sampler.join()
-        for state in waiting:  # could not be admitted even when alone
-            state.status = JobStatus.rejected
+        for state in waiting:
+            if self.stopping:
+                continue  # ended below, as never started
+            state.status = JobStatus.rejected  # could not be admitted even when alone
             state.error = state.error or "never fit the pool"
             self._notify_end(state)
+        if self.stopping:
+            for state in self.states:  # pending, or probed and kept waiting: never started
+                if state.status in (JobStatus.pending, JobStatus.queued):
+                    state.status = JobStatus.interrupted
+                    state.error = state.error or f"not started: {self._stop_reason}"
+                    if state.train is not None or state.job_stream is not None:
+                        self.lifecycle.teardown(state)
+                    self._notify_end(state)
         return self._result(started_at, origin_ns, before, start_peak, samples)
 
     def _probe_start(self, waiting: deque) -> list[JobState]:
@@ -198,6 +232,8 @@ class JobHost:
         admitted: list[JobState] = []
         hold = self.planning is not None
         for state in self.states:
+            if self.stopping:
+                break
             outcome = self.lifecycle.probe(state, admitted, hold=hold)
             if outcome == ProbeOutcome.run:
                 admitted.append(state)
@@ -205,9 +241,9 @@ class JobHost:
                 waiting.append(state)
             self._report(state)
             self._notify_end(state)
-        if hold:
+        if hold and not self.stopping:
             admitted = self._plan_start(waiting)
-        return admitted
+        return [] if self.stopping else admitted
 
     def _plan_start(self, waiting: deque) -> list[JobState]:
         """Plans the built, probed jobs together; admits those that fit with
@@ -296,7 +332,8 @@ class JobHost:
         if self.pipeline is not None:
             self.pipeline.job_started(state.name, state.stream, state.persistent_bytes, state.temporary_bytes)
         on_end = (lambda s: self.pipeline.job_ended(s.name, s.stream)) if self.pipeline is not None else None
-        thread = JobThread(state, self.clock, self._ended, record_weights=self.record_weights, on_end=on_end)
+        thread = JobThread(state, self.clock, self._ended, record_weights=self.record_weights, on_end=on_end,
+                           stop=self._stop)
         self._threads[state.name] = thread
         # Jobs whose threads the host holds at once (an ended job counts until
         # the run loop joins it): what admission let run together.
@@ -372,5 +409,6 @@ class JobHost:
                                     SwapLinkRecord.of(self.swap_bandwidth, swap.swap_stats()))
         return RunResult(capacity=self.capacity, pool=pool_record, jobs=list(self.states), samples=samples,
                          pool_events=kept, started_at=started_at, wall_s=wall, trace_origin_ns=origin_ns,
-                         trace=coverage, most_jobs_running=self._most_running, planner=planner,
+                         trace=coverage, most_jobs_running=self._most_running,
+                         interrupted=self._stop_reason if self.stopping else None, planner=planner,
                          plans=list(self.plans))

@@ -139,18 +139,30 @@ def _final_table(study, metric: str, console) -> None:
         console.print("[red]no trial completed[/red]: see the errors above")
 
 
+def study_has_best(study) -> bool:
+    from tensile_tf.search.results import best_trial
+
+    return best_trial(study) is not None
+
+
 def cmd_search(args) -> int:
-    from tensile_tf.config import ConfigError
+    from tensile_tf.cli import UserError, _install, check_output_dir
+    from tensile_tf.config import ConfigError, read_yaml
     from tensile_tf.search.config import load_search_config
+    from tensile_tf.validation import raise_problems, reference_problems
 
     try:
         cfg = load_search_config(args.config)
     except ConfigError as e:
-        print(e, file=sys.stderr)
-        return 2
-    import tensile_tf
-
-    tensile_tf.install(cfg.pool)  # the pool before any TensorFlow op
+        raise UserError(str(e)) from None
+    out_dir = check_output_dir(Path(args.out) if args.out else Path(cfg.run.out_dir),
+                               "--out" if args.out else "run.out_dir")
+    _install(cfg.pool)  # the pool before any TensorFlow op
+    try:  # what the trials' jobs refer to resolves (tensile_tf.validation), before any trial runs
+        raise_problems(reference_problems(cfg.search.base_job, ("search", "base_job")),
+                       source=args.config, marks=read_yaml(args.config)[1])
+    except ConfigError as e:
+        raise UserError(str(e)) from None
     import optuna
     from rich.console import Console
 
@@ -161,9 +173,9 @@ def cmd_search(args) -> int:
     from tensile_tf.search.samplers import make_pruner, make_sampler
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # our progress says what its INFO lines say
+    from tensile_tf.runtime.interrupts import EXIT_INTERRUPTED, StopOnSignals
+
     search = cfg.search
-    out_dir = Path(args.out or cfg.run.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     shared = args.storage is not None
     storage_url = args.storage or st.default_storage_url(out_dir)
     worker = f"{st.this_worker()['host']}:{st.this_worker()['pid']}" if shared else None
@@ -180,8 +192,7 @@ def cmd_search(args) -> int:
             pruner=make_pruner(search.pruning), fingerprint=fingerprint,
             must_exist=True if args.resume else (None if shared else False))
     except st.SearchStorageError as e:
-        print(f"tensile search: {e}", file=sys.stderr)
-        return 2
+        raise UserError(str(e)) from None
 
     console = Console(width=max(Console().width, 120))
     n_trials = search.total_trials
@@ -198,7 +209,8 @@ def cmd_search(args) -> int:
             max_concurrent=search.max_concurrent, on_event=progress.on_event,
             grace_s=args.grace or st.DEFAULT_GRACE_S, exclusive_storage=not shared,
             log=lambda m: progress.progress.console.print(m, highlight=False))
-        result = driver.run()
+        with StopOnSignals(host.request_stop, say=lambda line: console.print(f"[yellow]{line}[/yellow]")):
+            result = driver.run()
     if result.requeued:
         console.print(f"re-queued interrupted trials: {', '.join(map(str, result.requeued))}")
     results = results_dict(study, storage_url=storage_url, metric=search.objective.metric.value,
@@ -206,7 +218,18 @@ def cmd_search(args) -> int:
     _final_table(study, search.objective.metric.value, console)
     paths = write_search_outputs(results, out_dir)
     console.print(f"wrote {paths['results']}, {paths['objective']}, {paths['params']}", highlight=False)
-    return 0 if results["best"] is not None else 1
+    if result.host_result is not None and result.host_result.interrupted is not None:
+        console.print(f"[yellow]interrupted[/yellow] ({result.host_result.interrupted}): the running trials are "
+                      f"re-queued; continue with `tensile search {args.config} --out {out_dir} --resume`",
+                      highlight=False)
+        return EXIT_INTERRUPTED
+    failed = [r.number for r in result.trials if r.told is not None and r.told.name == "FAIL"
+              and r.number not in result.requeued]
+    if failed:
+        console.print(f"[red]{len(failed)} trial(s) failed[/red]: {', '.join(map(str, failed))} "
+                      "(their errors are in the table above and in results.json)", highlight=False)
+        return 1
+    return 0 if study_has_best(study) else 1
 
 
 def main(argv: list[str] | None = None) -> int:

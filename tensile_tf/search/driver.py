@@ -59,7 +59,7 @@ from tensile_tf.search.results import TrialFacts
 MAX_OOM_RETRIES = 2
 OOM_RETRIES_ATTR = "tensile_oom_retries"
 
-_ENDED = (JobStatus.finished, JobStatus.stopped, JobStatus.failed, JobStatus.rejected)
+_ENDED = (JobStatus.finished, JobStatus.stopped, JobStatus.failed, JobStatus.rejected, JobStatus.interrupted)
 _PARAM = TypeAdapter(ParamSpec)
 
 
@@ -352,6 +352,11 @@ class SearchDriver:
                 self._tell(run, TrialState.FAIL, facts=facts)
         elif state.status == JobStatus.stopped:
             self._tell(run, TrialState.PRUNED, facts=facts)
+        elif state.status == JobStatus.interrupted:
+            # The run was stopped (Ctrl-C, SIGTERM): nothing about the params;
+            # failed as interrupted and re-queued, so --resume runs it again.
+            reason = f"this worker was {state.error or 'interrupted'}"
+            self._tell(run, TrialState.FAIL, facts=facts, interrupted=reason)
         elif self._packing_oom(run, state):
             retries = run.trial.user_attrs.get(OOM_RETRIES_ATTR, 0) + 1
             reason = (f"ran out of pool memory beside other trials (packing, not its params); "

@@ -50,7 +50,7 @@ def test_run_writes_results_trace_and_memory_picture(tmp_path):
     # A pool event ring far smaller than the run's events: results.json and the
     # console say what was dropped and how to keep it (Note [Trace coverage]).
     proc = tensile("run", str(cfg), "--out", str(out), env={"TENSILE_POOL_TRACE_EVENTS": "2000"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 1, proc.stderr[-3000:]   # flaky failed: not every job finished
     results = json.loads((out / "results.json").read_text())
     assert results["schema_version"] == 3
     cov = results["trace"]
@@ -82,27 +82,6 @@ def test_run_writes_results_trace_and_memory_picture(tmp_path):
     assert "cnn" in proc.stdout and "finished" in proc.stdout  # the summary table
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("pool: 1GiB\njobs: []\n", "config.yaml:2:1: jobs: List should have at least 1 item"),
-    ("pool: lots\njobs:\n  - {name: a, model: {application: ResNet50}, input_shape: [32,32,3], steps: 1}\n",
-     "config.yaml:1:1: pool: pool: cannot read 'lots' as a byte size"),
-    ("pool: 1GiB\njobs:\n  - name: a\n    model: {application: ResNet50}\n    input_shape: [32, 32, 3]\n"
-     "    steps: 1\n    batchsize: 3\n", "config.yaml:7:5: jobs[0].batchsize: unknown key"),
-    ("pool: 1GiB\njobs:\n  - name: a\n    model: {builder: x}\n    steps: 1\n",
-     "config.yaml:4:5: jobs[0].model: builder must look like 'package.module:function'"),
-    ("pool: 1GiB\njobs:\n  - name: a\n    model: {builder: 'm:f'}\n",
-     "config.yaml:3:5: jobs[0]: give 'steps', or 'epochs' with 'steps_per_epoch'"),
-    ("pool: 1GiB\njobs:\n  - {name: a, model: {builder: 'm:f'}, steps: 1}\n  - {name: a, model: {builder: 'm:f'}, steps: 1}\n",
-     "job name 'a' is used twice"),
-    ("pool: [1GiB\n", "config.yaml:2:1: not valid YAML"),
-])
-def test_validate_points_at_the_problem(tmp_path, text, expected):
-    cfg = write(tmp_path, text)
-    proc = tensile("validate", str(cfg), timeout=120)
-    assert proc.returncode == 2
-    assert expected in proc.stderr, proc.stderr
-
-
 def test_validate_accepts_the_shipped_examples():
     for name in ("quickstart.yaml", "large_models.yaml"):
         proc = tensile("validate", f"configs/{name}", timeout=120)
@@ -110,15 +89,20 @@ def test_validate_accepts_the_shipped_examples():
         assert "valid" in proc.stdout
 
 
-def test_bad_builder_fails_only_that_job(tmp_path):
-    cfg = write(tmp_path, SMALL_CONFIG.replace("tests.job_factories:dense_regression", "tests.job_factories:nope"))
+def test_builder_that_raises_fails_only_that_job_and_keeps_its_traceback(tmp_path):
+    cfg = write(tmp_path, SMALL_CONFIG.replace(
+        'train_step_factory: "tests.job_factories:dense_regression", args: {fail_at_step: 3}',
+        'builder: "tests.fixture_modules.builders:raises_when_built"'))
     out = tmp_path / "out"
     proc = tensile("run", str(cfg), "--out", str(out))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 1, proc.stderr[-3000:]   # a job failed
+    assert "1 of 3 jobs did not finish" in proc.stdout and "flaky (failed)" in proc.stdout
     jobs = {j["name"]: j for j in json.loads((out / "results.json").read_text())["jobs"]}
     assert jobs["flaky"]["status"] == "failed"
-    assert "has no function 'nope'" in jobs["flaky"]["error"]
-    assert jobs["cnn"]["status"] == "finished"
+    assert "the builder failed on purpose" in jobs["flaky"]["error"]
+    assert jobs["cnn"]["status"] == jobs["mlp"]["status"] == "finished"
+    kept = (out / jobs["flaky"]["traceback_path"]).read_text()   # the whole traceback, from results.json
+    assert "Traceback (most recent call last)" in kept and "raises_when_built" in kept
 
 
 TWO_JOBS = SMALL_CONFIG.split("  - name: flaky")[0]
@@ -153,6 +137,6 @@ def test_plan_json_is_the_plan_that_runs(tmp_path):
     other = write(tmp_path, TWO_JOBS.replace("batch_size: 16", "batch_size: 8"), name="other.yaml")
     proc = tensile("run", str(other), "--out", str(tmp_path / "other"), "--plan", str(out / "plan.json"))
     assert proc.returncode == 2, proc.stdout[-3000:]
-    assert "refusing the plan" in proc.stdout and "job 'cnn': the plan was made for a graph of" in proc.stdout
-    assert "tensile plan CONFIG" in proc.stdout
+    assert "refusing the plan" in proc.stderr and "job 'cnn': the plan was made for a graph of" in proc.stderr
+    assert "tensile plan CONFIG" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "other" / "results.json").exists()

@@ -1,0 +1,1 @@
+"""Modules that configs in tests refer to (never collected as tests)."""
