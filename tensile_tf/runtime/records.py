@@ -212,6 +212,7 @@ class PoolRecord:
     peak: int
     training_peak: int
     current: int
+    start_current: int               # bytes the pool held when the run started (the baseline)
     run_ooms: int
     stats: dict[str, Any]                # pool_stats() at the end, without "jobs" (C++ vocabulary)
     nodegroup: dict[str, Any] | None = None   # NodeGroupCoordinator.summary()

@@ -398,7 +398,7 @@ class JobHost:
                                  samples=len(samples))
         pool_record = PoolRecord(
             capacity=self.capacity, peak=max(stats["peak"], start_peak), training_peak=stats["peak"],
-            current=stats["current"], run_ooms=stats["num_ooms"] - before["num_ooms"],
+            current=stats["current"], start_current=before["current"], run_ooms=stats["num_ooms"] - before["num_ooms"],
             stats={k: v for k, v in stats.items() if k != "jobs"},
             nodegroup=self.pipeline.summary() if self.pipeline is not None else None)
         planner = None

@@ -1,0 +1,163 @@
+"""Nothing is lost: Ctrl-C or SIGTERM mid-run and mid-search, and faults
+beside healthy jobs (issue: bad input and interrupts).
+
+A test signals the process only after a job has reached a known step: the
+job's batch source creates a marker file then (tests.job_factories:
+signals_progress); the test polls for that file with a deadline."""
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+from tests.e2e.test_cli import tensile, write
+
+INTERRUPTIBLE = """
+pool: 256MiB
+run: {{concurrency: 1}}
+jobs:
+  - name: long
+    model: {{train_step_factory: "tests.job_factories:signals_progress", args: {{marker: "{marker}", mark_at_step: 5}}}}
+    steps: 100000000
+  - name: waiting
+    model: {{builder: "tensile_tf.zoo:mlp", args: {{hidden: [64]}}}}
+    input_shape: [32]
+    batch_size: 16
+    steps: 20
+"""
+
+
+def _wait_for(path, proc, what: str, deadline_s: float = 240) -> None:
+    deadline = time.monotonic() + deadline_s
+    while not path.exists():
+        assert proc.poll() is None, f"the process ended before {what}:\n{proc.communicate()[0][-4000:]}"
+        assert time.monotonic() < deadline, f"no {what} within {deadline_s} s"
+        time.sleep(0.05)
+
+
+def _popen(*args):
+    env = {"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"}
+    import os
+
+    env = {**{k: v for k, v in os.environ.items() if k != "TENSILE_POOL_BYTES"}, **env}
+    return subprocess.Popen([sys.executable, "-m", "tensile_tf", *args], cwd=REPO_ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_mid_run_stops_at_a_step_boundary_and_keeps_the_results(tmp_path, sig):
+    marker = tmp_path / "reached-step-5"
+    cfg = write(tmp_path, INTERRUPTIBLE.format(marker=marker))
+    out = tmp_path / "out"
+    proc = _popen("run", str(cfg), "--out", str(out))
+    try:
+        _wait_for(marker, proc, "step 5 of the long job")
+        proc.send_signal(sig)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, output[-4000:]
+    assert "Traceback" not in output
+    assert f"{sig.name}: stopping every job at its next step boundary" in output
+    results = json.loads((out / "results.json").read_text())
+    assert results["status"] == "interrupted" and results["interrupted"] == f"stopped by {sig.name}"
+    jobs = {j["name"]: j for j in results["jobs"]}
+    assert jobs["long"]["status"] == "interrupted" and 5 <= jobs["long"]["steps"] < 100000000
+    assert len(jobs["long"]["losses"]) == jobs["long"]["steps"]        # every step it ran is recorded
+    assert jobs["waiting"]["status"] == "interrupted" and jobs["waiting"]["steps"] == 1  # probed, never admitted
+    assert all(j["leaked_bytes"] == 0 for j in jobs.values())
+    assert results["pool"]["current"] == results["pool"]["start_current"]
+    trace = json.loads((out / "trace.json").read_text())
+    assert any(e.get("name") == "pool bytes by job" for e in trace["traceEvents"])
+    assert (out / "memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+SEARCH = """
+pool: 512MiB
+run: {{admission: none}}
+search:
+  study_name: interrupted
+  sampler: grid
+  max_concurrent: 2
+  objective: {{metric: final_loss, direction: minimize}}
+  base_job:
+    name: t
+    model: {{train_step_factory: "tests.job_factories:signals_progress", args: {{marker: "{marker}", mark_at_step: 5}}}}
+    steps: 20000
+  space:
+    model.args.width: {{type: categorical, choices: [16, 32, 48]}}
+"""
+
+
+def test_sigint_mid_search_requeues_running_trials_and_resumes(tmp_path):
+    marker = tmp_path / "reached-step-5"
+    cfg = write(tmp_path, SEARCH.format(marker=marker))
+    out = tmp_path / "out"
+    proc = _popen("search", str(cfg), "--out", str(out))
+    try:
+        _wait_for(marker, proc, "step 5 of a trial")
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, output[-4000:]
+    assert "Traceback" not in output and "--resume" in output
+    results = json.loads((out / "results.json").read_text())
+    interrupted = [t for t in results["trials"] if t["interrupted"]]
+    assert interrupted, results["trials"]
+    for t in interrupted:
+        assert t["state"] == "FAIL" and t["job"]["status"] == "interrupted" and t["job"]["steps"] < 20000
+    resumed = tensile("search", str(cfg), "--out", str(out), "--resume", timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-4000:] + resumed.stderr[-2000:]
+    results = json.loads((out / "results.json").read_text())
+    complete = [t for t in results["trials"] if t["state"] == "COMPLETE"]
+    assert sorted(t["params"]["model.args.width"] for t in complete) == [16, 32, 48]   # every grid point once
+    assert all(t["job"]["steps"] == 20000 for t in complete)
+    for t in interrupted:  # each interrupted trial was run again with its params
+        assert [r["params"] for r in results["trials"] if r["retry_of"] == t["number"]] == [t["params"]]
+
+
+FAULTS = """
+pool: 192MiB
+run: {pipeline: nodegroup, split_size: 1MiB, admission: none}
+jobs:
+  - name: healthy
+    model: {builder: "tensile_tf.zoo:small_cnn", args: {filters: [8, 16]}}
+    input_shape: [16, 16, 3]
+    batch_size: 16
+    steps: 8
+    seed: 1
+  - name: raises
+    model: {train_step_factory: "tests.job_factories:dense_regression", args: {fail_at_step: 3}}
+    steps: 8
+  - name: nan
+    model: {train_step_factory: "tests.job_factories:dense_regression", args: {nan_at_step: 2}}
+    steps: 8
+  - name: oom
+    model: {train_step_factory: "tests.job_factories:growing_batch", args: {grow_at_step: 3, big: 65536}}
+    steps: 8
+"""
+
+
+def test_faults_beside_healthy_jobs_with_node_groups_on(tmp_path):
+    cfg = write(tmp_path, FAULTS)
+    out = tmp_path / "out"
+    proc = tensile("run", str(cfg), "--out", str(out), timeout=600)
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "3 of 4 jobs did not finish" in proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr
+    results = json.loads((out / "results.json").read_text())
+    jobs = {j["name"]: j for j in results["jobs"]}
+    assert jobs["healthy"]["status"] == "finished" and jobs["healthy"]["steps"] == 8
+    assert jobs["raises"]["status"] == "failed" and "injected failure" in jobs["raises"]["error"]
+    assert jobs["nan"]["status"] == "failed" and jobs["nan"]["error_type"] == "NonFiniteLoss"
+    assert jobs["oom"]["status"] == "failed" and jobs["oom"]["error_type"] == "ResourceExhaustedError"
+    assert "raise `pool:`" in jobs["oom"]["error"] and "TENSILE_POOL_BYTES" not in jobs["oom"]["error"]
+    for name in ("raises", "nan", "oom"):  # the evidence: each failure's whole traceback
+        assert "Traceback" in (out / jobs[name]["traceback_path"]).read_text()
+    assert all(j["leaked_bytes"] == 0 for j in jobs.values())
+    assert results["pool"]["current"] == results["pool"]["start_current"]   # back to its baseline
+    assert results["pool"]["nodegroup"]["schedules"], "the node-group pipeline paired the jobs"
