@@ -29,15 +29,13 @@ _MEMORY_NAMES = frozenset({"JobStream", "configure_pool", "pool_stats", "pool_tr
 def install(pool_bytes: int | str | None = None) -> None:
     """Loads TensorFlow and the plugin, making the device pool TensorFlow's
     CPU allocator; with ``pool_bytes`` ('2GiB' or bytes), sizes the pool
-    (else ``TENSILE_POOL_BYTES`` or the default) and creates TensorFlow's
-    devices on it at once, keeping the GPU probe's messages off the console
-    on a machine without a GPU. Call it before TensorFlow's first op.
-    Calling it again is harmless."""
+    (else ``TENSILE_POOL_BYTES`` or the default). Call it before TensorFlow's
+    first op; TensorFlow's own settings (threads, ...) can still be made
+    after it. Calling it again is harmless."""
     from tensile_tf import memory
 
     if pool_bytes is not None:
         memory.ensure_pool(pool_bytes)
-        memory.create_devices()
 
 
 def __getattr__(name: str) -> Any:

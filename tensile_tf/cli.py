@@ -62,10 +62,9 @@ def _install(pool: int | None) -> None:
 
     try:
         tensile_tf.install(pool)
-        if pool is None:
-            from tensile_tf.memory import create_devices
+        from tensile_tf.memory import create_devices
 
-            create_devices()
+        create_devices()   # now, with the GPU probe's messages kept off the console
     except PluginLoadError as e:
         raise UserError(str(e)) from None
 
@@ -90,8 +89,14 @@ def _cmd_validate(args) -> int:
     if _is_search_config(args.config):
         from tensile_tf.search.config import load_search_config
 
+        from tensile_tf.config import read_yaml
+        from tensile_tf.validation import raise_problems, reference_problems
+
         try:
             scfg = load_search_config(args.config)
+            _install(None)
+            raise_problems(reference_problems(scfg.search.base_job, ("search", "base_job")),
+                           source=args.config, marks=read_yaml(args.config)[1])
         except ConfigError as e:
             raise UserError(str(e)) from None
         s = scfg.search

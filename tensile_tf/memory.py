@@ -45,7 +45,8 @@ def ensure_pool(pool_bytes: int | str) -> None:
 def create_devices() -> None:
     """Makes TensorFlow create its devices now (on the pool, which must be
     configured), with its GPU probe's messages filtered
-    (tf_plugin._loader.gpu_probe_noise_filtered)."""
+    (tf_plugin._loader.gpu_probe_noise_filtered). The CLI calls it; after
+    it, TensorFlow's thread settings can no longer change."""
     from tf_plugin._loader import gpu_probe_noise_filtered
 
     with gpu_probe_noise_filtered():

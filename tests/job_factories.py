@@ -51,6 +51,17 @@ def activation_hog(batch_size=1024, width=4096, seed=0, **_):
     return TrainStep(step_fn=step, batches=[(x,)], variables=[w])
 
 
+def _relu_regression_step(w):
+    """One SGD step of mean(relu(x @ w) ** 2) on the single variable w."""
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.nn.relu(x @ w) ** 2)
+        w.assign_sub(0.01 * tape.gradient(loss, w))
+        return loss
+
+    return step
+
+
 def growing_batch(grow_at_step=3, small=64, big=16384, width=1024, seed=0, **_):
     """Batches become huge at `grow_at_step`: the step then runs out of pool
     memory mid-run (a realistic OOM: a longer sequence or a bigger batch)."""
@@ -63,13 +74,7 @@ def growing_batch(grow_at_step=3, small=64, big=16384, width=1024, seed=0, **_):
         calls["n"] += 1
         return (tf.random.stateless_normal((n, width), seed=[seed, calls["n"]]),)
 
-    def step(x):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.nn.relu(x @ w) ** 2)
-        w.assign_sub(0.01 * tape.gradient(loss, w))
-        return loss
-
-    return TrainStep(step_fn=step, batches=batches, variables=[w])
+    return TrainStep(step_fn=_relu_regression_step(w), batches=batches, variables=[w])
 
 
 def regression_dataset(batch_size=32, seed=0, **_):
@@ -97,10 +102,4 @@ def signals_progress(marker, mark_at_step=3, batch_size=32, width=64, seed=0, **
             Path(marker).touch()
         return (x,)
 
-    def step(x):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.nn.relu(x @ w) ** 2)
-        w.assign_sub(0.01 * tape.gradient(loss, w))
-        return loss
-
-    return TrainStep(step_fn=step, batches=batches, variables=[w])
+    return TrainStep(step_fn=_relu_regression_step(w), batches=batches, variables=[w])

@@ -208,7 +208,8 @@ def cmd_search(args) -> int:
             report_every=search.pruning.interval_steps if search.pruning.enabled else None,
             max_concurrent=search.max_concurrent, on_event=progress.on_event,
             grace_s=args.grace or st.DEFAULT_GRACE_S, exclusive_storage=not shared,
-            log=lambda m: progress.progress.console.print(m, highlight=False))
+            log=lambda m: progress.progress.console.print(m, highlight=False),
+            failures_dir=out_dir / "failures")
         with StopOnSignals(host.request_stop, say=lambda line: console.print(f"[yellow]{line}[/yellow]")):
             result = driver.run()
     if result.requeued:

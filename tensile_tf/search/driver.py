@@ -40,6 +40,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import optuna
@@ -190,7 +191,7 @@ class SearchDriver:
                  max_concurrent: int | None = None, grace_s: float = st.DEFAULT_GRACE_S,
                  heartbeat_s: float = st.HEARTBEAT_S, exclusive_storage: bool = False,
                  on_event: Callable[[str, "SearchDriver", TrialRun | None], None] | None = None,
-                 log: Callable[[str], None] | None = None):
+                 log: Callable[[str], None] | None = None, failures_dir: "Path | None" = None):
         if n_trials is not None and n_trials < 1:
             raise ValueError(f"n_trials must be at least 1 (got {n_trials})")
         if max_concurrent is not None and max_concurrent < 1:
@@ -210,6 +211,7 @@ class SearchDriver:
         self.grace_s = grace_s
         self.heartbeat_s = heartbeat_s
         self.exclusive_storage = exclusive_storage
+        self.failures_dir = failures_dir   # where a failed trial's whole traceback is kept (None: nowhere)
         self.on_event = on_event
         self._log_fn = log
         self.me = st.this_worker()
@@ -391,6 +393,14 @@ class SearchDriver:
         def at(t):
             return None if t is None else self._wall0 + t
 
+        if state.traceback and self.failures_dir is not None and state.traceback_path is None:
+            try:
+                self.failures_dir.mkdir(parents=True, exist_ok=True)
+                path = self.failures_dir / f"{state.name}.txt"
+                path.write_text(f"job {state.name!r} {state.status.value}: {state.error}\n\n{state.traceback}")
+                state.traceback_path = str(path.relative_to(self.failures_dir.parent))  # beside results.json
+            except OSError as e:
+                self._log(f"{state.name}: could not keep its traceback ({e})")
         return TrialFacts.of(JobRecord.of(state), started_at=at(state.admitted_at_s), ended_at=at(state.ended_at_s))
 
     def _tell(self, run: TrialRun, trial_state: TrialState, *, value: float | None = None,

@@ -5,6 +5,7 @@ A test signals the process only after a job has reached a known step: the
 job's batch source creates a marker file then (tests.job_factories:
 signals_progress); the test polls for that file with a deadline."""
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -38,13 +39,19 @@ def _wait_for(path, proc, what: str, deadline_s: float = 240) -> None:
         time.sleep(0.05)
 
 
-def _popen(*args):
-    env = {"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"}
-    import os
-
-    env = {**{k: v for k, v in os.environ.items() if k != "TENSILE_POOL_BYTES"}, **env}
-    return subprocess.Popen([sys.executable, "-m", "tensile_tf", *args], cwd=REPO_ROOT, env=env,
+def _signalled(marker, sig, *args) -> tuple[int, str]:
+    """Runs ``tensile ARGS``, sends ``sig`` once ``marker`` exists, and
+    returns the exit code and the output."""
+    env = {k: v for k, v in os.environ.items() if k != "TENSILE_POOL_BYTES"} | {"PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "tensile_tf", *args], cwd=REPO_ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for(marker, proc, f"{marker.name} (the job's progress)")
+        proc.send_signal(sig)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    return proc.returncode, output
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -52,14 +59,8 @@ def test_signal_mid_run_stops_at_a_step_boundary_and_keeps_the_results(tmp_path,
     marker = tmp_path / "reached-step-5"
     cfg = write(tmp_path, INTERRUPTIBLE.format(marker=marker))
     out = tmp_path / "out"
-    proc = _popen("run", str(cfg), "--out", str(out))
-    try:
-        _wait_for(marker, proc, "step 5 of the long job")
-        proc.send_signal(sig)
-        output, _ = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode == 130, output[-4000:]
+    returncode, output = _signalled(marker, sig, "run", str(cfg), "--out", str(out))
+    assert returncode == 130, output[-4000:]
     assert "Traceback" not in output
     assert f"{sig.name}: stopping every job at its next step boundary" in output
     results = json.loads((out / "results.json").read_text())
@@ -96,14 +97,8 @@ def test_sigint_mid_search_requeues_running_trials_and_resumes(tmp_path):
     marker = tmp_path / "reached-step-5"
     cfg = write(tmp_path, SEARCH.format(marker=marker))
     out = tmp_path / "out"
-    proc = _popen("search", str(cfg), "--out", str(out))
-    try:
-        _wait_for(marker, proc, "step 5 of a trial")
-        proc.send_signal(signal.SIGINT)
-        output, _ = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode == 130, output[-4000:]
+    returncode, output = _signalled(marker, signal.SIGINT, "search", str(cfg), "--out", str(out))
+    assert returncode == 130, output[-4000:]
     assert "Traceback" not in output and "--resume" in output
     results = json.loads((out / "results.json").read_text())
     interrupted = [t for t in results["trials"] if t["interrupted"]]
@@ -161,3 +156,31 @@ def test_faults_beside_healthy_jobs_with_node_groups_on(tmp_path):
     assert all(j["leaked_bytes"] == 0 for j in jobs.values())
     assert results["pool"]["current"] == results["pool"]["start_current"]   # back to its baseline
     assert results["pool"]["nodegroup"]["schedules"], "the node-group pipeline paired the jobs"
+
+
+FAILING_TRIAL = """
+pool: 256MiB
+search:
+  study_name: one-fails
+  sampler: grid
+  objective: {metric: final_loss, direction: minimize}
+  base_job:
+    name: t
+    model: {train_step_factory: "tests.job_factories:dense_regression"}
+    steps: 10
+  space:
+    model.args.fail_at_step: {type: categorical, choices: [3, 1000]}
+"""
+
+
+def test_a_failing_trial_keeps_its_traceback_and_the_search_says_so(tmp_path):
+    cfg = write(tmp_path, FAILING_TRIAL)
+    out = tmp_path / "out"
+    proc = tensile("search", str(cfg), "--out", str(out), timeout=600)
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]   # a trial failed
+    assert "1 trial(s) failed" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
+    trials = {t["params"]["model.args.fail_at_step"]: t for t in json.loads((out / "results.json").read_text())["trials"]}
+    assert trials[1000]["state"] == "COMPLETE"
+    failed = trials[3]
+    assert failed["state"] == "FAIL" and "injected failure" in failed["job"]["error"]
+    assert "Traceback" in (out / failed["job"]["traceback_path"]).read_text()

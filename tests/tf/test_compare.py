@@ -23,7 +23,7 @@ def _plan(swaps):
 
 
 def _run(*states):
-    pool = PoolRecord(capacity=1 << 30, peak=60 * MiB, training_peak=60 * MiB, current=0, run_ooms=0, stats={})
+    pool = PoolRecord(capacity=1 << 30, peak=60 * MiB, training_peak=60 * MiB, current=0, start_current=0, run_ooms=0, stats={})
     return RunResult(capacity=1 << 30, pool=pool, jobs=list(states), samples=[], pool_events=[], started_at=0.0,
                      wall_s=1.0, trace_origin_ns=0, trace=TraceCoverage(0, 0, None, 0))
 
