@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tensile_tf.config import PlanPeaks
 from tensile_tf.runtime.records import RunResult, finite_or_none
 from tensile_tf.units import human_bytes
 
@@ -90,6 +91,11 @@ def write_memory_png(result: RunResult, path: Path) -> None:
     plt.close(fig)
 
 
+# How ``tensile plan`` labels the pool's prediction, by the peak model it was planned with.
+_POOL_ROW = {PlanPeaks.timeline: "pool (time-aligned)", PlanPeaks.coincident: "pool (sum of peaks)",
+             PlanPeaks.paired: "pool (paired peaks)"}
+
+
 def format_plan_summary(plan) -> str:
     """A Plan's *predicted* vanilla and planned peaks per job and for the
     pool, one line each (``tensile plan``)."""
@@ -99,8 +105,7 @@ def format_plan_summary(plan) -> str:
         rows.append(f"{jp.name:<20} {human_bytes(jp.vanilla_peak_bytes):>13} {human_bytes(jp.planned_peak_bytes):>13} "
                     f"{jp.msr:>6.1%} {len(jp.swap_ins):>6} {len(jp.recomputes):>6} "
                     f"{jp.iteration_s:>9.4f} {jp.planned_iteration_s - jp.iteration_s:>9.4f}")
-    pool_row = {"timeline": "pool (time-aligned)", "coincident": "pool (sum of peaks)",
-                "paired": "pool (paired peaks)"}.get(plan.peak_model, f"pool ({plan.peak_model})")
+    pool_row = _POOL_ROW[PlanPeaks(plan.peak_model)]
     rows.append(f"{pool_row:<20} {human_bytes(plan.pool_vanilla_peak_bytes):>13} "
                 f"{human_bytes(plan.pool_planned_peak_bytes):>13} {plan.msr:>6.1%}")
     budget = "none (minimise)" if plan.pool_bytes is None else human_bytes(plan.pool_bytes)
