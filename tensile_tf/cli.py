@@ -67,17 +67,20 @@ def _install(pool: int | None) -> None:
         create_devices()   # now, with the GPU probe's messages kept off the console
     except PluginLoadError as e:
         raise UserError(str(e)) from None
+    except (ValueError, RuntimeError) as e:  # TENSILE_POOL_BYTES unreadable; a pool of another size exists
+        raise UserError(str(e)) from None
 
 
 def check_output_dir(out: Path, what: str = "--out") -> Path:
     """Makes sure results can be written to ``out`` before anything trains."""
     if out.exists() and not out.is_dir():
         raise UserError(f"{what} {out}: is a file, not a folder; name a folder for the results")
+    import tempfile
+
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".tensile-write-check"
-        probe.write_text("")
-        probe.unlink()
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".tensile-write-check-"):
+            pass   # a name of its own: workers sharing one folder do not race
     except OSError as e:
         raise UserError(f"{what} {out}: cannot write there ({e.strerror}); name a folder you can write to") from None
     return out
@@ -90,13 +93,14 @@ def _cmd_validate(args) -> int:
         from tensile_tf.search.config import load_search_config
 
         from tensile_tf.config import read_yaml
-        from tensile_tf.validation import raise_problems, reference_problems
+        from tensile_tf.validation import check_search, raise_problems
 
         try:
             scfg = load_search_config(args.config)
+            marks = read_yaml(args.config)[1]
+            raise_problems(check_search(scfg, references=False), source=args.config, marks=marks)
             _install(None)
-            raise_problems(reference_problems(scfg.search.base_job, ("search", "base_job")),
-                           source=args.config, marks=read_yaml(args.config)[1])
+            raise_problems(check_search(scfg), source=args.config, marks=marks)
         except ConfigError as e:
             raise UserError(str(e)) from None
         s = scfg.search

@@ -33,6 +33,7 @@ import difflib
 import functools
 import importlib
 import inspect
+import json
 import math
 import os
 from dataclasses import dataclass
@@ -103,7 +104,7 @@ def _resolve(ref: str) -> tuple[Callable | None, str, str]:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
-        if e.name and module_name.startswith(e.name):
+        if e.name and (e.name == module_name or module_name.startswith(e.name + ".")):
             return None, f"there is no module {module_name!r}", \
                 "check its spelling, and run from the folder that holds it (or add that folder to PYTHONPATH)"
         return None, f"module {module_name!r} does not import: it needs {e.name!r}, which is not installed", \
@@ -183,8 +184,9 @@ def _application_problems(spec: JobSpec, loc: tuple) -> list[Problem]:
 
 
 @functools.lru_cache(maxsize=None)
-def _optimizer_problem(name: str, learning_rate: float, args_items: tuple) -> tuple[str, str, str] | None:
-    """(which key, what, todo), or None if Keras builds this optimizer."""
+def _optimizer_problem(name: str, learning_rate: float, args_json: str) -> tuple[str, str, str] | None:
+    """(which key, what, todo), or None if Keras builds this optimizer
+    (``args_json``: its args as sorted JSON, a cache key even for list values)."""
     import keras
 
     try:
@@ -196,7 +198,7 @@ def _optimizer_problem(name: str, learning_rate: float, args_items: tuple) -> tu
         return "name", f"Keras knows no optimizer {name!r}", \
             (f"did you mean {', '.join(close)}?" if close else f"use one of: {', '.join(known)}")
     try:
-        keras.optimizers.get({"class_name": name, "config": {"learning_rate": learning_rate, **dict(args_items)}})
+        keras.optimizers.get({"class_name": name, "config": {"learning_rate": learning_rate, **json.loads(args_json)}})
     except (ValueError, TypeError) as e:
         return "args", f"optimizer {name!r} does not accept these args ({e})", \
             "fix or remove the keys under `optimizer.args:`"
@@ -218,21 +220,25 @@ def _loss_problem(name: str) -> tuple[str, str] | None:
     return None
 
 
-def reference_problems(spec: JobSpec, loc: tuple) -> list[Problem]:
-    """Check 1 (module docstring) for one job."""
+def reference_problems(spec: JobSpec, loc: tuple, *, searched: set[str] = frozenset()) -> list[Problem]:
+    """Check 1 (module docstring) for one job. ``searched``: the dotted keys a
+    search sets in each trial (``model.args.width``): an argument the space
+    gives counts as given."""
     m = spec.model
+    from_space = {key.removeprefix("model.args.") for key in searched if key.startswith("model.args.")}
     problems: list[Problem] = []
     if m.train_step_factory:
-        problems += _reference_problems(m.train_step_factory, m.args,
+        problems += _reference_problems(m.train_step_factory, m.args | dict.fromkeys(from_space),
                                         {"input_shape", "classes", "batch_size", "seed"}, loc + ("model",),
                                         "train_step_factory")
         return problems   # the factory makes its own optimizer, loss and data
     if m.application:
         problems += _application_problems(spec, loc + ("model",))
     else:
-        problems += _reference_problems(m.builder, m.args, {"input_shape", "classes"}, loc + ("model",), "builder")
+        problems += _reference_problems(m.builder, m.args | dict.fromkeys(from_space), {"input_shape", "classes"},
+                                        loc + ("model",), "builder")
     opt = spec.optimizer
-    found = _optimizer_problem(opt.name, opt.learning_rate, tuple(sorted(opt.args.items(), key=lambda kv: kv[0])))
+    found = _optimizer_problem(opt.name, opt.learning_rate, json.dumps(opt.args, sort_keys=True, default=str))
     if found is not None:
         key, what, todo = found
         problems.append(Problem(loc + ("optimizer", key), what, todo))
@@ -249,12 +255,7 @@ def reference_problems(spec: JobSpec, loc: tuple) -> list[Problem]:
 
 def size_problems(cfg: RunConfig) -> list[Problem]:
     """Checks 2 and 3 (module docstring)."""
-    problems: list[Problem] = []
-    total = machine_memory_bytes()
-    if cfg.pool > total:
-        problems.append(Problem(("pool",), f"the pool ({human_bytes(cfg.pool)}) is larger than this machine's "
-                                f"memory ({human_bytes(total)}); the pool is host memory here (it emulates the device)",
-                                "lower `pool:`"))
+    problems = machine_problems(cfg.pool)
     run = cfg.run
     if run.plan_budget is not None and run.plan_budget > cfg.pool:
         problems.append(Problem(("run", "plan_budget"), f"the plan budget ({human_bytes(run.plan_budget)}) is larger "
@@ -297,12 +298,30 @@ def name_problems(cfg: RunConfig) -> list[Problem]:
     return problems
 
 
+def machine_problems(pool: int) -> list[Problem]:
+    """The pool against this machine's memory (check 2)."""
+    total = machine_memory_bytes()
+    if pool <= total:
+        return []
+    return [Problem(("pool",), f"the pool ({human_bytes(pool)}) is larger than this machine's memory "
+                    f"({human_bytes(total)}); the pool is host memory here (it emulates the device)", "lower `pool:`")]
+
+
 def check_config(cfg: RunConfig, *, references: bool = True) -> list[Problem]:
     """Every problem ``tensile validate`` finds in a schema-valid config."""
     problems = name_problems(cfg) + size_problems(cfg)
     if references:
         for i, spec in enumerate(cfg.jobs):
             problems += reference_problems(spec, ("jobs", i))
+    return problems
+
+
+def check_search(scfg, *, references: bool = True) -> list[Problem]:
+    """What ``check_config`` checks, for a search config: the pool against
+    the machine, and the base job's references with the searched keys given."""
+    problems = machine_problems(scfg.pool)
+    if references:
+        problems += reference_problems(scfg.search.base_job, ("search", "base_job"), searched=set(scfg.search.space))
     return problems
 
 

@@ -78,9 +78,9 @@ GPU_PROBE_NOISE = (
 class gpu_probe_noise_filtered:
     """Runs ``import tensorflow`` (``tensorflow_import=True``), or TensorFlow's
     device creation, with the process's stderr (file descriptor 2, which C++
-    writes to) captured, then writes back every captured line that is not
+    writes to) going through a pipe that passes on every line that is not
     GPU-probe noise (``GPU_PROBE_NOISE``). Anything else TensorFlow says then
-    still reaches the console. ``TENSILE_SHOW_TF_IMPORT_LOG=1`` turns the
+    still reaches the console, as it comes. ``TENSILE_SHOW_TF_IMPORT_LOG=1`` turns the
     filter off."""
 
     def __init__(self, tensorflow_import: bool = False):
@@ -90,26 +90,31 @@ class gpu_probe_noise_filtered:
         self.active = os.environ.get("TENSILE_SHOW_TF_IMPORT_LOG", "") not in ("1", "true", "yes") and \
             not (self.tensorflow_import and "tensorflow" in sys.modules)
         if self.active:
-            import tempfile
+            import threading
 
             sys.stderr.flush()
-            self.captured = tempfile.TemporaryFile(mode="w+b")
+            read_end, write_end = os.pipe()
             self.saved_fd = os.dup(2)
-            os.dup2(self.captured.fileno(), 2)
+            os.dup2(write_end, 2)
+            os.close(write_end)
+            # Lines pass through as they come, so a hard crash still shows its message.
+            self.pump = threading.Thread(target=self._pass_through, args=(read_end,), daemon=True)
+            self.pump.start()
         return self
+
+    def _pass_through(self, read_end: int) -> None:
+        with os.fdopen(read_end, "rb") as lines:
+            for line in lines:
+                if not any(noise.encode() in line for noise in GPU_PROBE_NOISE):
+                    os.write(self.saved_fd, line)
 
     def __exit__(self, *exc):
         if not self.active:
             return False
         sys.stderr.flush()
-        os.dup2(self.saved_fd, 2)
+        os.dup2(self.saved_fd, 2)   # the pipe's last writer goes: the pump reads to its end
+        self.pump.join(timeout=10)
         os.close(self.saved_fd)
-        self.captured.seek(0)
-        kept = [line for line in self.captured.read().decode(errors="replace").splitlines(keepends=True)
-                if not any(noise in line for noise in GPU_PROBE_NOISE)]
-        self.captured.close()
-        if kept:
-            sys.stderr.write("".join(kept))
         return False
 
 

@@ -40,9 +40,12 @@ class StopOnSignals:
             raise KeyboardInterrupt
         if self.received is None:
             self.received = name
-            self.say(f"{name}: stopping every job at its next step boundary and writing the results "
-                     "(Ctrl-C again to abort without them)")
-            self.request_stop(f"stopped by {name}")
+            self.request_stop(f"stopped by {name}")   # first: the line below may fail
+            try:
+                self.say(f"{name}: stopping every job at its next step boundary and writing the results "
+                         "(Ctrl-C again to abort without them)")
+            except RuntimeError:  # the signal came in the middle of a write to the same stream
+                pass
 
     def __enter__(self) -> "StopOnSignals":
         for sig in (signal.SIGINT, signal.SIGTERM):

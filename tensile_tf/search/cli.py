@@ -149,18 +149,19 @@ def cmd_search(args) -> int:
     from tensile_tf.cli import UserError, _install, check_output_dir
     from tensile_tf.config import ConfigError, read_yaml
     from tensile_tf.search.config import load_search_config
-    from tensile_tf.validation import raise_problems, reference_problems
+    from tensile_tf.validation import check_search, raise_problems
 
     try:
         cfg = load_search_config(args.config)
+        marks = read_yaml(args.config)[1]
+        raise_problems(check_search(cfg, references=False), source=args.config, marks=marks)
     except ConfigError as e:
         raise UserError(str(e)) from None
     out_dir = check_output_dir(Path(args.out) if args.out else Path(cfg.run.out_dir),
                                "--out" if args.out else "run.out_dir")
     _install(cfg.pool)  # the pool before any TensorFlow op
     try:  # what the trials' jobs refer to resolves (tensile_tf.validation), before any trial runs
-        raise_problems(reference_problems(cfg.search.base_job, ("search", "base_job")),
-                       source=args.config, marks=read_yaml(args.config)[1])
+        raise_problems(check_search(cfg), source=args.config, marks=marks)
     except ConfigError as e:
         raise UserError(str(e)) from None
     import optuna
@@ -210,7 +211,7 @@ def cmd_search(args) -> int:
             grace_s=args.grace or st.DEFAULT_GRACE_S, exclusive_storage=not shared,
             log=lambda m: progress.progress.console.print(m, highlight=False),
             failures_dir=out_dir / "failures")
-        with StopOnSignals(host.request_stop, say=lambda line: console.print(f"[yellow]{line}[/yellow]")):
+        with StopOnSignals(host.request_stop, say=lambda line: console.print(f"[yellow]{line}[/yellow]")) as signals:
             result = driver.run()
     if result.requeued:
         console.print(f"re-queued interrupted trials: {', '.join(map(str, result.requeued))}")
@@ -219,8 +220,8 @@ def cmd_search(args) -> int:
     _final_table(study, search.objective.metric.value, console)
     paths = write_search_outputs(results, out_dir)
     console.print(f"wrote {paths['results']}, {paths['objective']}, {paths['params']}", highlight=False)
-    if result.host_result is not None and result.host_result.interrupted is not None:
-        console.print(f"[yellow]interrupted[/yellow] ({result.host_result.interrupted}): the running trials are "
+    if signals.received is not None:   # also a signal that came after the last trial ended
+        console.print(f"[yellow]interrupted[/yellow] (stopped by {signals.received}): the running trials are "
                       f"re-queued; continue with `tensile search {args.config} --out {out_dir} --resume`",
                       highlight=False)
         return EXIT_INTERRUPTED
@@ -234,11 +235,10 @@ def cmd_search(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tensile_tf.search.cli search CONFIG ...`` until the tensile CLI wires it in."""
-    parser = argparse.ArgumentParser(prog="tensile")
-    add_search_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
+    """``python -m tensile_tf.search.cli search CONFIG ...``: the same as ``tensile search``."""
+    from tensile_tf.cli import main as tensile_main
+
+    return tensile_main(argv)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tensile_tf.cli import main
+from tests.conftest import REPO_ROOT
 from tests.e2e.test_cli import SMALL_CONFIG, tensile, write
 
 CORPUS = Path(__file__).parent / "bad_configs"
@@ -73,9 +74,28 @@ def test_validation_of_many_jobs_resolves_each_reference_once(tmp_path):
 
 
 def test_shipped_configs_pass_every_check():
-    for config in sorted(Path("configs").glob("*.yaml")):
+    configs = sorted((REPO_ROOT / "configs").glob("*.yaml"))
+    assert len(configs) >= 4
+    for config in configs:
         code, out, err = _cli("validate", str(config))
         assert code == 0, (config, err)
+
+
+def test_an_argument_the_search_space_sets_counts_as_given(tmp_path):
+    search = """
+pool: 256MiB
+search:
+  n_trials: 2
+  base_job:
+    model: {train_step_factory: "tests.job_factories:signals_progress"}
+    steps: 2
+  space:
+    model.args.marker: {type: categorical, choices: [a, b]}
+"""
+    code, out, err = _cli("validate", str(write(tmp_path, search)))
+    assert code == 0, err   # signals_progress requires `marker`: the space gives it to every trial
+    code, out, err = _cli("validate", str(write(tmp_path, search.replace("model.args.marker", "model.args.markr"))))
+    assert code == 2 and "requires argument 'marker'" in err, err   # a misspelt key gives nothing
 
 
 # ----------------------------------------------------------- the command line
