@@ -32,12 +32,9 @@ class UserError(Exception):
     command says what and where and exits 2, without a traceback."""
 
 
-def _load_checked(path: str, *, references: bool, install_pool: bool = True):
-    """The config after every check ``tensile validate`` makes (the schema,
-    sizes, and with ``references`` the modules, names and arguments it
-    refers to: those import Keras, so the runtime is installed first, with
-    the config's pool when ``install_pool``, else with whatever pool the
-    process has: validating trains nothing)."""
+def _load_checked(path: str):
+    """The config after the checks that need no runtime (YAML, schema,
+    names, sizes), and its key locations; UserError if any fails."""
     from tensile_tf.config import ConfigError, config_from_data, read_yaml
     from tensile_tf.validation import check_config, raise_problems
 
@@ -45,12 +42,24 @@ def _load_checked(path: str, *, references: bool, install_pool: bool = True):
         data, marks = read_yaml(path)
         cfg = config_from_data(data, source=path, marks=marks)
         raise_problems(check_config(cfg, references=False), source=path, marks=marks)
-        if references:
-            _install(cfg.pool if install_pool else None)
-            raise_problems(check_config(cfg, references=True), source=path, marks=marks)
     except ConfigError as e:
         raise UserError(str(e)) from None
-    return cfg
+    return cfg, marks
+
+
+def _check_references(cfg, path: str, marks, *, install_pool: bool = True) -> None:
+    """The modules, names and arguments the config refers to (they import
+    Keras, so the runtime is installed first: with the config's pool when
+    ``install_pool``, else with whatever pool the process has, for
+    validating, which trains nothing)."""
+    from tensile_tf.config import ConfigError
+    from tensile_tf.validation import config_reference_problems, raise_problems
+
+    _install(cfg.pool if install_pool else None)
+    try:
+        raise_problems(config_reference_problems(cfg), source=path, marks=marks)
+    except ConfigError as e:
+        raise UserError(str(e)) from None
 
 
 def _install(pool: int | None) -> None:
@@ -108,7 +117,8 @@ def _cmd_validate(args) -> int:
               f"{s.sampler.name.value} sampler, {len(s.space)} parameters "
               f"({', '.join(s.space)}), n_trials {s.total_trials}")
         return 0
-    cfg = _load_checked(args.config, references=True, install_pool=False)
+    cfg, marks = _load_checked(args.config)
+    _check_references(cfg, args.config, marks, install_pool=False)
     print(f"{args.config}: valid: pool {cfg.pool} bytes, {len(cfg.jobs)} jobs "
           f"({', '.join(j.name for j in cfg.jobs)}); every reference resolves and every size fits")
     return 0
@@ -212,7 +222,7 @@ def _run_host(cfg, console, *, planner, record_weights: bool = False, saved_plan
 def _cmd_run(args) -> int:
     from tensile_tf.config import PlannerKind
 
-    cfg = _load_checked(args.config, references=False)
+    cfg, marks = _load_checked(args.config)
     out_dir = check_output_dir(Path(args.out) if args.out else Path(cfg.run.out_dir),
                                "--out" if args.out else "run.out_dir")
     saved_plan = None
@@ -224,7 +234,7 @@ def _cmd_run(args) -> int:
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise UserError(f"{args.plan}: cannot read the plan ({e}); write one with "
                             f"`tensile plan {args.config}`") from None
-    cfg = _load_checked(args.config, references=True)   # installs the runtime with the config's pool
+    _check_references(cfg, args.config, marks)   # installs the runtime with the config's pool
     from rich.console import Console
 
     from tensile_tf.reports import write_outputs
@@ -303,7 +313,7 @@ def _cmd_plan(args) -> int:
     from tensile_tf.config import PlannerKind
     from tensile_tf.units import parse_bytes
 
-    cfg = _load_checked(args.config, references=False)
+    cfg, marks = _load_checked(args.config)
     run = cfg.run
     try:
         if args.budget:
@@ -314,7 +324,8 @@ def _cmd_plan(args) -> int:
         raise UserError(str(e)) from None
     out = check_output_dir(Path(args.out) if args.out else Path(cfg.run.out_dir),
                            "--out" if args.out else "run.out_dir")
-    cfg = _load_checked(args.config, references=True).model_copy(update={"run": run})
+    _check_references(cfg, args.config, marks)
+    cfg = cfg.model_copy(update={"run": run})
     from tensile_tf.reports import format_plan_summary
 
     host = _make_host(cfg, planner=PlannerKind.tensile)

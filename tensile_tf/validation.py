@@ -307,13 +307,15 @@ def machine_problems(pool: int) -> list[Problem]:
                     f"({human_bytes(total)}); the pool is host memory here (it emulates the device)", "lower `pool:`")]
 
 
+def config_reference_problems(cfg: RunConfig) -> list[Problem]:
+    """Check 1 for every job of a config."""
+    return [p for i, spec in enumerate(cfg.jobs) for p in reference_problems(spec, ("jobs", i))]
+
+
 def check_config(cfg: RunConfig, *, references: bool = True) -> list[Problem]:
     """Every problem ``tensile validate`` finds in a schema-valid config."""
     problems = name_problems(cfg) + size_problems(cfg)
-    if references:
-        for i, spec in enumerate(cfg.jobs):
-            problems += reference_problems(spec, ("jobs", i))
-    return problems
+    return problems + config_reference_problems(cfg) if references else problems
 
 
 def check_search(scfg, *, references: bool = True) -> list[Problem]:
@@ -330,13 +332,3 @@ def raise_problems(problems: list[Problem], *, source: str, marks: dict | None) 
     if problems:
         lines = [format_location(source, marks, p.loc, p.message()) for p in problems]
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines))
-
-
-def validate_file(path: str, *, references: bool = True) -> RunConfig:
-    """``load_config`` plus ``check_config``: the config, or ConfigError."""
-    from tensile_tf.config import read_yaml, config_from_data
-
-    data, marks = read_yaml(path)
-    cfg = config_from_data(data, source=str(path), marks=marks)
-    raise_problems(check_config(cfg, references=references), source=str(path), marks=marks)
-    return cfg
