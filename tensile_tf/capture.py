@@ -29,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 import tensile_tf.memory  # noqa: F401  (loads the plugin before any op)
+from tensile_tf.memory import traced_op_matches  # noqa: E402
 from tf_plugin.tf_internals import called_function_graph, new_xspace
 from tensile_tf.scheduler.job_graph import JobGraph, OpNode, TensorInfo
 from tensile_tf.scheduler.latency import LatencyTable
@@ -252,7 +253,7 @@ def _fill_dynamic_sizes(cap: _Capture, step_fn, args, fg) -> None:
     for key, (opname, _) in cap.unknown.items():
         per_op[opname].append(key)
     for opname, keys in per_op.items():
-        total = by_op.get(opname, 0)
+        total = sum(b for traced, b in by_op.items() if traced_op_matches(traced, opname))
         for key in keys:
             cap.tensors[key].size_bytes = total // max(1, len(keys))
 

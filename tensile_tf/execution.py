@@ -13,23 +13,48 @@ Some kernels allocate large buffers that are neither inputs nor outputs:
 TensorFlow's CPU convolution backprops build im2col-style patch buffers of
 about kernel_h * kernel_w times the input activation. They decide the peak of
 every convolutional network on this CPU and no plan can swap them.
-``measure_temp_bytes`` reads them from the pool's event trace of one step
+``measure_step_memory`` reads them from the pool's event trace of a step
 (an allocation freed by the op that made it) and stores them as each op's
 ``temp_bytes``, so the planner's footprint (and its predicted peak) counts
 them, as §IV-B counts every allocation the step makes.
+
+Note [Buffer forwarding]
+TensorFlow's elementwise kernels (Relu, ReluGrad, Add, Mul, RealDiv, AddN...)
+write their output into an input's buffer when nothing else will read that
+input. The graph counts the output as a new tensor beside its input at that
+op (9 MiB twice at ResNet50's predicted peak, 96x96 batch 16). The same
+trace shows it: an output the op never allocated, of the size of a
+non-persistent input the op reads last, is that input's buffer.
+``measure_step_memory`` records its bytes as the op's ``forwarded_bytes``,
+which the footprint takes off at that op.
+
+Note [Concurrent scratch]
+The executor runs ready ops on several inter-op threads, so while an op runs
+the pool also holds what ops beside it allocated: their scratch, and outputs
+the sequential footprint counts only later; and ops the sequential order
+leaves waiting run sooner and free their inputs sooner. ``measure_step_memory``
+records, per traced step, the bytes the job held at each op's allocations;
+``tensile_tf.scheduler.concurrency.observed_concurrency_bytes`` turns them
+into each op's ``concurrent_bytes``, the worst traced step's difference from
+the sequential footprint (Note [Observed, not simulated] there). It replaced a
+structural rule (an op's siblings, ops reading a common activation, run beside
+it) that missed the node-group CNN's peak by 15% and over-predicted
+InceptionV3 by 19% (benchmarks/RESULTS.md, Issue 15).
 """
 from __future__ import annotations
 
-import os
+import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import tensorflow as tf
 
 import tf_plugin
+from tensile_tf.memory import traced_op_matches
 from tensile_tf.capture import capture_job_graph, measure_op_latencies, snapshot_variables
 from tensile_tf.rewrite import PlannedStep, apply_plan
 from tensile_tf.scheduler import DEFAULT_BANDWIDTH_BYTES_PER_S, ColdStartLatency, Plan, Planner, PlannerJob
+from tensile_tf.scheduler.concurrency import observed_concurrency_bytes
 from tensile_tf.scheduler.job_graph import JobGraph
 
 
@@ -37,64 +62,159 @@ def _size_matches(a: int, b: int) -> bool:
     return abs(a - b) <= max(256, b // 100)   # the pool rounds requests up to its chunk granularity
 
 
-def measure_temp_bytes(step_fn, args: Sequence, graph: JobGraph) -> dict[str, int]:
-    """Per op, the scratch bytes resident while it runs (Note [Scratch
-    memory], Note [Concurrent scratch]), from the pool's trace of one step.
-    The variables are restored afterwards."""
+@dataclass
+class StepMemory:
+    """What the pool's trace of a few steps says beyond the graph's tensors."""
+
+    scratch: dict[str, int]      # op -> bytes it allocated and freed while it ran (Note [Scratch memory])
+    forwarded: dict[str, int]    # op -> output bytes held in a dying input's buffer (Note [Buffer forwarding])
+    views: dict[str, str]        # tensor -> the tensor whose buffer it shares (Note [Views] in job_graph)
+    held: list[dict[str, int]]   # per step: op -> most bytes the step held at its allocations (Note [Concurrent scratch])
+
+
+# Steps traced for Note [Concurrent scratch]: the node-group CNN's steps meet
+# their worse overlap in 11 to 18 of 30 steps, in runs (12 calm steps in a
+# row were seen), so up to TRACED_STEPS steps are traced, fewer when they take
+# longer than TRACED_SECONDS together (at least MIN_TRACED_STEPS).
+TRACED_STEPS = 16
+MIN_TRACED_STEPS = 2
+TRACED_SECONDS = 2.0
+
+
+def measure_step_memory(step_fn, args: Sequence, graph: JobGraph, *, steps: int = TRACED_STEPS) -> StepMemory:
+    """Each op's scratch and forwarded bytes, the tensors that are views,
+    and what each traced step held at each op's allocations, from the pool's
+    trace of up to ``steps`` steps. The variables are restored afterwards."""
     pool = tf_plugin.device_pool()
     restore = snapshot_variables(step_fn.get_concrete_function(*args).graph)
-    pool.clear_trace()
+    traces = []
+    began = time.perf_counter()
     try:
-        step_fn(*args)
+        while len(traces) < max(1, steps):
+            pool.clear_trace()
+            step_fn(*args)
+            traces.append(pool.trace())
+            if len(traces) >= MIN_TRACED_STEPS and time.perf_counter() - began > TRACED_SECONDS:
+                break
     finally:
-        restore()  # also when the step fails (out of memory)
-    trace = pool.trace()
-    # Allocations freed within the step: (op name as traced, bytes, alloc index, free index).
-    live: dict[int, tuple[str, int, int]] = {}
-    freed: list[tuple[str, int, int, int]] = []
-    for k, ev in enumerate(trace):
-        if ev["kind"] == "alloc":
-            live[ev["offset"]] = (ev["op"], ev["bytes"], k)
-        elif ev["kind"] == "free" and ev["offset"] in live:
-            op, size, start = live.pop(ev["offset"])
-            if op:
-                freed.append((op, size, start, k))
-    # The trace keeps 63 characters of an op name: a truncated name may stand
-    # for several ops (Conv2DBackpropInput / ...Filter).
+        restore()  # also when a step fails (out of memory)
+    ops_of = _ops_of_traced_names(graph, {ev["op"] for tr in traces for ev in tr if ev["kind"] == "alloc"})
+    scratch, forwarded, views = _buffers(traces[0], graph, ops_of)
+    return StepMemory(scratch, forwarded, views, [_held_at_allocations(tr, ops_of) for tr in traces])
+
+
+def _ops_of_traced_names(graph: JobGraph, names) -> dict[str, list]:
+    """Traced op name -> the graph's ops it stands for (Note [Truncated op
+    names]: a long name may stand for several)."""
     by_name = {o.name: o for o in graph.ops}
     ops_of: dict[str, list] = {}
-    for name in {f[0] for f in freed}:
+    for name in names:
         if name in by_name:
             ops_of[name] = [by_name[name]]
-        elif len(name) >= 63:
-            ops_of[name] = [o for o in graph.ops if o.name.startswith(name)]
-    scratch: list[tuple[str, int, int, int]] = []
-    for name, ops in ops_of.items():
-        outputs = [graph.tensors[t].size_bytes for o in ops for t in o.outputs]
-        for alloc in sorted((f for f in freed if f[0] == name), key=lambda f: -f[1]):
-            match = next((i for i, size in enumerate(outputs) if _size_matches(alloc[1], size)), None)
+        elif "~" in name:
+            ops_of[name] = [o for o in graph.ops if traced_op_matches(name, o.name)]
+    return ops_of
+
+
+def _held_at_allocations(trace: list[dict], ops_of: dict[str, list]) -> dict[str, int]:
+    """Op -> the most bytes the job's pool use had grown by since the step
+    began, at any of the op's allocations. Only the job's own stream counts
+    (others may run beside it); an allocation by an op the graph does not
+    know (a Grappler rewrite) counts for the op the trace saw before it."""
+    streams = [ev["stream"] for ev in trace if ev["kind"] == "alloc" and ev["op"] in ops_of]
+    if not streams:
+        return {}
+    stream = max(set(streams), key=streams.count)
+    held = 0
+    current: list = []
+    out: dict[str, int] = {}
+    for ev in trace:
+        if ev["stream"] != stream:
+            continue
+        if ev["kind"] == "alloc":
+            held += ev["bytes"]
+            current = ops_of.get(ev["op"], current)
+            for o in current:
+                out[o.name] = max(out.get(o.name, 0), held)
+        elif ev["kind"] == "free":
+            # also buffers made before the step: an optimizer update that
+            # copies a variable frees the old buffer (held counts the change)
+            held -= ev["bytes"]
+    return out
+
+
+def _buffers(trace: list[dict], graph: JobGraph, ops_of: dict[str, list]
+             ) -> tuple[dict[str, int], dict[str, int], dict[str, str]]:
+    """Scratch bytes per op, forwarded bytes per op and views, from one step's trace."""
+    live: dict[int, list] = {}
+    allocs: dict[str, list[list]] = {}       # traced op name -> [[bytes, freed within the step]]
+    for ev in trace:
+        if ev["kind"] == "alloc" and ev["op"]:
+            entry = [ev["bytes"], False]
+            allocs.setdefault(ev["op"], []).append(entry)
+            live[ev["offset"]] = entry
+        elif ev["kind"] == "free" and ev["offset"] in live:
+            live.pop(ev["offset"])[1] = True
+    last_use: dict[str, str] = {}
+    for o in graph.ops:
+        for t in o.inputs:
+            last_use[t] = o.name
+    scratch: dict[str, int] = {}
+    forwarded: dict[str, int] = {}
+    unallocated: dict[str, list[str]] = {}   # op -> its outputs no allocation of its own matched
+    for name, entries in allocs.items():
+        ops = ops_of.get(name)
+        if not ops:
+            continue
+        outputs = [(t, graph.tensors[t].size_bytes) for o in ops for t in o.outputs]
+        for size, was_freed in sorted(entries, key=lambda a: -a[0]):
+            match = next((i for i, (_, b) in enumerate(outputs) if _size_matches(size, b)), None)
             if match is not None:
                 outputs.pop(match)   # one of the op's outputs, counted as a tensor already
+            elif was_freed:
+                for o in ops:        # a truncated name's buffers are shared out among its ops (rare)
+                    scratch[o.name] = scratch.get(o.name, 0) + size // len(ops)
+        if len(ops) == 1:
+            unallocated[ops[0].name] = [t for t, _ in outputs]
+    # An op that allocated nothing never shows up in the trace: all its outputs are unallocated.
+    traced = {o.name for name in allocs for o in ops_of.get(name, ())}
+    for op in graph.ops:
+        if op.name not in traced:
+            unallocated[op.name] = list(op.outputs)
+    # Note [Buffer forwarding]: an output the op never allocated, of the size
+    # of an input whose last reader the op is, lives in that input's buffer;
+    # of the size of an input read later too, it is a view of it (Note [Views]).
+    views: dict[str, str] = {}
+    for op in graph.ops:                       # in order: a view's input may be a view already
+        outs = unallocated.get(op.name)
+        if not outs:
+            continue
+        candidates = list(dict.fromkeys(op.inputs))
+        for t in outs:
+            size = graph.tensors[t].size_bytes
+            donor = next((d for d in candidates if size > 0 and _size_matches(graph.tensors[d].size_bytes, size)),
+                         None)
+            if donor is None:
+                continue
+            candidates.remove(donor)
+            if last_use.get(donor) == op.name and not graph.tensors[donor].persistent:
+                forwarded[op.name] = forwarded.get(op.name, 0) + size
             else:
-                scratch.append(alloc)
-    if not scratch:
-        return {}
-    # A truncated name's buffers are shared out among the ops it may stand for.
-    own: dict[str, int] = {}
-    for name, size, _, _ in scratch:
-        for o in ops_of[name]:
-            own[o.name] = own.get(o.name, 0) + size // len(ops_of[name])
-    # Note [Concurrent scratch]: siblings (ops reading a common activation) are
-    # ready together; with k inter-op threads up to k of them run at once, so
-    # each one's step also holds its k - 1 largest siblings' scratch.
-    threads = tf.config.threading.get_inter_op_parallelism_threads() or os.cpu_count() or 1
-    inputs_of = {name: {t for t in by_name[name].inputs if not graph.tensors[t].persistent} for name in own}
-    out: dict[str, int] = {}
-    for name, size in own.items():
-        siblings = sorted((own[other] for other in own if other != name and inputs_of[name] & inputs_of[other]),
-                          reverse=True)
-        out[name] = size + sum(siblings[:threads - 1])
-    return out
+                views[t] = views.get(donor, donor)
+    return scratch, forwarded, views
+
+
+def apply_step_memory(graph: JobGraph, memory: StepMemory) -> None:
+    """Writes what ``measure_step_memory`` found into the graph: scratch,
+    forwarded bytes, views, then each op's ``concurrent_bytes``."""
+    for o in graph.ops:
+        o.temp_bytes = memory.scratch.get(o.name, o.temp_bytes)
+        o.forwarded_bytes = memory.forwarded.get(o.name, 0)
+    for t, owner in memory.views.items():
+        graph.tensors[t].view_of = owner
+    concurrent = observed_concurrency_bytes(graph, memory.held)
+    for o in graph.ops:
+        o.concurrent_bytes = concurrent.get(o.name, 0)
 
 
 _LAZY_OPS = frozenset({"ReadVariableOp", "Const", "Identity", "NoOp", "Placeholder"})
@@ -190,9 +310,7 @@ def capture_for_planning(job: JobToPlan, *, latency_repeats: int = 3, with_temp:
         graph = capture_job_graph(job.name, job.step_fn, job.example_args, optimizer=job.optimizer)
         graph = executor_order(graph, job.step_fn, job.example_args)
         if with_temp:
-            temps = measure_temp_bytes(job.step_fn, job.example_args, graph)
-            for o in graph.ops:
-                o.temp_bytes = temps.get(o.name, o.temp_bytes)
+            apply_step_memory(graph, measure_step_memory(job.step_fn, job.example_args, graph))
         lat = measure_op_latencies(job.step_fn, job.example_args, graph=graph, repeats=latency_repeats)
     except Exception as e:  # noqa: BLE001 - name the job
         raise RuntimeError(f"job '{job.name}': could not capture or profile its train step: {e}") from e

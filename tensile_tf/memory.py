@@ -88,6 +88,19 @@ def pool_trace() -> list[dict[str, Any]]:
     return device_pool().trace()
 
 
+# Note [Truncated op names] in tf_plugin/allocator/event_trace.h: the trace
+# keeps at most 63 bytes of an op name, as head + "~" + tail.
+TRACED_OP_NAME_BYTES = 63
+
+
+def traced_op_matches(traced: str, op_name: str) -> bool:
+    """Whether the op name an event of the pool's trace holds stands for ``op_name``."""
+    if len(op_name) <= TRACED_OP_NAME_BYTES:
+        return traced == op_name
+    head, sep, tail = traced.partition("~")
+    return bool(sep) and op_name.startswith(head) and op_name.endswith(tail)
+
+
 class JobStream:
     """A job's stream in the device pool.
 

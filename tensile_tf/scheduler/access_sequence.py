@@ -126,7 +126,8 @@ class TensorAccessSequence:
             step_names.append(op.name)
             step_op.append(op.name)
             lat.append(max(0.0, float(latencies.latency_s(op))))
-            temp.append(op.temp_bytes)
+            # Note [Buffer forwarding] and Note [Concurrent scratch] in tensile_tf/execution.py
+            temp.append(op.temp_bytes - op.forwarded_bytes + op.concurrent_bytes)
             for t in op.inputs:
                 touch(ti[t], k, "TUA")
             for t in op.updates:
@@ -155,6 +156,12 @@ class TensorAccessSequence:
                 first[i], last[i] = 0, n - 1
             elif acc[i]:
                 first[i], last[i] = writes[i][0] if writes[i] else acc[i][0], acc[i][-1]
+        # Note [Views] in job_graph: a view has no bytes; its owner stays until the view's last access.
+        for i, info in enumerate(infos):
+            owner = ti.get(info.view_of) if info.view_of else None
+            if owner is not None:
+                self.size[i] = 0
+                last[owner] = max(last[owner], last[i])
         self.first, self.last = first, last
         self._start_l = self.start.tolist()
         self._end_l = self.end.tolist()

@@ -17,6 +17,15 @@ Tensor kinds:
 * ``parameter`` / ``slot``: resource variables the optimizer updates in place.
 * ``state``: other persistent variables (step counters, BN moving statistics).
 
+Note [Views]. Some ops return a view of an input's buffer, not a new one
+(TensorFlow's Reshape, Squeeze, ExpandDims, Identity...): a Transformer's
+dense layers reshape every activation, and counting both the activation and
+its reshape put the predicted peak 18% above the measured one. A view's
+``view_of`` names the tensor whose buffer it shares (followed to the owner):
+the footprint gives it no bytes and keeps the owner resident until the view's
+last access (``TensorAccessSequence``). The capture finds views in the pool's
+trace (``tensile_tf.execution.measure_step_memory``).
+
 This module is pure: no TensorFlow. ``tensile_tf.capture`` builds JobGraphs
 from traced ``tf.function`` steps; tests build them by hand with GraphBuilder.
 """
@@ -41,6 +50,7 @@ class TensorInfo:
     producer: str | None = None          # op whose execution is the TGA; None: exists at step start
     consumers: list[str] = field(default_factory=list)   # ops that read it (TUAs), execution order
     updated_by: list[str] = field(default_factory=list)  # ops that write it in place (optimizer)
+    view_of: str | None = None           # a view of that tensor's buffer (Note [Views]): no bytes of its own
 
     @property
     def persistent(self) -> bool:
@@ -60,6 +70,8 @@ class OpNode:
     updates: list[str] = field(default_factory=list)
     temp_bytes: int = 0          # scratch memory held only while the op runs
     stateful: bool = False       # random / side-effecting: never re-run by recomputation
+    forwarded_bytes: int = 0     # output bytes held in the buffer of an input it reads last (no new memory)
+    concurrent_bytes: int = 0    # what the executor's other threads hold beyond (< 0: below) the sequential footprint
 
 
 @dataclass

@@ -185,3 +185,19 @@ def test_paired_peaks_count_every_floor_and_two_peaks():
     assert met.budget_met and met.pool_planned_peak_bytes <= budget
     assert not Planner(jobs, bandwidth_bytes_per_s=1000.0, pool_bytes=budget, enable_recompute=False,
                        coincident_peaks=True).plan().budget_met
+
+
+def test_a_view_has_no_bytes_and_keeps_its_owner_until_its_last_access():
+    # Note [Views]: r = reshape(h) shares h's buffer. h's last reader is
+    # `reshape`; r's is `late`, so h's buffer lives until `late`.
+    b = GraphBuilder("views")
+    b.op("make_h", outputs={"h": 100})
+    b.op("reshape", inputs=["h"], outputs={"r": 100})
+    b.op("other", outputs={"o": 10})
+    b.op("late", inputs=["r", "o"], outputs={"y": 1})
+    g = b.build()
+    assert JobFootprint(TensorAccessSequence(g, UNIT)).base.tolist() == [100, 200, 110, 111]
+    g.tensors["r"].view_of = "h"
+    tas = TensorAccessSequence(g, UNIT)
+    assert JobFootprint(tas).base.tolist() == [100, 100, 110, 111]
+    assert not tas.swappable[tas.tindex["r"]]

@@ -5,9 +5,9 @@ import pytest
 import tensorflow as tf
 
 from tensile_tf.capture import capture_job_graph, measure_op_latencies
-from tensile_tf.execution import JobToPlan, capture_for_planning
+from tensile_tf.execution import JobToPlan, capture_for_planning, executor_order, measure_step_memory
 from tensile_tf.reports import format_plan_summary
-from tensile_tf.scheduler import Plan, Planner, PlannerJob, TensorAccessSequence
+from tensile_tf.scheduler import Plan, Planner, PlannerJob, TensorAccessSequence, UniformLatency
 
 
 @pytest.fixture(scope="module")
@@ -108,3 +108,26 @@ def test_capture_and_plan_end_to_end_on_two_mlp_jobs(mlp_job):
 def test_capture_rejects_a_plain_python_function():
     with pytest.raises(TypeError, match="must be a tf.function"):
         capture_job_graph("bad", lambda x: x, (tf.zeros([1]),))
+
+
+def test_step_memory_finds_outputs_written_into_a_dying_inputs_buffer():
+    # Note [Buffer forwarding] in tensile_tf/execution.py: Relu writes into
+    # the buffer of h, which nothing else reads; MatMul must allocate.
+    @tf.function
+    def step(x):
+        h = tf.matmul(x, x)
+        r = tf.nn.relu(h)
+        return tf.reduce_sum(tf.matmul(r, x))
+
+    x = tf.random.normal([256, 256])
+    graph = executor_order(capture_job_graph("forwarding", step, (x,)), step, (x,))
+    memory = measure_step_memory(step, (x,), graph)
+    relu = next(o for o in graph.ops if o.op_type == "Relu")
+    matmuls = [o for o in graph.ops if o.op_type == "MatMul"]
+    assert memory.forwarded.get(relu.name) == 256 * 256 * 4, memory
+    assert not any(m.name in memory.forwarded for m in matmuls), memory
+    # The footprint counts h and r once at the Relu.
+    relu.forwarded_bytes = memory.forwarded[relu.name]
+    tas = TensorAccessSequence(graph, UniformLatency())
+    k = tas.step_index[relu.name]
+    assert tas.temp[k] == -256 * 256 * 4

@@ -41,9 +41,9 @@ print(json.dumps({{"jobs": [[s.name, s.status.value, s.steps_done, s.error or ""
 
 def test_two_jobs_fit_only_when_pipelined():
     # One job alone, planned in a roomy pool (its plan changes nothing), gives
-    # P and the planner's predicted vanilla peak: the structural one, with the
-    # sibling backprops' scratch counted as running at once (Note [Concurrent
-    # scratch]). A measured T depends on whether they overlapped in that
+    # P and the planner's predicted vanilla peak: its worst step, with the
+    # ops that may meet on the inter-op threads counted as meeting (Note
+    # [Concurrent scratch]). A measured T depends on whether they met in that
     # step, which the machine's load decides. The pool then holds both jobs'
     # parameters and one and a half jobs' activations, not two.
     alone = last_json_line(run_python(TWO_JOBS.format(pool=1 << 30, pipeline="none", jobs=1, planner="tensile")))
@@ -58,7 +58,7 @@ def test_two_jobs_fit_only_when_pipelined():
     assert piped["ooms"] == 0, piped
     # The two jobs' node groups were paired. (Whether Algorithm 1 predicted the
     # pair to fit is not asserted: it calibrates with the measured T, which
-    # depends on how the probe's sibling scratch overlapped.)
+    # depends on which ops met on the threads in the probe's step.)
     paired = [s for s in piped["schedules"] if len(s["jobs"]) == 2]
     assert paired and paired[0]["num_pairs"] > 2, piped["schedules"]
     rt = piped["runtime"]

@@ -7,11 +7,13 @@ The two models are jobs of configs/quickstart.yaml (cnn-a: predicted 13.1
 MiB by a model without measured scratch, 55.3 MiB measured; Note [Scratch
 memory] in tensile_tf/execution.py). Each job runs alone (concurrency 1) with
 one inter-op thread, so the executor runs one op at a time and the measured
-peak does not depend on how the machine's load interleaves sibling kernels
-(Note [Concurrent scratch]: with TensorFlow's default threads the peak of
-cnn-a is 33 or 55 MiB depending on whether its two convolution backprops
-overlapped; benchmarks/prediction_accuracy_bench.py measures that case and
-benchmarks/RESULTS.md records it)."""
+peak does not depend on how the machine's load interleaves kernels. With
+TensorFlow's default threads a step's peak depends on which ops met on the
+threads in that step (Note [Concurrent scratch] in tensile_tf/execution.py,
+Note [Observed, not simulated] in tensile_tf/scheduler/concurrency.py: the
+node-group CNN's steps peak at 62 or 89 MiB); the prediction is the worst
+traced step's, which a short window may not meet, so that case is measured by
+benchmarks/prediction_accuracy_bench.py and recorded in benchmarks/RESULTS.md."""
 import pytest
 
 from tests.conftest import last_json_line, run_python

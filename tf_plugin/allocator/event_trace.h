@@ -29,15 +29,21 @@ inline const char* PoolEventKindName(PoolEventKind kind) {
   return "unknown";
 }
 
+// Note [Truncated op names]: a name longer than kOpNameBytes - 1 is kept as
+// its first kOpNameHead bytes, '~' and its last bytes. The tail is what tells
+// sibling ops apart (".../Conv2DBackpropInput" vs ".../Conv2DBackpropFilter"),
+// and TensorFlow op names never contain '~', so a reader knows the name was
+// cut and matches it by prefix and suffix (tensile_tf.memory.traced_op_matches).
 struct PoolEvent {
   static constexpr size_t kOpNameBytes = 64;
+  static constexpr size_t kOpNameHead = 20;
   int64_t time_ns = 0;      // steady clock, nanoseconds
   PoolEventKind kind = PoolEventKind::kAlloc;
   int32_t stream = 0;       // the job ("stream") the event belongs to
   int64_t bytes = 0;        // chunk bytes (alloc/free), requested bytes (oom)
   int64_t offset = -1;      // arena offset of the chunk; -1 for sync/oom
   int64_t pool_current = 0; // pool bytes in use after the event
-  char op[kOpNameBytes] = {0};  // op name, NUL terminated, maybe truncated
+  char op[kOpNameBytes] = {0};  // op name, NUL terminated (Note [Truncated op names])
 
   std::string op_name() const { return std::string(op); }
 };
@@ -65,9 +71,18 @@ class EventTrace {
     e.bytes = bytes;
     e.offset = offset;
     e.pool_current = pool_current;
-    const size_t n = std::min(op.size(), PoolEvent::kOpNameBytes - 1);
-    if (n > 0) std::memcpy(e.op, op.data(), n);
-    e.op[n] = '\0';
+    constexpr size_t kMax = PoolEvent::kOpNameBytes - 1;
+    if (op.size() <= kMax) {
+      if (!op.empty()) std::memcpy(e.op, op.data(), op.size());
+      e.op[op.size()] = '\0';
+    } else {  // Note [Truncated op names]
+      constexpr size_t kHead = PoolEvent::kOpNameHead;
+      constexpr size_t kTail = kMax - kHead - 1;
+      std::memcpy(e.op, op.data(), kHead);
+      e.op[kHead] = '~';
+      std::memcpy(e.op + kHead + 1, op.data() + op.size() - kTail, kTail);
+      e.op[kMax] = '\0';
+    }
     ++next_;
   }
 
