@@ -97,14 +97,15 @@ _POOL_ROW = {PlanPeaks.timeline: "pool (time-aligned)", PlanPeaks.coincident: "p
 
 
 def format_plan_summary(plan) -> str:
-    """A Plan's *predicted* vanilla and planned peaks per job and for the
-    pool, one line each (``tensile plan``)."""
+    """A Plan's *predicted* vanilla (free-running) and planned peaks per job
+    and for the pool, one line each (``tensile plan``)."""
     rows = [f"{'job (predicted)':<20} {'vanilla peak':>13} {'planned peak':>13} {'MSR':>6} {'swaps':>6} "
             f"{'recomp':>6} {'iter s':>9} {'+recomp s':>9}"]
     for jp in plan.jobs.values():
         rows.append(f"{jp.name:<20} {human_bytes(jp.vanilla_peak_bytes):>13} {human_bytes(jp.planned_peak_bytes):>13} "
                     f"{jp.msr:>6.1%} {len(jp.swap_ins):>6} {len(jp.recomputes):>6} "
-                    f"{jp.iteration_s:>9.4f} {jp.planned_iteration_s - jp.iteration_s:>9.4f}")
+                    f"{jp.iteration_s:>9.4f} {jp.planned_iteration_s - jp.iteration_s:>9.4f}"
+                    + ("  (in plan order, no swaps)" if jp.order_only else ""))
     pool_row = _POOL_ROW[PlanPeaks(plan.peak_model)]
     rows.append(f"{pool_row:<20} {human_bytes(plan.pool_vanilla_peak_bytes):>13} "
                 f"{human_bytes(plan.pool_planned_peak_bytes):>13} {plan.msr:>6.1%}")

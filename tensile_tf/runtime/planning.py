@@ -207,7 +207,7 @@ class JobPlanning:
         """Makes ``step`` the job's step (if the plan changes it) and records
         the plan and the needs admission will use."""
         jp = plan.jobs[s.name]
-        if jp.swap_outs or jp.swap_ins or jp.recomputes:
+        if jp.changes_step:
             with s.job_stream.eager_scope():
                 if s.planned_step is not None:
                     s.planned_step.restore()  # the old plan's variables back before the new plan
@@ -228,4 +228,4 @@ class JobPlanning:
             predicted_msr=jp.msr, swap_outs=len(jp.swap_outs), swap_ins=len(jp.swap_ins),
             recomputes=len(jp.recomputes), planning_s=plan.planning_s, cold_start=s.captured.cold,
             swapped_bytes_per_step=report.swapped_bytes_per_step, recomputed_ops=report.recomputed_ops,
-            rewrite=report.to_dict(), source=source)
+            rewrite=report.to_dict(), source=source, order_only=jp.order_only)

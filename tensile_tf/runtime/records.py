@@ -78,10 +78,11 @@ class PlanRecord:
     recomputed_ops: int = 0
     rewrite: dict[str, Any] = field(default_factory=dict)   # RewriteReport.to_dict()
     source: str = "planned"      # "planned" (this run) or the plan.json it was loaded from
+    order_only: bool = False     # no events, run in plan order (Note [Free-running steps] in scheduler.peak_analysis)
 
     @property
     def changes_step(self) -> bool:
-        return bool(self.swap_outs or self.swap_ins or self.recomputes)
+        return bool(self.swap_outs or self.swap_ins or self.recomputes or self.order_only)
 
 
 @dataclass

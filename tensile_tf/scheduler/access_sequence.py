@@ -79,6 +79,7 @@ class TensorAccessSequence:
         step_op: list[str] = []
         lat: list[float] = []
         temp: list[float] = []
+        concurrent: dict[int, int] = {}   # step -> the op's concurrent_bytes (Note [Free-running steps])
         acc: list[list[int]] = [[] for _ in range(nt)]
         writes: list[list[int]] = [[] for _ in range(nt)]
         acc_kind: list[list[str]] = [[] for _ in range(nt)]
@@ -126,8 +127,8 @@ class TensorAccessSequence:
             step_names.append(op.name)
             step_op.append(op.name)
             lat.append(max(0.0, float(latencies.latency_s(op))))
-            # Note [Buffer forwarding] and Note [Concurrent scratch] in tensile_tf/execution.py
-            temp.append(op.temp_bytes - op.forwarded_bytes + op.concurrent_bytes)
+            temp.append(op.temp_bytes - op.forwarded_bytes)   # Note [Buffer forwarding] in tensile_tf/execution.py
+            concurrent[k] = op.concurrent_bytes
             for t in op.inputs:
                 touch(ti[t], k, "TUA")
             for t in op.updates:
@@ -146,6 +147,9 @@ class TensorAccessSequence:
         self.start = self.end - self.latency
         self.period_s = float(self.end[-1]) if n else 0.0
         self.temp = np.asarray(temp, dtype=np.int64)
+        self.concurrent = np.zeros(n, dtype=np.int64)
+        for k, b in concurrent.items():
+            self.concurrent[k] = b
         self.acc = acc
         self.acc_kind = acc_kind
         self.writes = writes
@@ -156,12 +160,17 @@ class TensorAccessSequence:
                 first[i], last[i] = 0, n - 1
             elif acc[i]:
                 first[i], last[i] = writes[i][0] if writes[i] else acc[i][0], acc[i][-1]
-        # Note [Views] in job_graph: a view has no bytes; its owner stays until the view's last access.
+        # Note [Views] in job_graph: a view has no bytes; its owner stays until
+        # the view's last access, and an absence of the owner frees nothing
+        # while a view is live (``view_spans``: owner -> inclusive step ranges).
+        self.view_spans: dict[int, list[tuple[int, int]]] = {}
         for i, info in enumerate(infos):
             owner = ti.get(info.view_of) if info.view_of else None
             if owner is not None:
                 self.size[i] = 0
                 last[owner] = max(last[owner], last[i])
+                if last[i] >= 0:
+                    self.view_spans.setdefault(owner, []).append((int(first[i]), int(last[i])))
         self.first, self.last = first, last
         self._start_l = self.start.tolist()
         self._end_l = self.end.tolist()

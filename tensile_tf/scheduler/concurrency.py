@@ -12,7 +12,8 @@ bytes the job really held while each op allocated, in a few traced steps
 (``tensile_tf.execution.measure_step_memory``), and returns per op the
 largest difference from the sequential footprint; the capture stores it as
 the op's ``concurrent_bytes`` (Note [Concurrent scratch] in
-tensile_tf/execution.py), so the planner's footprint is the executor's.
+tensile_tf/execution.py), and the vanilla footprint is the executor's (Note
+[Free-running steps] in peak_analysis).
 
 Note [Observed, not simulated]
 Which ops meet on the threads depends on their latencies and on the
@@ -43,18 +44,10 @@ from tensile_tf.scheduler.peak_analysis import JobFootprint
 
 def sequential_activation_footprint(graph: JobGraph) -> list[int]:
     """Per op of ``graph.ops``, the non-persistent bytes the sequential
-    footprint holds while it runs (tensors, scratch, less forwarded bytes;
-    the ops' ``concurrent_bytes`` not included)."""
-    saved = [o.concurrent_bytes for o in graph.ops]
-    try:
-        for o in graph.ops:
-            o.concurrent_bytes = 0
-        tas = TensorAccessSequence(graph, UniformLatency())
-        persistent = int(tas.size[tas.persistent].sum())
-        return [int(b) - persistent for b in JobFootprint(tas).base]
-    finally:
-        for o, b in zip(graph.ops, saved):
-            o.concurrent_bytes = b
+    footprint holds while it runs (tensors, scratch, less forwarded bytes)."""
+    tas = TensorAccessSequence(graph, UniformLatency())
+    persistent = int(tas.size[tas.persistent].sum())
+    return [int(b) - persistent for b in JobFootprint(tas).base]
 
 
 def observed_concurrency_bytes(graph: JobGraph, observed_steps: Sequence[Mapping[str, int]]) -> dict[str, int]:

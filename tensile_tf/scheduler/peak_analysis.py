@@ -32,6 +32,19 @@ coincident rule; with four it stops asking each job to fit a quarter of what
 the floors leave, which no swap plan can reach (benchmarks/RESULTS.md, the
 4-job hybrid).
 
+Note [Free-running steps]. A planned step runs its ops one after another in
+plan order (Note [Plan order] in tensile_tf/rewrite.py); an unplanned step
+runs free on the executor's inter-op threads, which holds more at some ops
+(ops beside it) and less at others (ops the order leaves waiting run sooner
+and free their inputs). ``JobFootprint.base`` is the first: the planner
+plans on it. ``JobFootprint.free_running`` adds each op's
+``concurrent_bytes`` (observed in traced steps, Note [Concurrent scratch] in
+tensile_tf/execution.py) and is the vanilla footprint: the predicted vanilla
+peak, MSR's reference, and what a job whose plan changes nothing holds. A
+plan with no events still runs its job in plan order when that lowers the
+job's peak (``JobPlan.order_only``): on the node-group CNN the free-running
+step peaks at 89 MiB in some steps and the ordered one at 60.
+
 Note [op-granular footprint]. A job's footprint is held per step (op): F[k] is
 the bytes resident while step k runs: every live tensor, the step's outputs
 and scratch. A tensor lives from its TGA step to its last access step
@@ -64,6 +77,8 @@ class JobFootprint:
         np.add.at(diff, tas.first[alive], tas.size[alive])
         np.add.at(diff, tas.last[alive] + 1, -tas.size[alive])
         self.base = np.cumsum(diff[:-1]) + tas.temp
+        #: Note [Free-running steps]: the unplanned step on the executor's threads
+        self.free_running = self.base + tas.concurrent
         self.F = self.base.copy()
         self.absences: dict[int, list[tuple[int, int]]] = {}
         self._abs_arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
@@ -83,7 +98,7 @@ class JobFootprint:
         size = int(self.tas.size[i])
         for a, b in ranges:
             if b > a:
-                self.F[a:b] -= size
+                self.F[a:b] -= size * self._freed_by_absence(i, a, b)
         self.absences.setdefault(i, []).extend(r for r in ranges if r[1] > r[0])
         self._abs_arrays = None
         return ranges
@@ -93,9 +108,19 @@ class JobFootprint:
         lst = self.absences.get(i, [])
         for a, b in ranges:
             if b > a:
-                self.F[a:b] += size
+                self.F[a:b] += size * self._freed_by_absence(i, a, b)
                 lst.remove((a, b))
         self._abs_arrays = None
+
+    def _freed_by_absence(self, i: int, a: int, b: int) -> np.ndarray:
+        """1 for the steps of [a, b) where tensor i's absence frees its
+        buffer, 0 where a view of it holds the buffer (Note [Views])."""
+        freed = np.ones(b - a, dtype=np.int64)
+        for first, last in self.tas.view_spans.get(i, ()):
+            lo, hi = max(first, a), min(last + 1, b)
+            if hi > lo:
+                freed[lo - a:hi - a] = 0
+        return freed
 
     def is_absent(self, i: int, k: int) -> bool:
         k %= self.tas.n
@@ -118,6 +143,12 @@ class JobFootprint:
 
     @property
     def vanilla_peak(self) -> int:
+        """The unplanned step's peak (Note [Free-running steps])."""
+        return int(self.free_running.max()) if self.tas.n else 0
+
+    @property
+    def ordered_peak(self) -> int:
+        """The peak of the step run one op at a time in plan order, without events."""
         return int(self.base.max()) if self.tas.n else 0
 
     @property

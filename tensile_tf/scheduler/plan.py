@@ -79,6 +79,12 @@ class JobPlan:
     swapped_bytes_per_iteration: int = 0
     graph_fingerprint: str = ""       # JobGraph.fingerprint() of the graph planned for
     graph_ops: int = 0                # its number of ops (for the message when a graph differs)
+    order_only: bool = False          # no events, yet run in plan order: it lowers the peak (Note [Free-running steps])
+
+    @property
+    def changes_step(self) -> bool:
+        """Whether the job runs a rewritten step (events, or the plan's order alone)."""
+        return bool(self.swap_outs or self.swap_ins or self.recomputes or self.order_only)
 
     @property
     def msr(self) -> float:

@@ -38,6 +38,9 @@ from tensile_tf.scheduler.swap_scheduling import SwapChannel, scheduling_swap, s
 #: PCIe 3.0 x16 as seen by cudaMemcpyAsync from pinned memory, ~12 GiB/s.
 DEFAULT_BANDWIDTH_BYTES_PER_S = 12 * 2**30
 
+# Plan.stop_reason when the unplanned (free-running) steps fit the budget already.
+UNPLANNED_FITS = "budget met by the unplanned steps"
+
 
 @dataclass
 class PlannerJob:
@@ -107,7 +110,7 @@ class Planner:
         self.order = []
         self._new_timeline()
         vt = self.timeline
-        self._vanilla_pool_peak = vt.pool_peak([js.fp.base for js in self.jobs])
+        self._vanilla_pool_peak = vt.pool_peak([js.fp.free_running for js in self.jobs])
         self._sum_job_peaks = sum(js.vanilla_peak for js in self.jobs)
 
     def _new_timeline(self) -> None:
@@ -181,7 +184,7 @@ class Planner:
             vt = PoolTimeline([js.vanilla_tas for js in self.jobs], [js.offset_s for js in self.jobs],
                               self.horizon_iterations, coincident_peaks=self.coincident_peaks,
                               peaking_jobs=self.peaking_jobs)
-            self._vanilla_pool_peak = vt.pool_peak([JobFootprint(js.vanilla_tas).base for js in self.jobs])
+            self._vanilla_pool_peak = vt.pool_peak([JobFootprint(js.vanilla_tas).free_running for js in self.jobs])
         self._rebuild(retime=retime)
         self._loop()
         return self._make_plan(time.perf_counter() - t0)
@@ -194,6 +197,9 @@ class Planner:
         history: list[int] = []
         it = 0
         self.stop_reason = "no swap or recomputation succeeded"
+        if budget is not None and self.stop_at_budget and self._vanilla_pool_peak <= budget:
+            self.stop_reason = UNPLANNED_FITS   # Note [Free-running steps]: nothing to plan
+            swap_ok = rec_ok = False
         while swap_ok or rec_ok:
             pa = gpu_memory_peak_analysis([js.fp for js in self.jobs], self.timeline)
             history.append(pa.peak_bytes)
@@ -244,13 +250,24 @@ class Planner:
         return True
 
     # -- output ------------------------------------------------------------------
+    def _runs_ordered(self, js) -> bool:
+        """Note [Free-running steps]: a job runs in plan order if its plan has
+        events, or if order alone lowers its peak and the unplanned steps do
+        not fit the budget."""
+        if js.decisions or js.recomputes:
+            return True
+        return self.stop_reason != UNPLANNED_FITS and js.fp.peak < js.vanilla_peak
+
     def _make_plan(self, seconds: float) -> Plan:
-        pool_peak = self._pool_peak()
+        ordered = {js.j: self._runs_ordered(js) for js in self.jobs}
+        pool_peak = self.timeline.pool_peak([js.fp.F if ordered[js.j] else js.fp.free_running for js in self.jobs])
         jobs = {}
         for js in self.jobs:
             tas = js.tas
             n = tas.n
-            jp = JobPlan(js.name, vanilla_peak_bytes=js.vanilla_peak, planned_peak_bytes=js.fp.peak,
+            jp = JobPlan(js.name, vanilla_peak_bytes=js.vanilla_peak,
+                         planned_peak_bytes=js.fp.peak if ordered[js.j] else js.vanilla_peak,
+                         order_only=ordered[js.j] and not (js.decisions or js.recomputes),
                          iteration_s=js.vanilla_tas.period_s, planned_iteration_s=tas.period_s,
                          start_offset_s=js.offset_s, max_swapping_rate=js.max_swapping_rate,
                          graph_fingerprint=js.graph.fingerprint(), graph_ops=len(js.graph.ops))
@@ -296,5 +313,5 @@ def plan_graphs(jobs: Sequence[PlannerJob], **kwargs) -> Plan:
 
 def pool_footprint_curve(planner: Planner, *, vanilla: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(grid seconds, pool bytes) of the planner's current state, for plots and tests."""
-    fs = [js.fp.base if vanilla else js.fp.F for js in planner.jobs]
+    fs = [js.fp.free_running if vanilla else js.fp.F for js in planner.jobs]
     return planner.timeline.grid.copy(), planner.timeline.pool_footprint(fs)

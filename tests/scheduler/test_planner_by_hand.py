@@ -199,5 +199,11 @@ def test_a_view_has_no_bytes_and_keeps_its_owner_until_its_last_access():
     assert JobFootprint(TensorAccessSequence(g, UNIT)).base.tolist() == [100, 200, 110, 111]
     g.tensors["r"].view_of = "h"
     tas = TensorAccessSequence(g, UNIT)
-    assert JobFootprint(tas).base.tolist() == [100, 100, 110, 111]
+    fp = JobFootprint(tas)
+    assert fp.base.tolist() == [100, 100, 110, 111]
     assert not tas.swappable[tas.tindex["r"]]
+    # h away over steps 2-3: r still holds its buffer there, so nothing is freed
+    ranges = fp.add_absence(tas.tindex["h"], 2, 3)
+    assert fp.F.tolist() == [100, 100, 110, 111]
+    fp.remove_absence(tas.tindex["h"], ranges)
+    assert fp.F.tolist() == fp.base.tolist()

@@ -15,7 +15,7 @@ parser.add_argument("--input-shape", default="784")
 parser.add_argument("--batch", type=int, default=32)
 parser.add_argument("--steps", type=int, default=4)
 parser.add_argument("--planned", action="store_true")
-parser.add_argument("--budget-frac", type=float, default=0.0, help="budget = frac * predicted vanilla peak (0: minimise)")
+parser.add_argument("--budget-frac", type=float, default=0.0, help="budget = frac * the predicted unplanned peak, free-running or in plan order, the lower (0: minimise)")
 parser.add_argument("--no-recompute", action="store_true")
 parser.add_argument("--bandwidth", type=float, default=0.0, help="swap link cap, bytes/s (0: unlimited)")
 parser.add_argument("--jobs", type=int, default=1)
@@ -93,7 +93,9 @@ if args.planned:
     if args.budget_frac:  # of the predicted vanilla pool peak (a plan with no events)
         vanilla = Planner([c.planner_job for c in captured], max_iterations=0,
                           coincident_peaks=args.coincident_peaks).plan()
-        budget = int(vanilla.pool_vanilla_peak_bytes * args.budget_frac)
+        # of the lower of the free-running and the in-order peak, so that
+        # meeting it takes events (Note [Free-running steps])
+        budget = int(min(vanilla.pool_vanilla_peak_bytes, vanilla.pool_planned_peak_bytes) * args.budget_frac)
     if args.empty_plan:
         budget = 1 << 50  # met by the vanilla order: no events
     plan, steps = plan_captured(captured, pool_bytes=budget, enable_recompute=not args.no_recompute,
