@@ -88,8 +88,9 @@ def measure_step_memory(step_fn, args: Sequence, graph: JobGraph, *, steps: int 
     pool = tf_plugin.device_pool()
     restore = snapshot_variables(step_fn.get_concrete_function(*args).graph)
     traces = []
-    began = time.perf_counter()
     try:
+        step_fn(*args)   # untraced: a function's first run also allocates what later runs reuse
+        began = time.perf_counter()
         while len(traces) < max(1, steps):
             pool.clear_trace()
             step_fn(*args)
