@@ -342,6 +342,34 @@ def _cmd_plan(args) -> int:
     return 0
 
 
+def _cmd_calibrate(args) -> int:
+    """Measures op latencies on this machine and caches the learned
+    cold-start predictor (tensile_tf/calibration.py)."""
+    from tensile_tf.units import parse_bytes
+
+    try:
+        pool = parse_bytes(args.pool, what="--pool")
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    names = [n.strip() for n in args.models.split(",") if n.strip()] if args.models else None
+    _install(pool)
+    from tensile_tf.calibration import CALIBRATION_MODELS, calibrate
+
+    if names:
+        unknown = [n for n in names if n not in CALIBRATION_MODELS]
+        if unknown or len(names) < 2:
+            raise UserError(f"--models {args.models}: " + (f"unknown {unknown}; " if unknown else "")
+                            + f"name at least two of {', '.join(CALIBRATION_MODELS)}")
+    predictor, rows, path = calibrate(names, path=Path(args.cache) if args.cache else None, repeats=args.repeats)
+    print(f"{'held-out model':<22} {'ops':>5} {'learned error':>14} {'bytes-touched error':>20}")
+    for r in rows:
+        print(f"{r.model:<22} {r.ops:>5} {r.learned_error:>14.1%} {r.bytes_touched_error:>20.1%}")
+    print("(error: summed |predicted - measured| op seconds over the measured step; each model predicted "
+          "by a predictor fitted without it)")
+    print(f"wrote {path}: fitted on {len(predictor.trained_on)} models, {predictor.samples} ops; cold starts use it")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tensile", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -367,6 +395,14 @@ def build_parser() -> argparse.ArgumentParser:
                       "run.plan_budget, else the pool less its 10%% headroom, as `tensile run` plans)")
     plan.add_argument("--bandwidth", help="swap link bandwidth per second, e.g. 12GiB (default: PCIe 3 x16)")
     plan.set_defaults(func=_cmd_plan)
+    calibrate = sub.add_parser("calibrate", help="measure op latencies on this machine and fit the cold-start "
+                               "latency predictor (cached; used when a job's first step does not fit)")
+    calibrate.add_argument("--models", help="comma-separated calibration models (default: all)")
+    calibrate.add_argument("--cache", help="where to write the predictor (default: the user cache directory, "
+                           "or $TENSILE_LATENCY_PREDICTOR)")
+    calibrate.add_argument("--repeats", type=int, default=3, help="profiled steps per model (default 3)")
+    calibrate.add_argument("--pool", default="2GiB", help="device pool for the measurements (default 2GiB)")
+    calibrate.set_defaults(func=_cmd_calibrate)
     from tensile_tf.search.cli import add_search_parser
 
     add_search_parser(sub)

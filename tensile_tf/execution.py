@@ -53,8 +53,9 @@ import tf_plugin
 from tensile_tf.memory import traced_op_matches
 from tensile_tf.capture import capture_job_graph, measure_op_latencies, snapshot_variables
 from tensile_tf.rewrite import PlannedStep, apply_plan
-from tensile_tf.scheduler import DEFAULT_BANDWIDTH_BYTES_PER_S, ColdStartLatency, Plan, Planner, PlannerJob
+from tensile_tf.scheduler import DEFAULT_BANDWIDTH_BYTES_PER_S, Plan, Planner, PlannerJob
 from tensile_tf.scheduler.concurrency import observed_concurrency_bytes
+from tensile_tf.scheduler.latency_predictor import cold_start_latency
 from tensile_tf.scheduler.job_graph import JobGraph
 
 
@@ -322,15 +323,17 @@ def capture_cold(job: JobToPlan) -> CapturedJob:
     """Captures a job for planning without running its step (§IV-A cold
     start): for a job whose vanilla step does not fit the pool, so it can be
     neither profiled nor measured. Static shapes (dynamic ones count 0),
-    no scratch bytes, ``ColdStartLatency`` predictions."""
+    no scratch bytes; op latencies from the learned predictor that `tensile
+    calibrate` cached, else ``ColdStartLatency`` (bytes touched)."""
+    from tensile_tf.calibration import cached_predictor
     try:
         graph = capture_job_graph(job.name, job.step_fn, job.example_args, optimizer=job.optimizer,
                                   measure_dynamic=False)
         graph = executor_order(graph, job.step_fn, job.example_args)
     except Exception as e:  # noqa: BLE001 - name the job
         raise RuntimeError(f"job '{job.name}': could not capture its train step: {e}") from e
-    return CapturedJob(job, graph, PlannerJob(graph, ColdStartLatency(graph), job.start_offset_s,
-                                              job.max_swapping_rate), cold=True)
+    latencies = cold_start_latency(graph, cached_predictor())
+    return CapturedJob(job, graph, PlannerJob(graph, latencies, job.start_offset_s, job.max_swapping_rate), cold=True)
 
 
 def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,

@@ -22,6 +22,9 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("TENSILE_POOL_BYTES", "3GiB")
+# Cold starts in tests use the bytes-touched model, whatever `tensile calibrate`
+# cached on this machine (tests that calibrate point this at their own file).
+os.environ["TENSILE_LATENCY_PREDICTOR"] = str(Path("/nonexistent-tensile-test-cache") / "latency_predictor.joblib")
 
 import tensile_tf  # noqa: E402  (light: sets TensorFlow's environment defaults, imports no TF)
 
