@@ -158,6 +158,10 @@ class RichProgress:
             rate=f"{1 / median:.1f}" if median else "-", mem=human_bytes(job_mem),
             status=state.status.value)
 
+    def note(self, text: str) -> None:
+        """A line above the bars (a re-plan, Note [Re-planning on events])."""
+        self.progress.console.print(text)
+
 
 def _summary_table(result, console) -> None:
     from rich.table import Table

@@ -167,6 +167,9 @@ class RunSpec(_Strict):
         "MP = sum MP_j), as if every job peaked at once; 'paired' for every job's floor plus the two "
         "largest peaks, as the node-group pipeline runs them (default: 'paired' with pipeline: nodegroup, "
         "else 'timeline')")
+    replan: StrictBool = Field(
+        True, description="planner: re-plan the running jobs together while they run, when a job ends "
+        "(Note [Re-planning on events]); false keeps each job's first plan")
     pipeline: PipelineKind = PipelineKind.none
     split_size: int | Literal["auto"] = Field(
         "auto", description="node-group pipeline: net bytes (de)allocated per node group, e.g. 16MiB, "

@@ -43,6 +43,12 @@ def chrome_trace(result: RunResult) -> dict[str, Any]:
         if s.error:
             events.append({"ph": "i", "name": f"{s.status.value}: {s.error[:200]}", "pid": 1, "tid": tid,
                            "s": "t", "ts": (s.ended_at_s or 0) * 1e6})
+    for r in _replans(result):   # Note [Re-planning on events]
+        events.append({"ph": "i", "name": f"re-plan: {r.reason}" + (" (failed)" if r.error else ""),
+                       "pid": 1, "s": "p", "ts": r.at_s * 1e6,
+                       "args": {"jobs": [j.name for j in r.jobs], "error": r.error,
+                                "predicted_peak_sum_before_bytes": r.predicted_peak_sum_before_bytes,
+                                "predicted_peak_sum_after_bytes": r.predicted_peak_sum_after_bytes}})
     names = sorted({name for m in result.samples for name in m.jobs})
     for m in result.samples:
         events.append({"ph": "C", "name": "pool bytes by job", "pid": 2, "ts": m.t_s * 1e6,
@@ -66,6 +72,10 @@ def chrome_trace(result: RunResult) -> dict[str, Any]:
     return {"traceEvents": events, "displayTimeUnit": "ms", "metadata": metadata}
 
 
+def _replans(result: RunResult) -> list:
+    return result.planner.replans if result.planner is not None else []
+
+
 def write_memory_png(result: RunResult, path: Path) -> None:
     import matplotlib
 
@@ -81,6 +91,9 @@ def write_memory_png(result: RunResult, path: Path) -> None:
     if t:
         ax.stackplot(t, stacks, labels=series, alpha=0.85)
     ax.axhline(result.capacity / 2**20, color="black", linestyle="--", linewidth=1, label="capacity")
+    for k, r in enumerate(_replans(result)):
+        ax.axvline(r.at_s, color="tab:red" if r.error else "tab:purple", linestyle=":", linewidth=1.2,
+                   label=("re-plan" if k == 0 else None))
     ax.set_xlabel("time (s)")
     ax.set_ylabel("pool bytes in use (MiB)")
     ax.set_title("device pool usage by job")

@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from tensile_tf.runtime.failures import NonFiniteLoss, record_failure
 from tensile_tf.runtime.records import JobState, JobStatus, StepRecord
+from tensile_tf.runtime.replanning import take_switch
 
 
 class RunClock:
@@ -104,6 +105,7 @@ class JobThread:
                     if self.stop.is_set():  # the run is being stopped: end at this step boundary
                         status = JobStatus.interrupted
                         break
+                    take_switch(state)   # Note [Hot swap]: a re-plan's new step, at this step boundary
                     first = state.steps_done == 0 and state.first_batch is not None
                     run_step(state, state.first_batch if first else state.train.next_batch(), self.clock)
                     if state.job.on_step is not None and state.job.on_step(state) is False:

@@ -202,8 +202,8 @@ class JobPlanning:
             self._adopt(s, plan, steps[s.name], budget, source)
         return plan
 
-    @staticmethod
-    def _adopt(s: JobState, plan: Plan, step, budget: int, source: str) -> None:
+    @classmethod
+    def _adopt(cls, s: JobState, plan: Plan, step, budget: int, source: str) -> None:
         """Makes ``step`` the job's step (if the plan changes it) and records
         the plan and the needs admission will use."""
         jp = plan.jobs[s.name]
@@ -214,18 +214,25 @@ class JobPlanning:
                 step.evict()  # the first planned step starts as every later one
             s.planned_step = step
             s.step_fn = step
+        s.plan, s.planned_needs = cls.plan_record(s, plan, step, budget, source)
+
+    @staticmethod
+    def plan_record(s: JobState, plan: Plan, step, budget: int, source: str) -> tuple[PlanRecord, tuple[int, int]]:
+        """The job's PlanRecord under ``plan`` and the (P, T) admission will use."""
+        jp = plan.jobs[s.name]
         # The predicted saving comes off the measured P + T (variables swapped
         # across iterations lower P itself). A cold-planned job's P and T were
         # measured on a planned step already.
         saved = 0 if s.cold_planned else max(0, jp.vanilla_peak_bytes - jp.planned_peak_bytes)
         p_bytes, t_bytes = s.persistent_bytes or 0, s.temporary_bytes or 0
         total = max(0, p_bytes + t_bytes - saved)
-        s.planned_needs = (min(p_bytes, total), total - min(p_bytes, total))
+        needs = (min(p_bytes, total), total - min(p_bytes, total))
         report = step.report
-        s.plan = PlanRecord(
+        record = PlanRecord(
             budget_bytes=budget, budget_met=plan.budget_met,
             predicted_vanilla_peak_bytes=jp.vanilla_peak_bytes, predicted_planned_peak_bytes=jp.planned_peak_bytes,
             predicted_msr=jp.msr, swap_outs=len(jp.swap_outs), swap_ins=len(jp.swap_ins),
             recomputes=len(jp.recomputes), planning_s=plan.planning_s, cold_start=s.captured.cold,
             swapped_bytes_per_step=report.swapped_bytes_per_step, recomputed_ops=report.recomputed_ops,
             rewrite=report.to_dict(), source=source, order_only=jp.order_only)
+        return record, needs

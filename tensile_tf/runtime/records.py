@@ -119,6 +119,7 @@ class JobState:
     first_batch: tuple | None = field(default=None, repr=False)
     custom_gradients: set[str] = field(default_factory=set, repr=False)
     planned_step: Any = field(default=None, repr=False)   # rewrite.PlannedStep
+    pending_switch: Any = field(default=None, repr=False)  # replanning.StepSwitch the job thread takes next
     captured: Any = field(default=None, repr=False)       # execution.CapturedJob of the current build
 
     @property
@@ -283,9 +284,41 @@ class PlanSummary:
 
 
 @dataclass
+class JobReplan:
+    """One job's part in a re-plan (predictions, labelled as such)."""
+
+    name: str
+    predicted_peak_before_bytes: int       # the job's planned peak under the plan it ran
+    predicted_peak_after_bytes: int
+    swaps_before: int
+    swaps_after: int
+    recomputes_before: int
+    recomputes_after: int
+    median_step_s_before: float | None     # measured, over the steps run before the switch
+    median_step_s_after: float | None = None   # measured, over the steps after it (filled at the end)
+    switched_at_step: int | None = None    # the job's first step on the new plan (None: never switched)
+
+
+@dataclass
+class ReplanRecord:
+    """A re-plan while jobs run (Note [Re-planning on events] in runtime/replanning.py)."""
+
+    at_s: float
+    reason: str                            # e.g. "departure of j0"
+    budget_bytes: int
+    planning_s: float                      # the planner
+    rewrite_s: float                       # rewriting and retracing the jobs' steps
+    predicted_peak_sum_before_bytes: int   # the jobs' predicted planned peaks, summed, under their plans
+    predicted_peak_sum_after_bytes: int    # the same under the new plan
+    jobs: list[JobReplan]
+    error: str | None = None               # a re-plan that failed: the jobs kept their plans
+
+
+@dataclass
 class PlannerRecord:
     plans: list[PlanSummary]
     swap: SwapLinkRecord
+    replans: list[ReplanRecord] = field(default_factory=list)
 
 
 @dataclass

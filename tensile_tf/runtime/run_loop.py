@@ -43,6 +43,7 @@ from tensile_tf.runtime.job_thread import JobThread, RunClock
 from tensile_tf.runtime.nodegroup import NodeGroupCoordinator
 from tensile_tf.runtime.planning import JobPlanning, PlanningSettings, SavedPlan
 from tensile_tf.runtime.probing import JobLifecycle, ProbeOutcome
+from tensile_tf.runtime.replanning import Replanner
 from tensile_tf.runtime.records import (
     FINAL_STATUSES,
     JobState,
@@ -60,6 +61,7 @@ from tensile_tf.units import parse_bytes
 
 class ProgressSink(Protocol):
     def update(self, state: JobState, pool: dict[str, Any]) -> None: ...
+    # optional: note(text), a line for run-level events such as a re-plan
 
 
 class JobHost:
@@ -76,7 +78,7 @@ class JobHost:
                  split_size: int | str = "auto", barrier_timeout_s: float = 60.0,
                  planner: PlannerKind | str = PlannerKind.none, swap_bandwidth: int | str | None = None,
                  plan_budget: int | str | None = None, plan_peaks: PlanPeaks | str | None = None,
-                 record_weights: bool = False, saved_plan: SavedPlan | None = None):
+                 record_weights: bool = False, saved_plan: SavedPlan | None = None, replan: bool = True):
         if pool_bytes is not None:
             ensure_pool(pool_bytes)
         self.capacity = tf_plugin.device_pool().capacity
@@ -95,6 +97,9 @@ class JobHost:
             self.planning = JobPlanning(self.capacity, PlanningSettings(
                 self.plan_peaks, self.swap_bandwidth,
                 parse_bytes(plan_budget, what="plan_budget") if plan_budget else None, saved_plan))
+        self.replanner = None
+        if self.planning is not None and replan:
+            self.replanner = Replanner(self.planning, lambda: self.clock.now(), self._held_outside_jobs)
         self.pipeline = None
         if self.pipeline_kind == PipelineKind.nodegroup:
             split = split_size if split_size == "auto" else parse_bytes(split_size, what="split_size")
@@ -118,7 +123,8 @@ class JobHost:
         command builds its host here); ``kwargs`` override or add settings."""
         settings = dict(concurrency=run.concurrency, admission=run.admission, pipeline=run.pipeline,
                         split_size=run.split_size, barrier_timeout_s=run.barrier_timeout_s, planner=run.planner,
-                        swap_bandwidth=run.swap_bandwidth, plan_budget=run.plan_budget, plan_peaks=run.plan_peaks)
+                        swap_bandwidth=run.swap_bandwidth, plan_budget=run.plan_budget, plan_peaks=run.plan_peaks,
+                        replan=run.replan)
         return cls(pool, **(settings | kwargs))
 
     @property
@@ -206,6 +212,10 @@ class JobHost:
                 self._notify_end(ended)
                 if not self.stopping:
                     self._admit_waiting(waiting)
+                    if self.replanner is not None:
+                        replan = self.replanner.on_departure(ended, self._running(), len(waiting))
+                        if replan is not None:
+                            self._note_replan(replan)
         finally:
             stop_sampling.set()
             sampler.join()
@@ -365,6 +375,17 @@ class JobHost:
             except Exception as e:  # noqa: BLE001 - a callback must not stop the host
                 state.error = (state.error or "") + f" [on_end callback failed: {e!r}]"
 
+    def _note_replan(self, record) -> None:
+        note = getattr(self.progress, "note", None)
+        if note is None:
+            return
+        if record.error:
+            note(f"re-plan ({record.reason}) failed, jobs keep their plans: {record.error}")
+        else:
+            jobs = ", ".join(f"{j.name} swaps {j.swaps_before}->{j.swaps_after}" for j in record.jobs)
+            note(f"re-planned ({record.reason}) in {record.planning_s * 1e3:.0f} ms + rewrite "
+                 f"{record.rewrite_s:.2f} s: {jobs}")
+
     def _report(self, state: JobState) -> None:
         if self.progress is not None:
             self.progress.update(state, pool_stats())
@@ -406,7 +427,8 @@ class JobHost:
             from tf_plugin import swap
 
             planner = PlannerRecord([PlanSummary.of(p) for p in self.plans],
-                                    SwapLinkRecord.of(self.swap_bandwidth, swap.swap_stats()))
+                                    SwapLinkRecord.of(self.swap_bandwidth, swap.swap_stats()),
+                                    self.replanner.finish(self.states) if self.replanner is not None else [])
         return RunResult(capacity=self.capacity, pool=pool_record, jobs=list(self.states), samples=samples,
                          pool_events=kept, started_at=started_at, wall_s=wall, trace_origin_ns=origin_ns,
                          trace=coverage, most_jobs_running=self._most_running,

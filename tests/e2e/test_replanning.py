@@ -1,0 +1,101 @@
+"""Re-planning while jobs run (Note [Re-planning on events], Note [Hot swap]
+in tensile_tf/runtime/replanning.py), end to end: a job that ends frees its
+share and the job still running is planned again and switches plans between
+two of its steps, training bit for bit as unplanned; a re-plan that fails
+leaves the jobs on their plans."""
+import json
+
+from tests.conftest import last_json_line, run_python
+from tests.e2e.test_cli import tensile, write
+
+TWO_MLPS = """
+pool: 130MiB
+run: {{out_dir: unused, admission: sum, planner: tensile, plan_budget: 80MiB, swap_bandwidth: 1TiB{replan}}}
+jobs:
+  - name: short
+    model: {{builder: "tensile_tf.zoo:mlp", args: {{hidden: [1024, 1024, 1024]}}}}
+    input_shape: [784]
+    batch_size: 256
+    optimizer: {{name: adam, learning_rate: 0.001}}
+    steps: 3
+    seed: 1
+    max_swapping_rate: 0.01   # the joint plan swaps `long`, hardly `short`
+  - name: long
+    model: {{builder: "tensile_tf.zoo:mlp", args: {{hidden: [1024, 1024, 1024]}}}}
+    input_shape: [784]
+    batch_size: 256
+    optimizer: {{name: adam, learning_rate: 0.002}}
+    steps: 14
+    seed: 2
+"""
+
+
+def test_a_departure_replans_the_running_job_which_switches_and_trains_bit_for_bit(tmp_path):
+    cfg = write(tmp_path, TWO_MLPS.format(replan=""))
+    out = tmp_path / "out"
+    proc = tensile("run", str(cfg), "--out", str(out), "--compare-vanilla")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    compare = json.loads((out / "compare.json").read_text())
+    assert compare["all_match"], proc.stdout[-3000:]      # both jobs, across the switch
+    planned = json.loads((out / "planned" / "results.json").read_text())
+    first_plan = {j["name"]: j for j in planned["jobs"]}
+    (replan,) = planned["planner"]["replans"]
+    assert replan["reason"] == "departure of short" and replan["error"] is None, replan
+    (job,) = replan["jobs"]
+    assert job["name"] == "long"
+    # Both jobs shared 80 MiB (`long` swapped for both); alone, `long` has all of it: fewer swaps.
+    assert job["swaps_before"] > job["swaps_after"], replan
+    assert job["predicted_peak_after_bytes"] >= job["predicted_peak_before_bytes"]
+    assert 3 <= job["switched_at_step"] < 14, replan      # switched mid-run, at a step boundary
+    assert job["median_step_s_before"] > 0 and job["median_step_s_after"] > 0
+    assert first_plan["long"]["plan"]["source"] == "re-planned"
+    assert len(first_plan["long"]["losses"]) == 14 and first_plan["long"]["leaked_bytes"] == 0
+    assert planned["planner"]["swap"]["host"]["current"] == 0   # every host copy came back
+    assert "re-planned (departure of short)" in proc.stdout
+    trace = json.loads((out / "planned" / "trace.json").read_text())
+    assert [e["name"] for e in trace["traceEvents"] if e["name"].startswith("re-plan")] == \
+        ["re-plan: departure of short"]
+
+
+def test_replan_false_keeps_the_first_plans(tmp_path):
+    cfg = write(tmp_path, TWO_MLPS.format(replan=", replan: false"))
+    proc = tensile("run", str(cfg), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["planner"]["replans"] == []
+
+
+FAILING_REPLAN = """
+import json, sys
+import tensile_tf
+tensile_tf.install("130MiB")
+from tensile_tf.config import load_config
+from tensile_tf.jobs import Job
+from tensile_tf.runtime import JobHost
+import tensile_tf.runtime.replanning as replanning
+
+def broken(*args, **kwargs):
+    raise RuntimeError("planner exploded")
+
+replanning.plan_captured = broken
+cfg = load_config(sys.argv[1])
+host = JobHost.from_config(cfg.pool, cfg.run)
+for spec in cfg.jobs:
+    host.submit(Job.from_spec(spec))
+r = host.run()
+long = next(s for s in r.jobs if s.name == "long")
+print(json.dumps({"statuses": [s.status.value for s in r.jobs], "replans": [
+    {"reason": x.reason, "error": x.error, "jobs": len(x.jobs)} for x in r.planner.replans],
+    "long_swaps": long.plan.swap_outs, "long_source": long.plan.source, "leaked": long.leaked_bytes}))
+"""
+
+
+def test_a_failing_replan_keeps_the_plans_and_says_why(tmp_path):
+    cfg = write(tmp_path, TWO_MLPS.format(replan=""))
+    out = last_json_line(run_python(f"import sys; sys.argv = ['x', {str(cfg)!r}]\n" + FAILING_REPLAN))
+    assert out["statuses"] == ["finished", "finished"], out
+    (replan,) = out["replans"]
+    assert replan["reason"] == "departure of short" and "planner exploded" in replan["error"], out
+    assert replan["jobs"] == 0
+    assert out["long_swaps"] > 0 and out["long_source"] == "planned", out   # still on its first plan
+    assert out["leaked"] == 0
