@@ -22,6 +22,7 @@ import glob
 import os
 import shutil
 import tempfile
+import threading
 from collections import defaultdict
 from typing import Any, Callable, Sequence
 
@@ -268,6 +269,10 @@ def _load_xspace(logdir: str):
     return xs
 
 
+# One profiler per process: a job's profiled training step takes it, or is skipped.
+_PROFILER = threading.Lock()
+
+
 def measure_op_latencies(step_fn: Callable, args: Sequence, *, graph: JobGraph | None = None,
                          repeats: int = 3, warmup: int = 1) -> LatencyTable:
     """Per-op seconds (mean over ``repeats`` profiled steps) as a LatencyTable.
@@ -281,16 +286,22 @@ def measure_op_latencies(step_fn: Callable, args: Sequence, *, graph: JobGraph |
     try:
         for _ in range(warmup):
             step_fn(*args)
-        tf.profiler.experimental.start(logdir)
-        try:
-            for _ in range(repeats):
-                step_fn(*args)
-        finally:
-            tf.profiler.experimental.stop()
-        xs = _load_xspace(logdir)
+        with _PROFILER:   # one profiler per process (a running job may be sampling its latencies)
+            tf.profiler.experimental.start(logdir)
+            try:
+                for _ in range(repeats):
+                    step_fn(*args)
+            finally:
+                tf.profiler.experimental.stop()
+            xs = _load_xspace(logdir)
     finally:
         shutil.rmtree(logdir, ignore_errors=True)
         restore()
+    return _latencies_from_xspace(xs, graph, repeats)
+
+
+def _latencies_from_xspace(xs, graph: JobGraph | None, repeats: int) -> LatencyTable:
+    """Per-op mean seconds over ``repeats`` steps recorded in an XSpace."""
     total_ps: dict[str, int] = defaultdict(int)
     for plane in xs.planes:
         if not plane.name.startswith("/host:CPU"):
@@ -319,3 +330,24 @@ def measure_op_latencies(step_fn: Callable, args: Sequence, *, graph: JobGraph |
         raise RuntimeError("profiling recorded no TensorFlow ops; is step_fn a tf.function that runs ops?")
     known = {k: v for k, v in seconds.items() if not op_types or k in op_types}
     return LatencyTable.from_measurements(known or seconds, op_types, default_s=1e-6, source="tf.profiler")
+
+
+def profiled_step(step_fn: Callable, args: Sequence, graph: JobGraph) -> tuple[Any, LatencyTable | None]:
+    """Runs ONE real training step (its updates are kept) and, if the
+    process's profiler is free, records its op latencies. Returns the
+    step's output and the LatencyTable (None when another job held the
+    profiler: the step ran unprofiled)."""
+    if not _PROFILER.acquire(blocking=False):
+        return step_fn(*args), None
+    logdir = tempfile.mkdtemp(prefix="tensile_profile_")
+    try:
+        tf.profiler.experimental.start(logdir)
+        try:
+            out = step_fn(*args)
+        finally:
+            tf.profiler.experimental.stop()
+        table = _latencies_from_xspace(_load_xspace(logdir), graph, 1)
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)
+        _PROFILER.release()
+    return out, table

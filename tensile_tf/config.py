@@ -169,7 +169,10 @@ class RunSpec(_Strict):
         "else 'timeline')")
     replan: StrictBool = Field(
         True, description="planner: re-plan the running jobs together while they run, when a job ends "
-        "(Note [Re-planning on events]); false keeps each job's first plan")
+        "or its op latencies drift (Note [Re-planning on events]); false keeps each job's first plan")
+    replan_threshold: StrictFloat = Field(
+        0.2, gt=0, description="planner: re-plan when a job's EWMA-corrected op latencies summed differ from "
+        "those of its plan by more than this share (seed 000 §IV-E's change rate)")
     pipeline: PipelineKind = PipelineKind.none
     split_size: int | Literal["auto"] = Field(
         "auto", description="node-group pipeline: net bytes (de)allocated per node group, e.g. 16MiB, "

@@ -17,6 +17,7 @@ from typing import Callable
 
 import tensorflow as tf
 
+from tensile_tf.capture import profiled_step
 from tensile_tf.runtime.failures import NonFiniteLoss, record_failure
 from tensile_tf.runtime.records import JobState, JobStatus, StepRecord
 from tensile_tf.runtime.replanning import take_switch
@@ -36,15 +37,23 @@ class RunClock:
 
 
 def run_step(state: JobState, batch: tuple, clock: RunClock) -> None:
-    """Runs one step of the job; raises NonFiniteLoss if its loss is NaN or
+    """Runs one step of the job (under the profiler when its latency monitor
+    asks, Note [Latency drift]); raises NonFiniteLoss if its loss is NaN or
     infinite and the job stops on that."""
     stream = state.job_stream
     stream.reset_peak()
     start = clock.now()
+    monitor = state.latency_monitor
+    profile = monitor is not None and monitor.due()
     t = time.perf_counter()
-    loss = state.step_fn(*batch)
+    if profile:
+        loss, measured = profiled_step(state.step_fn, batch, state.captured.graph)
+    else:
+        loss = state.step_fn(*batch)
     value = float(tf.reduce_mean(loss)) if loss is not None else math.nan
     duration = time.perf_counter() - t
+    if profile:
+        monitor.observe(measured, duration)
     peak = stream.stats().get("peak", 0)
     state.records.append(StepRecord(state.steps_done, start, duration, value, peak))
     state.steps_done += 1

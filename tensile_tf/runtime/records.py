@@ -120,6 +120,7 @@ class JobState:
     custom_gradients: set[str] = field(default_factory=set, repr=False)
     planned_step: Any = field(default=None, repr=False)   # rewrite.PlannedStep
     pending_switch: Any = field(default=None, repr=False)  # replanning.StepSwitch the job thread takes next
+    latency_monitor: Any = field(default=None, repr=False)  # replanning.LatencyMonitor
     captured: Any = field(default=None, repr=False)       # execution.CapturedJob of the current build
 
     @property
@@ -315,10 +316,24 @@ class ReplanRecord:
 
 
 @dataclass
+class DriftCheck:
+    """One profiled training step of a job (Note [Latency drift] in runtime/replanning.py)."""
+
+    job: str
+    step: int
+    at_s: float
+    change_rate: float            # |s' - s| / s of the EWMA-corrected latencies vs the current plan's
+    profiled_step_s: float        # the profiled step's wall time
+    median_step_s: float | None   # the job's median step before it
+    replan_requested: bool
+
+
+@dataclass
 class PlannerRecord:
     plans: list[PlanSummary]
     swap: SwapLinkRecord
     replans: list[ReplanRecord] = field(default_factory=list)
+    drift_checks: list[DriftCheck] = field(default_factory=list)
 
 
 @dataclass

@@ -25,9 +25,24 @@ holds the job's parameters and slots once and never two plans' peaks. A
 plan never changes what a step computes, so training stays bit for bit
 across a switch (tests/e2e/test_replanning.py). A newer switch replaces one
 not yet taken; the older one is then recorded as never switched.
+
+Note [Latency drift]
+Now and then a job's training step runs under the profiler
+(``capture.profiled_step``: a real step, one job at a time; a busy profiler
+skips). Its op latencies correct the job's latency table by EWMA (§IV-E,
+``LatencyTable.ewma_update``, alpha EWMA_ALPHA), and the change rate
+|s' - s| / s of the corrected table against the table of the job's current
+plan (``LatencyTable.change_rate``) above ``run.replan_threshold`` asks the
+run loop for a re-plan of the running planned jobs ("latency drift of JOB"),
+made from the corrected tables. The first check is at step
+FIRST_CHECK_STEP; then every max(MIN_CHECK_INTERVAL, extra / (OVERHEAD_SHARE
+x median step)) steps, where extra is what the last profiled step took
+beyond the median, so profiling costs at most OVERHEAD_SHARE (2%) of the
+job's time. Every check is in results.json (``planner.drift_checks``).
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -35,7 +50,13 @@ from typing import Any, Callable, Sequence
 
 from tensile_tf.execution import plan_captured
 from tensile_tf.runtime.failures import summarize_error
-from tensile_tf.runtime.records import JobReplan, JobState, JobStatus, PlanRecord, ReplanRecord
+from tensile_tf.runtime.records import DriftCheck, JobReplan, JobState, JobStatus, PlanRecord, ReplanRecord
+from tensile_tf.scheduler import LatencyTable
+
+EWMA_ALPHA = 0.3
+FIRST_CHECK_STEP = 8
+MIN_CHECK_INTERVAL = 20
+OVERHEAD_SHARE = 0.02
 
 
 @dataclass
@@ -70,6 +91,47 @@ def take_switch(state: JobState) -> None:
 def _median_step_s(state: JobState, lo: int, hi: int | None) -> float | None:
     times = [r.duration_s for r in state.records[lo:hi]]
     return statistics.median(times) if times else None
+
+
+class LatencyMonitor:
+    """Note [Latency drift] for one planned job (used by its thread)."""
+
+    def __init__(self, state: JobState, threshold: float, request: Callable[[str, str], None],
+                 now: Callable[[], float]):
+        self.state = state
+        self.threshold = threshold
+        self.request = request
+        self.now = now
+        self.baseline = state.captured.planner_job.latencies   # the table the current plan was made with
+        self.next_step = FIRST_CHECK_STEP
+        self.checks: list[DriftCheck] = []
+
+    def due(self) -> bool:
+        return self.state.steps_done >= self.next_step and isinstance(self.baseline, LatencyTable)
+
+    def observe(self, measured: LatencyTable | None, step_s: float) -> None:
+        """After a profiled step (``measured`` None: the profiler was busy)."""
+        state = self.state
+        median = state.median_step_s
+        if measured is None:
+            self.next_step = state.steps_done + 1
+            return
+        job = state.captured.planner_job
+        current = job.latencies if isinstance(job.latencies, LatencyTable) else self.baseline
+        corrected = current.ewma_update(measured.seconds, EWMA_ALPHA)
+        job.latencies = corrected
+        rate = self.baseline.change_rate(corrected, state.captured.graph)
+        drifted = rate > self.threshold
+        self.checks.append(DriftCheck(state.name, state.steps_done, self.now(), rate, step_s, median, drifted))
+        if drifted:
+            self.request(state.name, f"latency drift of {state.name} ({rate:+.0%} vs its plan)")
+        extra = max(0.0, step_s - (median or step_s))
+        interval = MIN_CHECK_INTERVAL if not median else max(MIN_CHECK_INTERVAL,
+                                                               math.ceil(extra / (OVERHEAD_SHARE * median)))
+        self.next_step = state.steps_done + interval
+
+    def replanned(self) -> None:
+        self.baseline = self.state.captured.planner_job.latencies
 
 
 class Replanner:
@@ -125,6 +187,8 @@ class Replanner:
         record.predicted_peak_sum_after_bytes = sum(j.predicted_peak_after_bytes for j in record.jobs)
         self.planning.plans.append(plan)
         for s in jobs:
+            if s.latency_monitor is not None:
+                s.latency_monitor.replanned()
             switch = switches[s.name]
             if s.planned_needs is not None:   # admission holds the larger of the two until the switch
                 switch_needs = tuple(max(a, b) for a, b in zip(s.planned_needs, switch.needs))

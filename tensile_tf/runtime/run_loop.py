@@ -43,7 +43,7 @@ from tensile_tf.runtime.job_thread import JobThread, RunClock
 from tensile_tf.runtime.nodegroup import NodeGroupCoordinator
 from tensile_tf.runtime.planning import JobPlanning, PlanningSettings, SavedPlan
 from tensile_tf.runtime.probing import JobLifecycle, ProbeOutcome
-from tensile_tf.runtime.replanning import Replanner
+from tensile_tf.runtime.replanning import LatencyMonitor, Replanner
 from tensile_tf.runtime.records import (
     FINAL_STATUSES,
     JobState,
@@ -78,7 +78,8 @@ class JobHost:
                  split_size: int | str = "auto", barrier_timeout_s: float = 60.0,
                  planner: PlannerKind | str = PlannerKind.none, swap_bandwidth: int | str | None = None,
                  plan_budget: int | str | None = None, plan_peaks: PlanPeaks | str | None = None,
-                 record_weights: bool = False, saved_plan: SavedPlan | None = None, replan: bool = True):
+                 record_weights: bool = False, saved_plan: SavedPlan | None = None, replan: bool = True,
+                 replan_threshold: float = 0.2):
         if pool_bytes is not None:
             ensure_pool(pool_bytes)
         self.capacity = tf_plugin.device_pool().capacity
@@ -98,6 +99,8 @@ class JobHost:
                 self.plan_peaks, self.swap_bandwidth,
                 parse_bytes(plan_budget, what="plan_budget") if plan_budget else None, saved_plan))
         self.replanner = None
+        self.replan_threshold = replan_threshold
+        self._replan_requests: queue.Queue[tuple[str, str]] = queue.Queue()
         if self.planning is not None and replan:
             self.replanner = Replanner(self.planning, lambda: self.clock.now(), self._held_outside_jobs)
         self.pipeline = None
@@ -124,7 +127,7 @@ class JobHost:
         settings = dict(concurrency=run.concurrency, admission=run.admission, pipeline=run.pipeline,
                         split_size=run.split_size, barrier_timeout_s=run.barrier_timeout_s, planner=run.planner,
                         swap_bandwidth=run.swap_bandwidth, plan_budget=run.plan_budget, plan_peaks=run.plan_peaks,
-                        replan=run.replan)
+                        replan=run.replan, replan_threshold=run.replan_threshold)
         return cls(pool, **(settings | kwargs))
 
     @property
@@ -199,6 +202,7 @@ class JobHost:
                     self._admit_waiting(waiting)
                     if not self._threads:
                         break  # what waits cannot run even alone
+                self._serve_replan_requests(len(waiting))
                 try:
                     ended = self._ended.get(timeout=0.25)
                 except queue.Empty:
@@ -337,6 +341,11 @@ class JobHost:
         self.planning.plan([state], budget)
 
     def _start(self, state: JobState) -> None:
+        if self.replanner is not None and state.captured is not None and not state.captured.cold \
+                and state.plan is not None:
+            state.latency_monitor = LatencyMonitor(state, self.replan_threshold,
+                                                   lambda job, why: self._replan_requests.put((job, why)),
+                                                   self.clock.now)
         state.status = JobStatus.running
         state.admitted_at_s = self.clock.now()
         if self.pipeline is not None:
@@ -374,6 +383,20 @@ class JobHost:
                 state.job.on_end(state)
             except Exception as e:  # noqa: BLE001 - a callback must not stop the host
                 state.error = (state.error or "") + f" [on_end callback failed: {e!r}]"
+
+    def _serve_replan_requests(self, waiting: int) -> None:
+        """Note [Latency drift]: the jobs' monitors asked for a re-plan."""
+        reasons = []
+        while True:
+            try:
+                reasons.append(self._replan_requests.get_nowait()[1])
+            except queue.Empty:
+                break
+        if not reasons or self.replanner is None or self.stopping or waiting:
+            return
+        jobs = [s for s in self._running() if s.captured is not None and not s.captured.cold and s.plan is not None]
+        if jobs:
+            self._note_replan(self.replanner.replan(jobs, "; ".join(reasons)))
 
     def _note_replan(self, record) -> None:
         note = getattr(self.progress, "note", None)
@@ -428,7 +451,9 @@ class JobHost:
 
             planner = PlannerRecord([PlanSummary.of(p) for p in self.plans],
                                     SwapLinkRecord.of(self.swap_bandwidth, swap.swap_stats()),
-                                    self.replanner.finish(self.states) if self.replanner is not None else [])
+                                    self.replanner.finish(self.states) if self.replanner is not None else [],
+                                    [c for s in self.states if s.latency_monitor is not None
+                                     for c in s.latency_monitor.checks])
         return RunResult(capacity=self.capacity, pool=pool_record, jobs=list(self.states), samples=samples,
                          pool_events=kept, started_at=started_at, wall_s=wall, trace_origin_ns=origin_ns,
                          trace=coverage, most_jobs_running=self._most_running,

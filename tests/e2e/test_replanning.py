@@ -99,3 +99,47 @@ def test_a_failing_replan_keeps_the_plans_and_says_why(tmp_path):
     assert replan["jobs"] == 0
     assert out["long_swaps"] > 0 and out["long_source"] == "planned", out   # still on its first plan
     assert out["leaked"] == 0
+
+
+DRIFTING = """
+import json, sys
+import tensile_tf
+tensile_tf.install("130MiB")
+from tensile_tf.config import load_config
+from tensile_tf.jobs import Job
+from tensile_tf.runtime import JobHost
+from tensile_tf.scheduler import LatencyTable
+import tensile_tf.runtime.job_thread as job_thread
+
+real = job_thread.profiled_step
+def slower(step_fn, args, graph):   # the real profiled step, its ops reported 3x slower
+    out, table = real(step_fn, args, graph)
+    return out, LatencyTable({k: 3 * v for k, v in table.seconds.items()}) if table is not None else None
+job_thread.profiled_step = slower
+
+cfg = load_config(sys.argv[1])
+host = JobHost.from_config(cfg.pool, cfg.run)
+host.submit(Job.from_spec(next(s for s in cfg.jobs if s.name == "long").model_copy(update={"steps": 12})))
+r = host.run()
+(s,) = r.jobs
+print(json.dumps({"status": s.status.value, "error": s.error,
+                  "checks": [(c.step, round(c.change_rate, 3), c.replan_requested) for c in r.planner.drift_checks],
+                  "replans": [{"reason": x.reason, "error": x.error,
+                               "switched": [j.switched_at_step for j in x.jobs]} for x in r.planner.replans]}))
+"""
+
+
+def test_a_latency_drift_past_the_threshold_replans_the_job(tmp_path):
+    # Note [Latency drift]: at step 8 the profiled step's ops read 3x what
+    # they took; EWMA (alpha 0.3) moves the table well past the 20% threshold
+    # (up to 60% off, less where the real step ran faster than the capture):
+    # a re-plan from the corrected table, switched at a step boundary.
+    cfg = write(tmp_path, TWO_MLPS.format(replan=""))
+    out = last_json_line(run_python(f"import sys; sys.argv = ['x', {str(cfg)!r}]\n" + DRIFTING))
+    assert out["status"] == "finished", out
+    (step, rate, requested), *_ = out["checks"]
+    assert step == 8 and requested and rate > 0.2, out
+    (replan,) = out["replans"]
+    assert replan["reason"].startswith("latency drift of long") and replan["error"] is None, out
+    (switched,) = replan["switched"]
+    assert 9 <= switched < 12, out
