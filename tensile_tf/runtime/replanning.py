@@ -93,6 +93,14 @@ def _median_step_s(state: JobState, lo: int, hi: int | None) -> float | None:
     return statistics.median(times) if times else None
 
 
+@dataclass
+class ReplanRequest:
+    """A job thread's request to the run loop (Note [Latency drift])."""
+
+    job: str
+    reason: str
+
+
 class LatencyMonitor:
     """Note [Latency drift] for one planned job (used by its thread)."""
 

@@ -43,7 +43,7 @@ from tensile_tf.runtime.job_thread import JobThread, RunClock
 from tensile_tf.runtime.nodegroup import NodeGroupCoordinator
 from tensile_tf.runtime.planning import JobPlanning, PlanningSettings, SavedPlan
 from tensile_tf.runtime.probing import JobLifecycle, ProbeOutcome
-from tensile_tf.runtime.replanning import LatencyMonitor, Replanner
+from tensile_tf.runtime.replanning import LatencyMonitor, Replanner, ReplanRequest
 from tensile_tf.runtime.records import (
     FINAL_STATUSES,
     JobState,
@@ -100,7 +100,6 @@ class JobHost:
                 parse_bytes(plan_budget, what="plan_budget") if plan_budget else None, saved_plan))
         self.replanner = None
         self.replan_threshold = replan_threshold
-        self._replan_requests: queue.Queue[tuple[str, str]] = queue.Queue()
         if self.planning is not None and replan:
             self.replanner = Replanner(self.planning, lambda: self.clock.now(), self._held_outside_jobs)
         self.pipeline = None
@@ -114,7 +113,7 @@ class JobHost:
         self.clock = RunClock()
         self.lifecycle = JobLifecycle(self.states, self.clock, self.admission, self._held_outside_jobs,
                                       pipeline=self.pipeline, planning=self.planning)
-        self._ended: queue.Queue[JobState] = queue.Queue()
+        self._ended: queue.Queue[JobState | ReplanRequest] = queue.Queue()   # ended jobs; re-plan requests
         self._stop = threading.Event()
         self._stop_reason: str | None = None
         self._threads: dict[str, JobThread] = {}
@@ -202,13 +201,15 @@ class JobHost:
                     self._admit_waiting(waiting)
                     if not self._threads:
                         break  # what waits cannot run even alone
-                self._serve_replan_requests(len(waiting))
                 try:
                     ended = self._ended.get(timeout=0.25)
                 except queue.Empty:
                     for state in self.states:
                         if state.status == JobStatus.running:
                             self._report(state)
+                    continue
+                if isinstance(ended, ReplanRequest):   # Note [Latency drift]
+                    self._serve_replan_request(ended, len(waiting))
                     continue
                 self._threads.pop(ended.name).join()
                 self.lifecycle.teardown(ended)
@@ -344,7 +345,7 @@ class JobHost:
         if self.replanner is not None and state.captured is not None and not state.captured.cold \
                 and state.plan is not None:
             state.latency_monitor = LatencyMonitor(state, self.replan_threshold,
-                                                   lambda job, why: self._replan_requests.put((job, why)),
+                                                   lambda job, why: self._ended.put(ReplanRequest(job, why)),
                                                    self.clock.now)
         state.status = JobStatus.running
         state.admitted_at_s = self.clock.now()
@@ -384,19 +385,13 @@ class JobHost:
             except Exception as e:  # noqa: BLE001 - a callback must not stop the host
                 state.error = (state.error or "") + f" [on_end callback failed: {e!r}]"
 
-    def _serve_replan_requests(self, waiting: int) -> None:
-        """Note [Latency drift]: the jobs' monitors asked for a re-plan."""
-        reasons = []
-        while True:
-            try:
-                reasons.append(self._replan_requests.get_nowait()[1])
-            except queue.Empty:
-                break
-        if not reasons or self.replanner is None or self.stopping or waiting:
+    def _serve_replan_request(self, request: "ReplanRequest", waiting: int) -> None:
+        """Note [Latency drift]: a job's monitor asked for a re-plan."""
+        if self.replanner is None or self.stopping or waiting:
             return
         jobs = [s for s in self._running() if s.captured is not None and not s.captured.cold and s.plan is not None]
-        if jobs:
-            self._note_replan(self.replanner.replan(jobs, "; ".join(reasons)))
+        if any(s.name == request.job for s in jobs):
+            self._note_replan(self.replanner.replan(jobs, request.reason))
 
     def _note_replan(self, record) -> None:
         note = getattr(self.progress, "note", None)

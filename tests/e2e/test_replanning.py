@@ -39,8 +39,9 @@ def test_a_departure_replans_the_running_job_which_switches_and_trains_bit_for_b
     assert compare["all_match"], proc.stdout[-3000:]      # both jobs, across the switch
     planned = json.loads((out / "planned" / "results.json").read_text())
     first_plan = {j["name"]: j for j in planned["jobs"]}
-    (replan,) = planned["planner"]["replans"]
-    assert replan["reason"] == "departure of short" and replan["error"] is None, replan
+    # (a drift check may also re-plan, when the machine's load moved the latencies: Note [Latency drift])
+    (replan,) = [r for r in planned["planner"]["replans"] if r["reason"] == "departure of short"]
+    assert replan["error"] is None, replan
     (job,) = replan["jobs"]
     assert job["name"] == "long"
     # Both jobs shared 80 MiB (`long` swapped for both); alone, `long` has all of it: fewer swaps.
@@ -53,8 +54,7 @@ def test_a_departure_replans_the_running_job_which_switches_and_trains_bit_for_b
     assert planned["planner"]["swap"]["host"]["current"] == 0   # every host copy came back
     assert "re-planned (departure of short)" in proc.stdout
     trace = json.loads((out / "planned" / "trace.json").read_text())
-    assert [e["name"] for e in trace["traceEvents"] if e["name"].startswith("re-plan")] == \
-        ["re-plan: departure of short"]
+    assert "re-plan: departure of short" in [e["name"] for e in trace["traceEvents"]]
 
 
 def test_replan_false_keeps_the_first_plans(tmp_path):
@@ -94,8 +94,8 @@ def test_a_failing_replan_keeps_the_plans_and_says_why(tmp_path):
     cfg = write(tmp_path, TWO_MLPS.format(replan=""))
     out = last_json_line(run_python(f"import sys; sys.argv = ['x', {str(cfg)!r}]\n" + FAILING_REPLAN))
     assert out["statuses"] == ["finished", "finished"], out
-    (replan,) = out["replans"]
-    assert replan["reason"] == "departure of short" and "planner exploded" in replan["error"], out
+    (replan,) = [r for r in out["replans"] if r["reason"] == "departure of short"]
+    assert "planner exploded" in replan["error"], out
     assert replan["jobs"] == 0
     assert out["long_swaps"] > 0 and out["long_source"] == "planned", out   # still on its first plan
     assert out["leaked"] == 0
@@ -119,7 +119,7 @@ job_thread.profiled_step = slower
 
 cfg = load_config(sys.argv[1])
 host = JobHost.from_config(cfg.pool, cfg.run)
-host.submit(Job.from_spec(next(s for s in cfg.jobs if s.name == "long").model_copy(update={"steps": 12})))
+host.submit(Job.from_spec(next(s for s in cfg.jobs if s.name == "long").model_copy(update={"steps": 60})))
 r = host.run()
 (s,) = r.jobs
 print(json.dumps({"status": s.status.value, "error": s.error,
@@ -139,7 +139,8 @@ def test_a_latency_drift_past_the_threshold_replans_the_job(tmp_path):
     assert out["status"] == "finished", out
     (step, rate, requested), *_ = out["checks"]
     assert step == 8 and requested and rate > 0.2, out
-    (replan,) = out["replans"]
+    # (the injection keeps reporting 3x, so later checks may re-plan again)
+    replan, *_ = out["replans"]
     assert replan["reason"].startswith("latency drift of long") and replan["error"] is None, out
     (switched,) = replan["switched"]
-    assert 9 <= switched < 12, out
+    assert switched is not None and 9 <= switched < 60, out   # the next step boundary after the re-plan
