@@ -100,7 +100,7 @@ class JobHost:
                 parse_bytes(plan_budget, what="plan_budget") if plan_budget else None, saved_plan))
         self.replanner = None
         self.replan_threshold = replan_threshold
-        if self.planning is not None and replan:
+        if self.planning is not None and replan and saved_plan is None:   # --plan runs exactly that plan
             self.replanner = Replanner(self.planning, lambda: self.clock.now(), self._held_outside_jobs)
         self.pipeline = None
         if self.pipeline_kind == PipelineKind.nodegroup:
