@@ -62,8 +62,9 @@ def oom_remedy(state: JobState) -> str:
 
 def record_failure(state: JobState, error: BaseException, at_s: float,
                    status: JobStatus = JobStatus.failed) -> None:
-    """Marks the job failed (or rejected) with ``error``'s summary and traceback."""
-    state.status = status
+    """Marks the job failed (or rejected) with ``error``'s summary and traceback.
+    The status is set last: other threads (the run loop's progress reports,
+    a search driver) read a final status as "its record is complete"."""
     state.error_type = type(error).__name__
     state.error = summarize_error(error)
     if state.error_type == "ResourceExhaustedError":
@@ -73,6 +74,7 @@ def record_failure(state: JobState, error: BaseException, at_s: float,
             state.error += f"; {remedy}"
     state.traceback = "".join(traceback.format_exception(type(error), error, error.__traceback__))
     state.ended_at_s = at_s
+    state.status = status
 
 
 __all__ = ["NonFiniteLoss", "record_failure", "summarize_error"]
