@@ -47,8 +47,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import tensorflow as tf
-
 import tf_plugin
 from tensile_tf.memory import traced_op_matches
 from tensile_tf.capture import capture_job_graph, measure_op_latencies, snapshot_variables

@@ -32,7 +32,6 @@ fitted or loaded.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -194,6 +193,3 @@ def relative_error(predicted: Mapping[str, float], measured: Mapping[str, float]
     total = sum(measured[k] for k in common)
     return sum(abs(predicted[k] - measured[k]) for k in common) / total if total > 0 else float("nan")
 
-
-def describe(predictor: LatencyPredictor) -> str:
-    return json.dumps({"trained_on": predictor.trained_on, "samples": predictor.samples})
