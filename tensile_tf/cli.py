@@ -182,10 +182,11 @@ def _summary_table(result, console) -> None:
             f"{s.last_loss:.4f}" if s.last_loss is not None else "-")
     console.print(table)
     if result.planner is not None:
-        planned = [s.plan for s in result.jobs if s.plan is not None]
-        console.print(f"planner: {len(result.planner.plans)} plan(s); {sum(p.swap_outs for p in planned)} swap-outs, "
-                      f"{sum(p.recomputes for p in planned)} recomputations; predicted pool peak "
-                      + ", ".join(f"{human_bytes(p.predicted_pool_vanilla_peak_bytes)} -> "
+        # Every plan made (a re-plan replaces a job's plan; its last is in the table above).
+        console.print(f"planner: {len(result.planner.plans)} plan(s) (swap-outs / recomputations per step; "
+                      "predicted pool peak vanilla -> planned): "
+                      + ", ".join(f"{sum(p.swap_outs.values())}/{sum(p.recomputes.values())}; "
+                                  f"{human_bytes(p.predicted_pool_vanilla_peak_bytes)} -> "
                                   f"{human_bytes(p.predicted_pool_planned_peak_bytes)}" for p in result.planner.plans)
                       + f"; measured training peak {human_bytes(result.pool.training_peak)}")
     if result.trace.events_dropped:

@@ -109,6 +109,8 @@ class JobSpec(_Strict):
     max_swapping_rate: StrictFloat = Field(1.0, gt=0, le=1, description="TENSILE: the job's cap on its share "
                                      "of swapped tensors, also its swap priority")
     start_offset_s: StrictFloat = Field(0.0, ge=0, description="planner: when the job's first iteration starts")
+    arrive_at_s: StrictFloat = Field(0.0, ge=0, description="when the job arrives, in seconds after the run "
+                                     "starts (0: at the start); it is probed, planned and admitted then")
 
     @model_validator(mode="after")
     def _length(self) -> "JobSpec":

@@ -73,6 +73,20 @@ def pool_stats() -> dict[str, Any]:
     return stats
 
 
+@contextlib.contextmanager
+def host_fallback_scope():
+    """Note [Host fallback while building] (tf_plugin/allocator/tf_pool_allocator.cc):
+    inside, this thread's allocations that the pool cannot serve come from
+    host memory. Yields a callable: how many allocations fell back so far."""
+    plugin = tf_plugin._plugin  # noqa: SLF001
+    start = plugin.host_fallback_stats()["num_allocs"]
+    previous = plugin.set_thread_host_fallback(True)
+    try:
+        yield lambda: plugin.host_fallback_stats()["num_allocs"] - start
+    finally:
+        plugin.set_thread_host_fallback(previous)
+
+
 def reset_pool_peak() -> None:
     """Sets the pool's and every job's peak to their current bytes."""
     device_pool().reset_peak()

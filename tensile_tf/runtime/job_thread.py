@@ -20,7 +20,7 @@ import tensorflow as tf
 from tensile_tf.capture import profiled_step
 from tensile_tf.runtime.failures import NonFiniteLoss, record_failure
 from tensile_tf.runtime.records import JobState, JobStatus, StepRecord
-from tensile_tf.runtime.replanning import take_switch
+from tensile_tf.runtime.replanning import StepGate, take_switch
 
 
 class RunClock:
@@ -86,13 +86,14 @@ class JobThread:
 
     def __init__(self, state: JobState, clock: RunClock, ended: "queue.Queue[JobState]", *,
                  record_weights: bool, on_end: Callable[[JobState], None] | None = None,
-                 stop: threading.Event | None = None):
+                 stop: threading.Event | None = None, gate: StepGate | None = None):
         self.state = state
         self.clock = clock
         self.ended = ended
         self.record_weights = record_weights
         self.on_end = on_end
         self.stop = stop or threading.Event()
+        self.gate = gate
         self.thread = threading.Thread(target=self._train, name=f"job-{state.name}", daemon=True)
 
     def start(self) -> None:
@@ -111,6 +112,8 @@ class JobThread:
                 if offset > self.clock.now():  # the planner timed the job to start then (start_offset_s)
                     self.stop.wait(offset - self.clock.now())
                 while state.steps_done < state.job.steps:
+                    if self.gate is not None:   # Note [Joint re-plan on arrival]: parked while a newcomer builds
+                        self.gate.at_boundary(state.name, self.stop)
                     if self.stop.is_set():  # the run is being stopped: end at this step boundary
                         status = JobStatus.interrupted
                         break
@@ -129,6 +132,8 @@ class JobThread:
         except BaseException as e:  # noqa: BLE001 - isolate the failure to this job
             record_failure(state, e, self.clock.now())
         finally:
+            if self.gate is not None:
+                self.gate.leave(state.name)
             state.ended_at_s = self.clock.now()
             if self.on_end is not None:
                 self.on_end(state)

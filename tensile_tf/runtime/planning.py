@@ -132,9 +132,10 @@ class JobPlanning:
             # The profiling steps did not fit beside the others (or fragmented
             # the pool); they restored the variables they had changed. Plan
             # from the graph alone (Note [Cold-start planning]).
-            self._capture_cold(state)
+            self.capture_cold(state)
 
-    def _capture_cold(self, state: JobState) -> bool:
+    def capture_cold(self, state: JobState) -> bool:
+        """The graph alone, no step run (Note [Cold-start planning]). False if it failed."""
         try:
             state.captured = capture_cold(self._to_plan(state))
             state.plan_error = None
@@ -150,12 +151,13 @@ class JobPlanning:
         budget = int(max(0, self.capacity - others_bytes) * (1 - COLD_START_HEADROOM))
         if self.settings.plan_budget is not None:
             budget = min(budget, self.settings.plan_budget)
-        if not self._capture_cold(state):
+        if not self.capture_cold(state):
             return False
         state.cold_planned = True
         if self.plan([state], budget) is None or state.planned_step is None:
             state.cold_planned = False
             return False
+        state.probe_plan_peak_bytes = state.plan.predicted_planned_peak_bytes
         state.planned_needs = None  # the planned probe measures them
         return True
 
@@ -169,6 +171,14 @@ class JobPlanning:
                 raise SavedPlanMismatch(f"{saved.path}: {why}; make a new plan with `tensile plan CONFIG`")
         return saved.plan
 
+    def plan_captured(self, captured: Sequence[CapturedJob], budget: int):
+        """``execution.plan_captured`` with the run's settings (peak model,
+        link): the start's plan, a later job's and every re-plan alike."""
+        peaks = self.settings.plan_peaks
+        return plan_captured(list(captured), pool_bytes=budget, bandwidth_bytes_per_s=self.settings.swap_bandwidth,
+                             coincident_peaks=peaks != PlanPeaks.timeline,
+                             peaking_jobs=2 if peaks == PlanPeaks.paired else None)
+
     def plan(self, states: list[JobState], budget: int, *, saved_plan_allowed: bool = False) -> Plan | None:
         """TENSILE over ``states`` for ``budget`` pool bytes; each job's step
         becomes its planned step. Returns the Plan, or None if there was
@@ -178,17 +188,13 @@ class JobPlanning:
         states = [s for s in states if s.captured is not None]
         if not states:
             return None
-        peaks = self.settings.plan_peaks
         try:
             if saved_plan_allowed and self.settings.saved_plan is not None:
                 plan = self._saved_plan_for([s.captured for s in states])
                 steps = {s.name: apply_plan(s.step_fn, s.first_batch, plan.jobs[s.name], s.captured.graph)
                          for s in states}
             else:
-                plan, steps = plan_captured([s.captured for s in states], pool_bytes=budget,
-                                            bandwidth_bytes_per_s=self.settings.swap_bandwidth,
-                                            coincident_peaks=peaks != PlanPeaks.timeline,
-                                            peaking_jobs=2 if peaks == PlanPeaks.paired else None)
+                plan, steps = self.plan_captured([s.captured for s in states], budget)
         except SavedPlanMismatch:
             raise
         except Exception as e:  # noqa: BLE001 - the jobs still run, unplanned
@@ -199,11 +205,11 @@ class JobPlanning:
         self.plans.append(plan)
         source = self.settings.saved_plan.path if saved_plan_allowed and self.settings.saved_plan else "planned"
         for s in states:
-            self._adopt(s, plan, steps[s.name], budget, source)
+            self.adopt(s, plan, steps[s.name], budget, source)
         return plan
 
     @classmethod
-    def _adopt(cls, s: JobState, plan: Plan, step, budget: int, source: str) -> None:
+    def adopt(cls, s: JobState, plan: Plan, step, budget: int, source: str) -> None:
         """Makes ``step`` the job's step (if the plan changes it) and records
         the plan and the needs admission will use."""
         jp = plan.jobs[s.name]
@@ -222,8 +228,12 @@ class JobPlanning:
         jp = plan.jobs[s.name]
         # The predicted saving comes off the measured P + T (variables swapped
         # across iterations lower P itself). A cold-planned job's P and T were
-        # measured on a planned step already.
-        saved = 0 if s.cold_planned else max(0, jp.vanilla_peak_bytes - jp.planned_peak_bytes)
+        # measured on a planned step already: against that plan's prediction
+        # (a re-plan may also need more than the probe's plan did).
+        if s.cold_planned:
+            saved = (s.probe_plan_peak_bytes - jp.planned_peak_bytes) if s.probe_plan_peak_bytes is not None else 0
+        else:
+            saved = max(0, jp.vanilla_peak_bytes - jp.planned_peak_bytes)
         p_bytes, t_bytes = s.persistent_bytes or 0, s.temporary_bytes or 0
         total = max(0, p_bytes + t_bytes - saved)
         needs = (min(p_bytes, total), total - min(p_bytes, total))

@@ -23,7 +23,7 @@ import tensorflow as tf
 
 import tf_plugin
 from tensile_tf.jobs import JobDoesNotFit
-from tensile_tf.memory import JobStream
+from tensile_tf.memory import JobStream, host_fallback_scope
 from tensile_tf.runtime.admission import AdmissionControl
 from tensile_tf.runtime.failures import record_failure
 from tensile_tf.runtime.job_thread import RunClock, run_step
@@ -73,16 +73,24 @@ class JobLifecycle:
         state.steps_done = 0
         registered_before = custom_gradient_names()
         failed = False
+        beside_others = self._others_built(state)
         try:
-            with state.job_stream.eager_scope():
+            # Note [Host fallback while building]: beside running jobs the pool
+            # may be full; an allocation it cannot serve must not crash TF's
+            # constant folding. Any fallback means the build did not fit.
+            with state.job_stream.eager_scope(), host_fallback_scope() as fell_back:
                 state.train = state.job.build()
                 transform = self.pipeline.graph_transform(state.name, state.stream) if self.pipeline else None
                 state.step_fn = state.job_stream.step_function(state.train.step_fn, graph_transform=transform)
                 state.first_batch = state.train.next_batch()
                 state.step_fn.get_concrete_function(*state.first_batch)  # trace once, here, serially
+                if fell_back():
+                    raise tf.errors.ResourceExhaustedError(
+                        None, None, f"out of memory while building job {state.name!r}: {fell_back()} "
+                        "allocation(s) the pool could not serve (served from host memory, then given back)")
         except tf.errors.ResourceExhaustedError as e:
             # Building (variables, optimizer slots) ran out of pool memory.
-            if self._others_built(state):
+            if beside_others:
                 state.status = JobStatus.queued  # others hold memory: try again later
             else:
                 self.fail(state, e, status=JobStatus.rejected)
@@ -105,8 +113,9 @@ class JobLifecycle:
     def probe(self, state: JobState, alongside: Sequence[JobState], *, hold: bool = False) -> ProbeOutcome:
         """Build, trace, run step 1 measuring P and T; then say what follows.
         ``hold``: keep a measured job built, admission to follow once the
-        start's jobs are planned together."""
-        if not self.build(state):
+        start's jobs are planned together (or, for a job built and planned
+        already on arrival, once it is measured)."""
+        if state.train is None and not self.build(state):
             return ProbeOutcome.queued if state.status == JobStatus.queued else ProbeOutcome.ended
         stream = state.job_stream
         # The stream is new (built just now), so its peak is this build's and
@@ -150,7 +159,8 @@ class JobLifecycle:
         """Runs the first step (with a cold-start plan, if the vanilla step
         ran out of memory and the planner is on). None if it ran; else what
         became of the job."""
-        restore = self._snapshot_variables(state) if self.planning is not None else None
+        # A job planned before its probe (on arrival) probes with its planned step.
+        restore = self._snapshot_variables(state) if self.planning is not None and not state.cold_planned else None
         try:
             self._run_probe_step(state, raise_oom=restore is not None)
             return None
@@ -213,6 +223,7 @@ class JobLifecycle:
         planned, state.planned_step = state.planned_step, None
         state.captured = None  # a rebuild traces new ops; it is captured and planned again
         state.cold_planned = False
+        state.probe_plan_peak_bytes = None
         state.planned_needs = None
         if planned is not None:
             from tf_plugin import swap

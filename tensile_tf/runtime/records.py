@@ -110,6 +110,8 @@ class JobState:
     planned_needs: tuple[int, int] | None = None   # (P, T) admission uses once planned
     plan_error: str | None = None
     cold_planned: bool = False    # planned before its step ever ran (Note [Cold-start planning])
+    probe_plan_peak_bytes: int | None = None   # a cold-planned job: the predicted peak of the plan its probe ran
+    arrived_at_s: float | None = None   # when the job arrived (``arrive_at_s``; 0: at the start)
     weights_digest: str | None = None    # sha256 of the final variables (record_weights=True)
     end_notified: bool = field(default=False, repr=False)  # on_end called
     # Runtime objects, dropped at teardown.
@@ -122,6 +124,7 @@ class JobState:
     pending_switch: Any = field(default=None, repr=False)  # replanning.StepSwitch the job thread takes next
     latency_monitor: Any = field(default=None, repr=False)  # replanning.LatencyMonitor
     captured: Any = field(default=None, repr=False)       # execution.CapturedJob of the current build
+    awaiting_switches: bool = field(default=False, repr=False)  # jointly planned on arrival, starts once all switched
 
     @property
     def name(self) -> str:
@@ -174,6 +177,8 @@ class JobRecord:
     final_loss: float | None
     losses: list[float | None]
     step_peak_bytes: list[int]
+    step_seconds: list[float]          # each step's wall time (step 0 includes one-time tracing work)
+    arrived_at_s: float | None
     admitted_at_s: float | None
     ended_at_s: float | None
     weights_digest: str | None
@@ -191,7 +196,8 @@ class JobRecord:
             persistent_bytes=s.persistent_bytes, temporary_bytes=s.temporary_bytes,
             leaked_bytes=s.leaked_bytes, final_loss=finite_or_none(s.last_loss),
             losses=[finite_or_none(r.loss) for r in s.records], step_peak_bytes=[r.peak_bytes for r in s.records],
-            admitted_at_s=s.admitted_at_s, ended_at_s=s.ended_at_s, weights_digest=s.weights_digest,
+            step_seconds=[round(r.duration_s, 6) for r in s.records],
+            arrived_at_s=s.arrived_at_s, admitted_at_s=s.admitted_at_s, ended_at_s=s.ended_at_s, weights_digest=s.weights_digest,
             plan=s.plan, plan_error=s.plan_error)
 
     def to_dict(self) -> dict[str, Any]:
@@ -275,13 +281,16 @@ class PlanSummary:
     iterations: int
     stop_reason: str
     peak_model: str          # timeline | coincident | paired (config.PlanPeaks)
+    swap_outs: dict[str, int]        # per job (a job's ``plan`` is the last plan it ran)
+    recomputes: dict[str, int]
 
     @classmethod
     def of(cls, plan) -> "PlanSummary":
         return cls(list(plan.jobs), plan.pool_bytes, plan.budget_met, plan.pool_vanilla_peak_bytes,
                    plan.pool_planned_peak_bytes, plan.sum_of_job_peaks_bytes, plan.msr,
                    plan.bandwidth_bytes_per_s, plan.planning_s, plan.iterations, plan.stop_reason,
-                   plan.peak_model)
+                   plan.peak_model, {name: len(jp.swap_outs) for name, jp in plan.jobs.items()},
+                   {name: len(jp.recomputes) for name, jp in plan.jobs.items()})
 
 
 @dataclass
@@ -313,6 +322,8 @@ class ReplanRecord:
     predicted_peak_sum_after_bytes: int    # the same under the new plan
     jobs: list[JobReplan]
     error: str | None = None               # a re-plan that failed: the jobs kept their plans
+    newcomer: str | None = None            # an arrival's job, planned with the running ones
+    paused_s: float = 0.0                  # the running jobs parked at a step boundary (arrivals)
 
 
 @dataclass

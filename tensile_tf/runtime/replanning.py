@@ -39,16 +39,49 @@ FIRST_CHECK_STEP; then every max(MIN_CHECK_INTERVAL, extra / (OVERHEAD_SHARE
 x median step)) steps, where extra is what the last profiled step took
 beyond the median, so profiling costs at most OVERHEAD_SHARE (2%) of the
 job's time. Every check is in results.json (``planner.drift_checks``).
+A cold-started job (Note [Cold-start planning] in planning.py) was planned
+on predicted latencies (seed 000 §IV-A); its first check replaces the
+prediction with the measured table, and the change rate against the
+prediction decides its re-plan: predicted at cold start, corrected while
+running.
+
+Note [Joint re-plan on arrival]
+A job that arrives (``arrive_at_s``, or a search driver's next trial) and
+does not fit beside the running jobs would wait for one to end. With the
+controller on, the host instead builds it, captures its graph without
+running a step (the cold capture: static sizes, predicted latencies) and
+plans it *together* with the running planned jobs for the pool
+(``Replanner.on_arrival``), tightening their plans. Only a joint plan that
+meets its budget is applied: the running jobs get their switches (Note [Hot
+swap]), and the newcomer's planned step becomes its probe, run only once
+every running job has switched, so the pool never holds an old plan's peak
+beside the newcomer. Admission holds each running job at the larger of its
+old and new needs until it switches. A joint plan that misses its budget,
+or fails, changes nothing (recorded with the reason); the newcomer is torn
+down and waits as before. Each waiting job is tried once per event (an
+arrival, a departure), never in a loop.
+
+The running jobs are parked at their next step boundary (``StepGate``)
+while the newcomer is built, captured and planned: building beside a
+running step in a full pool took the memory that step's plan counted on
+(seen: the running job's Adam update ran out of memory during the
+newcomer's build in a 110 MiB pool). Between steps a job holds only its
+persistent bytes, so the build has the room it needs and no running step
+can be starved. The pause is what the event costs the running jobs; it is
+recorded (``ReplanRecord.paused_s``). With the node-group pipeline on, no
+job is parked (a parked job would hold its partner at a CounterBarrier) and
+arrivals wait as before.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from tensile_tf.execution import plan_captured
 from tensile_tf.runtime.failures import summarize_error
 from tensile_tf.runtime.records import DriftCheck, JobReplan, JobState, JobStatus, PlanRecord, ReplanRecord
 from tensile_tf.scheduler import LatencyTable
@@ -57,6 +90,47 @@ EWMA_ALPHA = 0.3
 FIRST_CHECK_STEP = 8
 MIN_CHECK_INTERVAL = 20
 OVERHEAD_SHARE = 0.02
+
+
+class StepGate:
+    """Parks job threads at their next step boundary (Note [Joint re-plan on arrival])."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._closed = False
+        self._parked: set[str] = set()
+        self._gone: set[str] = set()   # one gate per run: job names are unique in it
+
+    def at_boundary(self, name: str, stop: threading.Event) -> None:
+        """A job thread, before a step: waits while the gate is closed."""
+        with self._cv:
+            if not self._closed:
+                return
+            self._parked.add(name)
+            self._cv.notify_all()
+            while self._closed and not stop.is_set():
+                self._cv.wait(0.1)
+            self._parked.discard(name)
+
+    def leave(self, name: str) -> None:
+        """A job thread that steps no more (its job ended)."""
+        with self._cv:
+            self._gone.add(name)
+            self._cv.notify_all()
+
+    @contextlib.contextmanager
+    def closed(self, names: Sequence[str], stop: threading.Event):
+        """Parks the named jobs' threads; yields once every one is parked or gone."""
+        with self._cv:
+            self._closed = True
+            while not stop.is_set() and not all(n in self._parked or n in self._gone for n in names):
+                self._cv.wait(0.1)
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._closed = False
+                self._cv.notify_all()
 
 
 @dataclass
@@ -115,7 +189,7 @@ class LatencyMonitor:
         self.checks: list[DriftCheck] = []
 
     def due(self) -> bool:
-        return self.state.steps_done >= self.next_step and isinstance(self.baseline, LatencyTable)
+        return self.state.steps_done >= self.next_step
 
     def observe(self, measured: LatencyTable | None, step_s: float) -> None:
         """After a profiled step (``measured`` None: the profiler was busy)."""
@@ -125,10 +199,15 @@ class LatencyMonitor:
             self.next_step = state.steps_done + 1
             return
         job = state.captured.planner_job
-        current = job.latencies if isinstance(job.latencies, LatencyTable) else self.baseline
-        corrected = current.ewma_update(measured.seconds, EWMA_ALPHA)
+        graph = state.captured.graph
+        # A cold-started job's latencies are a model's predictions, not a
+        # table: its first measurement replaces them (Note [Latency drift]).
+        corrected = (job.latencies.ewma_update(measured.seconds, EWMA_ALPHA)
+                     if isinstance(job.latencies, LatencyTable) else measured)
         job.latencies = corrected
-        rate = self.baseline.change_rate(corrected, state.captured.graph)
+        before = sum(self.baseline.latency_s(op) for op in graph.ops)
+        after = corrected.total_s(graph)
+        rate = abs(after - before) / before if before > 0 else math.inf
         drifted = rate > self.threshold
         self.checks.append(DriftCheck(state.name, state.steps_done, self.now(), rate, step_s, median, drifted))
         if drifted:
@@ -142,6 +221,10 @@ class LatencyMonitor:
         self.baseline = self.state.captured.planner_job.latencies
 
 
+class JointPlanMissesBudget(RuntimeError):
+    """Note [Joint re-plan on arrival]: the newcomer does not fit even planned."""
+
+
 class Replanner:
     """Note [Re-planning on events], for the run loop."""
 
@@ -151,29 +234,53 @@ class Replanner:
         self.held_outside_jobs = held_outside_jobs
         self.records: list[ReplanRecord] = []
 
-    def on_departure(self, ended: JobState, running: Sequence[JobState], waiting: int) -> ReplanRecord | None:
+    @staticmethod
+    def replannable(running: Sequence[JobState]) -> list[JobState]:
+        """The running jobs a re-plan may change: planned, with a captured graph."""
+        return [s for s in running if s.status == JobStatus.running and s.captured is not None
+                and s.plan is not None]
+
+    def on_departure(self, ended: JobState, running: Sequence[JobState], waiting: int,
+                     others_need: int) -> ReplanRecord | None:
         """Re-plans the running planned jobs after ``ended`` (a planned job,
-        torn down already) left, unless a job waits."""
+        torn down already) left, unless a job waits. ``others_need``: bytes
+        the running jobs outside the re-plan hold (unplanned ones)."""
         if waiting or ended.plan is None:
             return None
-        jobs = [s for s in running if s.status == JobStatus.running and s.captured is not None
-                and not s.captured.cold and s.plan is not None]
+        jobs = self.replannable(running)
+        if not any(s.plan.swap_outs or s.plan.recomputes for s in jobs):
+            return None   # nothing to relax
+        return self.replan(jobs, f"departure of {ended.name}", others_need)
+
+    def on_arrival(self, newcomer: JobState, running: Sequence[JobState], others_need: int) -> ReplanRecord | None:
+        """Note [Joint re-plan on arrival]: plans ``newcomer`` (built and
+        captured) together with the running planned jobs. None if none runs."""
+        jobs = self.replannable(running)
         if not jobs:
             return None
-        return self.replan(jobs, f"departure of {ended.name}")
+        return self.replan(jobs, f"arrival of {newcomer.name}", others_need, newcomer=newcomer)
 
-    def replan(self, jobs: Sequence[JobState], reason: str) -> ReplanRecord:
+    def replan(self, jobs: Sequence[JobState], reason: str, others_need: int = 0, *,
+               newcomer: JobState | None = None) -> ReplanRecord:
+        """Plans ``jobs`` (and ``newcomer``) together for the pool less
+        ``others_need``; queues each running job's switch. A newcomer's plan
+        is adopted at once (it has not started) and needs the budget met."""
         at = self.now()
-        budget = self.planning.start_budget(jobs, self.held_outside_jobs())
+        everyone = [*jobs, newcomer] if newcomer is not None else list(jobs)
+        budget = max(0, self.planning.start_budget(everyone, self.held_outside_jobs() + others_need))
         before = {s.name: (s.plan, len(s.records)) for s in jobs}
         record = ReplanRecord(at_s=at, reason=reason, budget_bytes=budget, planning_s=0.0, rewrite_s=0.0,
                               predicted_peak_sum_before_bytes=sum(p.predicted_planned_peak_bytes
                                                                    for p, _ in before.values()),
-                              predicted_peak_sum_after_bytes=0, jobs=[])
+                              predicted_peak_sum_after_bytes=0, jobs=[],
+                              newcomer=newcomer.name if newcomer is not None else None)
         t0 = time.perf_counter()
         try:
-            plan, steps = plan_captured([s.captured for s in jobs], pool_bytes=budget,
-                                        bandwidth_bytes_per_s=self.planning.settings.swap_bandwidth)
+            plan, steps = self.planning.plan_captured([s.captured for s in everyone], budget)
+            if newcomer is not None and not plan.budget_met:
+                raise JointPlanMissesBudget(
+                    f"the joint plan predicts {plan.pool_planned_peak_bytes / 2**20:.1f} MiB for a budget of "
+                    f"{budget / 2**20:.1f} MiB: the running jobs keep their plans and {newcomer.name} waits")
             switches = {}
             for s in jobs:
                 jp = plan.jobs[s.name]
@@ -194,6 +301,12 @@ class Replanner:
         record.planning_s, record.rewrite_s = plan.planning_s, max(0.0, elapsed - plan.planning_s)
         record.predicted_peak_sum_after_bytes = sum(j.predicted_peak_after_bytes for j in record.jobs)
         self.planning.plans.append(plan)
+        if newcomer is not None:
+            self.planning.adopt(newcomer, plan, steps[newcomer.name], budget, "planned")
+            newcomer.cold_planned = newcomer.captured.cold
+            newcomer.probe_plan_peak_bytes = plan.jobs[newcomer.name].planned_peak_bytes
+            newcomer.planned_needs = None   # its probe (the planned step) measures them
+            record.predicted_peak_sum_after_bytes += plan.jobs[newcomer.name].planned_peak_bytes
         for s in jobs:
             if s.latency_monitor is not None:
                 s.latency_monitor.replanned()

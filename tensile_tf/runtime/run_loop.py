@@ -43,7 +43,7 @@ from tensile_tf.runtime.job_thread import JobThread, RunClock
 from tensile_tf.runtime.nodegroup import NodeGroupCoordinator
 from tensile_tf.runtime.planning import JobPlanning, PlanningSettings, SavedPlan
 from tensile_tf.runtime.probing import JobLifecycle, ProbeOutcome
-from tensile_tf.runtime.replanning import LatencyMonitor, Replanner, ReplanRequest
+from tensile_tf.runtime.replanning import LatencyMonitor, Replanner, ReplanRequest, StepGate
 from tensile_tf.runtime.records import (
     FINAL_STATUSES,
     JobState,
@@ -118,6 +118,8 @@ class JobHost:
         self._stop_reason: str | None = None
         self._threads: dict[str, JobThread] = {}
         self._most_running = 0
+        self._joint_tried: set[str] = set()   # waiting jobs tried for a joint plan since the last event
+        self._gate = StepGate()
 
     @classmethod
     def from_config(cls, pool: int, run: "RunSpec", **kwargs) -> "JobHost":
@@ -182,8 +184,13 @@ class JobHost:
                                    name="tensile-memory-sampler", daemon=True)
         sampler.start()
         waiting: deque[JobState] = deque()
+        # Jobs that arrive later (``arrive_at_s``), soonest first.
+        arrivals = deque(sorted((s for s in self.states if s.status == JobStatus.pending and _arrive_at(s) > 0),
+                                key=_arrive_at))
+        self._joint_tried.clear()
+        self._gate = StepGate()
         try:
-            admitted = self._probe_start(waiting)
+            admitted = self._probe_start(waiting, arrivals)
             # Peaks from here on are the training's (probing and planning ran vanilla steps).
             start_peak = pool.stats()["peak"]
             pool.reset_peak()
@@ -195,18 +202,24 @@ class JobHost:
                         break  # every running job has ended at a step boundary
                 else:
                     self._pull_jobs(job_source, waiting)
-                if not (self._threads or waiting):
+                    self._arrive(arrivals, waiting)
+                if not (self._threads or waiting or arrivals):
                     break
                 if not self._threads and not self.stopping:
                     self._admit_waiting(waiting)
-                    if not self._threads:
+                    if not self._threads and not arrivals:
                         break  # what waits cannot run even alone
+                timeout = 0.25
+                if arrivals:
+                    timeout = min(timeout, max(0.0, _arrive_at(arrivals[0]) - self.clock.now()))
                 try:
-                    ended = self._ended.get(timeout=0.25)
+                    ended = self._ended.get(timeout=timeout)
                 except queue.Empty:
                     for state in self.states:
                         if state.status == JobStatus.running:
                             self._report(state)
+                    if any(s.awaiting_switches for s in waiting) and not self.stopping:
+                        self._admit_waiting(waiting)   # Note [Joint re-plan on arrival]: switched yet?
                     continue
                 if isinstance(ended, ReplanRequest):   # Note [Latency drift]
                     self._serve_replan_request(ended, len(waiting))
@@ -216,9 +229,12 @@ class JobHost:
                 self._report(ended)
                 self._notify_end(ended)
                 if not self.stopping:
+                    self._joint_tried.clear()   # a departure is a new event for the waiting jobs
                     self._admit_waiting(waiting)
                     if self.replanner is not None:
-                        replan = self.replanner.on_departure(ended, self._running(), len(waiting))
+                        running = self._running()
+                        replan = self.replanner.on_departure(ended, running, len(waiting),
+                                                             self._outside_replan_need(running))
                         if replan is not None:
                             self._note_replan(replan)
         finally:
@@ -240,15 +256,18 @@ class JobHost:
                     self._notify_end(state)
         return self._result(started_at, origin_ns, before, start_peak, samples)
 
-    def _probe_start(self, waiting: deque) -> list[JobState]:
+    def _probe_start(self, waiting: deque, arrivals: deque) -> list[JobState]:
         """Probes every submitted job serially, before any job thread starts;
         with the planner on, plans the built ones together. Returns the jobs
-        to start; the rest wait in ``waiting``."""
+        to start; the rest wait in ``waiting``; ``arrivals`` come later."""
         admitted: list[JobState] = []
         hold = self.planning is not None
         for state in self.states:
             if self.stopping:
                 break
+            if state in arrivals:
+                continue
+            state.arrived_at_s = 0.0
             outcome = self.lifecycle.probe(state, admitted, hold=hold)
             if outcome == ProbeOutcome.run:
                 admitted.append(state)
@@ -289,7 +308,7 @@ class JobHost:
             raise ValueError("JobHost.plan_only needs planner='tensile'")
         waiting: deque[JobState] = deque()
         self.clock.restart()
-        self._probe_start(waiting)
+        self._probe_start(waiting, deque())
         for state in self.states:
             self.lifecycle.teardown(state)
         return self.plans[-1] if self.plans else None
@@ -297,17 +316,32 @@ class JobHost:
     def _running(self) -> list[JobState]:
         return [s for s in self.states if s.status == JobStatus.running]
 
+    def _arrive(self, arrivals: deque, waiting: deque) -> None:
+        """Jobs whose ``arrive_at_s`` came join the waiting jobs, then admission runs."""
+        arrived = False
+        while arrivals and _arrive_at(arrivals[0]) <= self.clock.now():
+            state = arrivals.popleft()
+            state.arrived_at_s = self.clock.now()
+            waiting.append(state)
+            arrived = True
+        if arrived:
+            self._admit_waiting(waiting)
+
     def _admit_waiting(self, waiting: deque) -> None:
         """Starts queued jobs that fit now, in submit order (later small jobs may pass)."""
         for state in list(waiting):
             active = self._running()
             if not self.admission.has_room(len(active)):
                 return
+            if state.awaiting_switches:
+                self._start_jointly_planned(state, waiting, active)
+                continue
             if not state.measured:
                 # Probing runs a step. With nothing running, nothing can be
                 # disturbed; otherwise only a job whose predicted needs fit.
                 predicted = self.admission.predict(state) is not None
                 if self._threads and not (predicted and self.admission.fits(state, active, self._held_outside_jobs())):
+                    self._plan_arrival(state, waiting, active)
                     continue
                 waiting.remove(state)
                 outcome = self.lifecycle.probe(state, active)
@@ -320,6 +354,8 @@ class JobHost:
                 self._notify_end(state)
                 continue
             if not self.admission.fits(state, active, self._held_outside_jobs()):
+                if self._threads:
+                    self._plan_arrival(state, waiting, active)
                 continue
             waiting.remove(state)
             if state.train is None and not self.lifecycle.build(state):
@@ -333,6 +369,55 @@ class JobHost:
             self._plan_alone(state, active)
             self._start(state)
 
+    def _outside_replan_need(self, running: list[JobState]) -> int:
+        """Bytes the running jobs a re-plan cannot change (unplanned) need."""
+        inside = {s.name for s in Replanner.replannable(running)}
+        return sum(sum(self.admission.predict(s) or (0, 0)) for s in running if s.name not in inside)
+
+    def _plan_arrival(self, state: JobState, waiting: deque, active: list[JobState]) -> None:
+        """Note [Joint re-plan on arrival] in replanning.py: ``state`` does not
+        fit beside ``active``; plan it together with them, once per event."""
+        if self.replanner is None or self.pipeline is not None or state.name in self._joint_tried \
+                or not Replanner.replannable(active):
+            return
+        self._joint_tried.add(state.name)
+        with self._gate.closed([s.name for s in active], self._stop):
+            paused_from = time.perf_counter()
+            if self.stopping or (state.train is None and not self.lifecycle.build(state)):
+                if state.status not in (JobStatus.queued, JobStatus.pending):   # failed or rejected building
+                    waiting.remove(state)
+                self._report(state)
+                self._notify_end(state)
+                return
+            record = None
+            if self.planning.capture_cold(state):
+                record = self.replanner.on_arrival(state, active, self._outside_replan_need(active))
+        if record is not None:
+            record.paused_s = time.perf_counter() - paused_from
+            self._note_replan(record)
+        if record is not None and record.error is None:
+            state.awaiting_switches = True
+            self._start_jointly_planned(state, waiting, active)
+            return
+        state.captured = None   # planned later, from a real capture, when it is admitted
+        if state.job.rebuildable:
+            self.lifecycle.teardown(state)
+
+    def _start_jointly_planned(self, state: JobState, waiting: deque, active: list[JobState]) -> None:
+        """Probes (its planned step) and starts a job planned on arrival once
+        every running job has switched to the joint plan (Note [Hot swap])."""
+        if any(s.pending_switch is not None for s in active):
+            return
+        state.awaiting_switches = False
+        waiting.remove(state)
+        outcome = self.lifecycle.probe(state, active, hold=True)
+        if outcome == ProbeOutcome.hold:
+            self._start(state)   # admitted on the joint plan's prediction
+        elif outcome == ProbeOutcome.queued:
+            waiting.append(state)
+        self._report(state)
+        self._notify_end(state)
+
     def _plan_alone(self, state: JobState, alongside: list[JobState]) -> None:
         """A job admitted after the start is planned alone for what the running jobs leave."""
         if self.planning is None or state.cold_planned or state.planned_step is not None:
@@ -342,8 +427,7 @@ class JobHost:
         self.planning.plan([state], budget)
 
     def _start(self, state: JobState) -> None:
-        if self.replanner is not None and state.captured is not None and not state.captured.cold \
-                and state.plan is not None:
+        if self.replanner is not None and state.captured is not None and state.plan is not None:
             state.latency_monitor = LatencyMonitor(state, self.replan_threshold,
                                                    lambda job, why: self._ended.put(ReplanRequest(job, why)),
                                                    self.clock.now)
@@ -353,7 +437,7 @@ class JobHost:
             self.pipeline.job_started(state.name, state.stream, state.persistent_bytes, state.temporary_bytes)
         on_end = (lambda s: self.pipeline.job_ended(s.name, s.stream)) if self.pipeline is not None else None
         thread = JobThread(state, self.clock, self._ended, record_weights=self.record_weights, on_end=on_end,
-                           stop=self._stop)
+                           stop=self._stop, gate=self._gate)
         self._threads[state.name] = thread
         # Jobs whose threads the host holds at once (an ended job counts until
         # the run loop joins it): what admission let run together.
@@ -368,7 +452,9 @@ class JobHost:
             job = job_source()
             if job is None:
                 return
-            waiting.append(self.submit(job))
+            state = self.submit(job)
+            state.arrived_at_s = self.clock.now()
+            waiting.append(state)
             self._admit_waiting(waiting)
 
     # ------------------------------------------------------- bookkeeping
@@ -389,9 +475,10 @@ class JobHost:
         """Note [Latency drift]: a job's monitor asked for a re-plan."""
         if self.replanner is None or self.stopping or waiting:
             return
-        jobs = [s for s in self._running() if s.captured is not None and not s.captured.cold and s.plan is not None]
+        running = self._running()
+        jobs = Replanner.replannable(running)
         if any(s.name == request.job for s in jobs):
-            self._note_replan(self.replanner.replan(jobs, request.reason))
+            self._note_replan(self.replanner.replan(jobs, request.reason, self._outside_replan_need(running)))
 
     def _note_replan(self, record) -> None:
         note = getattr(self.progress, "note", None)
@@ -454,3 +541,8 @@ class JobHost:
                          trace=coverage, most_jobs_running=self._most_running,
                          interrupted=self._stop_reason if self.stopping else None, planner=planner,
                          plans=list(self.plans))
+
+
+def _arrive_at(state: JobState) -> float:
+    spec = state.job.spec
+    return spec.arrive_at_s if spec is not None else 0.0

@@ -43,7 +43,12 @@ tensile_tf/execution.py) and is the vanilla footprint: the predicted vanilla
 peak, MSR's reference, and what a job whose plan changes nothing holds. A
 plan with no events still runs its job in plan order when that lowers the
 job's peak (``JobPlan.order_only``): on the node-group CNN the free-running
-step peaks at 89 MiB in some steps and the ordered one at 60.
+step peaks at 89 MiB in some steps and the ordered one at 60. The planner's
+loop judges the budget on every job's ordered footprint, so when letting
+its event-free jobs run free would put the pool back above a budget the loop
+met, every job runs in plan order (seen: two MLPs planned for 80 MiB, one
+with five swaps and one without, 86.3 MiB with the second free-running vs
+76-78 MiB ordered; the plan reported "budget met" but missed it).
 
 Note [op-granular footprint]. A job's footprint is held per step (op): F[k] is
 the bytes resident while step k runs: every live tensor, the step's outputs

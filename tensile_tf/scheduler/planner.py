@@ -261,6 +261,13 @@ class Planner:
     def _make_plan(self, seconds: float) -> Plan:
         ordered = {js.j: self._runs_ordered(js) for js in self.jobs}
         pool_peak = self.timeline.pool_peak([js.fp.F if ordered[js.j] else js.fp.free_running for js in self.jobs])
+        if self.pool_bytes is not None and pool_peak > self.pool_bytes and self.stop_reason != UNPLANNED_FITS \
+                and not all(ordered.values()):
+            # Note [Free-running steps]: the loop met the budget with every step in plan order.
+            all_ordered = self._pool_peak()
+            if all_ordered < pool_peak:
+                ordered = dict.fromkeys(ordered, True)
+                pool_peak = all_ordered
         jobs = {}
         for js in self.jobs:
             tas = js.tas

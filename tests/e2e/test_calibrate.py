@@ -46,6 +46,12 @@ def test_calibrate_caches_a_predictor_that_cold_starts_use(tmp_path):
     assert broken["source"] == "cold-start (bytes touched)", broken
     assert any("unreadable" in w and "tensile calibrate" in w for w in broken["warnings"]), broken
 
+    # what the warning says to do rebuilds it
+    proc = tensile("calibrate", "--models", "mlp-b32,small_cnn-b16", "--cache", str(cache), "--repeats", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rebuilt = last_json_line(run_python(COLD_CAPTURE, env={"TENSILE_LATENCY_PREDICTOR": str(cache)}))
+    assert rebuilt["source"].startswith("cold-start (learned on 2 models") and rebuilt["warnings"] == [], rebuilt
+
 
 def test_calibrate_refuses_unknown_or_too_few_models(tmp_path):
     proc = tensile("calibrate", "--models", "mlp-b32", "--cache", str(tmp_path / "p.joblib"))

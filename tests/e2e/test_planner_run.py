@@ -75,13 +75,14 @@ def test_plan_fits_two_jobs_into_a_budget_their_peaks_exceed(tmp_path, plan_peak
     vanilla = {j["name"]: j for j in runs["vanilla"]["jobs"]}
     planned = {j["name"]: j for j in runs["planned"]["jobs"]}
     assert vanilla["mlp-a"]["status"] == vanilla["mlp-b"]["status"] == "finished"
-    assert planned["mlp-a"]["plan"]["swap_outs"] + planned["mlp-b"]["plan"]["swap_outs"] > 0
+    # (a job's "plan" is the last it ran: when one job ends first, the other is re-planned alone)
+    assert sum(runs["planned"]["planner"]["plans"][0]["swap_outs"].values()) > 0
     assert runs["planned"]["most_jobs_running"] == 2  # admitted together on the plan's prediction
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert compare["all_match"], proc.stdout[-3000:]
     assert compare["pool"]["swapped_bytes"] > 0
     plan = runs["planned"]["planner"]["plans"][0]
-    assert plan["budget_bytes"] == 80 * 2**20 and plan["budget_met"]
+    assert plan["budget_bytes"] == 80 * 2**20 and plan["budget_met"], json.dumps(plan)
     assert plan["predicted_pool_planned_peak_bytes"] <= 80 * 2**20 < plan["predicted_pool_vanilla_peak_bytes"]
     assert plan["peak_model"] == plan_peaks
     if plan_peaks == "coincident":

@@ -2,7 +2,9 @@
 in tensile_tf/runtime/replanning.py), end to end: a job that ends frees its
 share and the job still running is planned again and switches plans between
 two of its steps, training bit for bit as unplanned; a re-plan that fails
-leaves the jobs on their plans."""
+leaves the jobs on their plans; a job that arrives while another runs and
+fits only when both are planned is planned together with it (Note [Joint
+re-plan on arrival])."""
 import json
 
 from tests.conftest import last_json_line, run_python
@@ -72,12 +74,15 @@ tensile_tf.install("130MiB")
 from tensile_tf.config import load_config
 from tensile_tf.jobs import Job
 from tensile_tf.runtime import JobHost
-import tensile_tf.runtime.replanning as replanning
+from tensile_tf.runtime.planning import JobPlanning
 
-def broken(*args, **kwargs):
-    raise RuntimeError("planner exploded")
+real = JobPlanning.plan_captured
+def broken_after_start(self, captured, budget):   # the start's plan is made; every re-plan fails
+    if self.plans:
+        raise RuntimeError("planner exploded")
+    return real(self, captured, budget)
 
-replanning.plan_captured = broken
+JobPlanning.plan_captured = broken_after_start
 cfg = load_config(sys.argv[1])
 host = JobHost.from_config(cfg.pool, cfg.run)
 for spec in cfg.jobs:
@@ -144,3 +149,65 @@ def test_a_latency_drift_past_the_threshold_replans_the_job(tmp_path):
     assert replan["reason"].startswith("latency drift of long") and replan["error"] is None, out
     (switched,) = replan["switched"]
     assert switched is not None and 9 <= switched < 60, out   # the next step boundary after the re-plan
+
+
+ARRIVAL = """
+pool: 130MiB
+run: {{out_dir: unused, admission: sum, planner: tensile, swap_bandwidth: 1TiB{replan}}}
+jobs:
+  - name: long
+    model: {{builder: "tensile_tf.zoo:mlp", args: {{hidden: [1024, 1024, 1024]}}}}
+    input_shape: [784]
+    batch_size: 256
+    optimizer: {{name: adam, learning_rate: 0.001}}
+    steps: 60
+    seed: 1
+  - name: late        # another model: admission cannot predict its needs
+    model: {{builder: "tensile_tf.zoo:mlp", args: {{hidden: [1024, 1024, 1024, 1024]}}}}
+    input_shape: [784]
+    batch_size: 256
+    optimizer: {{name: adam, learning_rate: 0.002}}
+    steps: 10
+    seed: 2
+    arrive_at_s: 0.01   # arrives once `long` runs (probing `long` takes longer)
+"""
+
+
+def test_an_arrival_is_planned_together_with_the_running_job_and_trains_bit_for_bit(tmp_path):
+    # `long` (~52 MiB) runs alone; `late` (~66 MiB) arrives. Unplanned they
+    # need ~118 MiB; the joint plan (cold-captured `late`, budget 75% of 130
+    # MiB) tightens `long`, which switches at a step boundary, and `late`
+    # starts while `long` still trains. The vanilla run of --compare-vanilla
+    # runs `late` after `long`; both train bit for bit the same.
+    cfg = write(tmp_path, ARRIVAL.format(replan=""))
+    out = tmp_path / "out"
+    proc = tensile("run", str(cfg), "--out", str(out), "--compare-vanilla")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    compare = json.loads((out / "compare.json").read_text())
+    assert compare["all_match"], proc.stdout[-3000:]
+    planned = json.loads((out / "planned" / "results.json").read_text())
+    jobs = {j["name"]: j for j in planned["jobs"]}
+    (arrival,) = [r for r in planned["planner"]["replans"] if r["reason"] == "arrival of late"]
+    assert arrival["error"] is None and arrival["newcomer"] == "late", arrival
+    assert arrival["budget_bytes"] == int(130 * 2**20 * 0.75)   # COLD_START_HEADROOM: `late` was captured cold
+    (job,) = arrival["jobs"]
+    assert job["name"] == "long" and job["swaps_after"] > job["swaps_before"], arrival   # tightened
+    assert job["switched_at_step"] is not None and arrival["paused_s"] > 0
+    assert jobs["late"]["arrived_at_s"] > 0 and jobs["late"]["plan"]["cold_start"]
+    assert jobs["late"]["admitted_at_s"] < jobs["long"]["ended_at_s"]   # ran beside `long`, not after it
+    assert planned["most_jobs_running"] == 2 and planned["pool"]["run_ooms"] == 0
+    assert all(j["status"] == "finished" and j["leaked_bytes"] == 0 for j in jobs.values())
+    assert planned["planner"]["swap"]["host"]["current"] == 0
+    assert "re-planned (arrival of late)" in proc.stdout
+    vanilla = {j["name"]: j for j in json.loads((out / "vanilla" / "results.json").read_text())["jobs"]}
+    assert vanilla["late"]["admitted_at_s"] >= vanilla["long"]["ended_at_s"]   # waited for `long` to end
+
+
+def test_without_the_controller_an_arrival_waits_for_the_running_job(tmp_path):
+    cfg = write(tmp_path, ARRIVAL.format(replan=", replan: false"))
+    proc = tensile("run", str(cfg), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    jobs = {j["name"]: j for j in results["jobs"]}
+    assert results["planner"]["replans"] == [] and results["most_jobs_running"] == 1
+    assert jobs["late"]["admitted_at_s"] >= jobs["long"]["ended_at_s"]

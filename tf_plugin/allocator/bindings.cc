@@ -229,6 +229,10 @@ Streams are jobs; allocate() returns an arena offset.)doc")
         "Attributes this thread's eager allocations to `stream`; returns the "
         "previous stream.");
   m.def("thread_stream", &tensile::ThreadStream);
+  m.def("set_thread_host_fallback", &tensile::SetThreadHostFallback, py::arg("on"),
+        "Note [Host fallback while building]: this thread's allocations the "
+        "pool cannot serve come from host memory while on; returns the "
+        "previous setting.");
   m.def("host_fallback_stats", []() {
     const tensile::HostFallbackStats s = tensile::GetHostFallbackStats();
     py::dict d;

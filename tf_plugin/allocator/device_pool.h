@@ -56,6 +56,10 @@ struct HostFallbackStats {
   int64_t peak = 0;
 };
 HostFallbackStats GetHostFallbackStats();
+// Note [Host fallback while building]: while on, every allocation of the
+// calling thread that the pool cannot serve falls back to host memory.
+// Returns the previous setting.
+bool SetThreadHostFallback(bool on);
 
 }  // namespace tensile
 

@@ -27,6 +27,19 @@
 // built from Python data start out in host memory anyway. Op kernels never
 // fall back: they get ResourceExhaustedError.
 //
+// Note [Host fallback while building]
+// Building a job's step instantiates functions, and instantiation constant-
+// folds: GraphRunner computes a folded constant and DeepCopy()s it into a
+// tensor from the CPU allocator without checking the allocation. Inside the
+// enclosing eager op's annotation the pool would return null and the memcpy
+// kills the process (seen: a job built beside a running one in a 110 MiB
+// pool with 3 MiB largest free chunk, __memcpy in tensor::DeepCopy under
+// ConstantFold). A thread that builds beside running jobs therefore opens a
+// host-fallback scope (SetThreadHostFallback): there, every allocation the
+// pool cannot serve comes from host memory, counted as above. The host then
+// treats any fallback during the build as the build running out of pool
+// memory (the job waits, torn down), so nothing stays outside the pool.
+//
 // OOM message: TensorFlow's ResourceExhaustedError reads "OOM when allocating
 // tensor ... by allocator <Name()>". After a failed allocation, Name()
 // returns the pool's own explanation for the failing thread (what, where and
@@ -48,6 +61,7 @@ namespace {
 
 constexpr char kAllocatorName[] = "tensile_pool";
 thread_local std::string t_last_oom_message;
+thread_local bool t_host_fallback = false;  // Note [Host fallback while building]
 
 // Live host-fallback allocations: pointer -> bytes. Rare, so a locked map.
 std::mutex g_fallback_mu;
@@ -106,7 +120,7 @@ class TensilePoolAllocator : public tsl::Allocator {
         tsl::profiler::ScopedMemoryDebugAnnotation::CurrentAnnotation();
     const StreamId stream = StreamForAllocation(annotation.pending_step_id);
     void* p = pool_->Allocate(num_bytes, stream, annotation.pending_op_name);
-    if (p == nullptr && annotation.pending_op_name.empty()) {
+    if (p == nullptr && (annotation.pending_op_name.empty() || t_host_fallback)) {
       LOG(WARNING) << "tensile pool: "
                    << pool_->DescribeOom(num_bytes, stream, "<no op>")
                    << " -- outside any op kernel, served from host memory "
@@ -201,6 +215,12 @@ class TensilePoolAllocatorFactory : public tsl::AllocatorFactory {
 };
 
 }  // namespace
+
+bool SetThreadHostFallback(bool on) {
+  const bool previous = t_host_fallback;
+  t_host_fallback = on;
+  return previous;
+}
 
 HostFallbackStats GetHostFallbackStats() {
   std::lock_guard<std::mutex> lock(g_fallback_mu);
