@@ -34,11 +34,15 @@ skips). Its op latencies correct the job's latency table by EWMA (§IV-E,
 |s' - s| / s of the corrected table against the table of the job's current
 plan (``LatencyTable.change_rate``) above ``run.replan_threshold`` asks the
 run loop for a re-plan of the running planned jobs ("latency drift of JOB"),
-made from the corrected tables. The first check is at step
-FIRST_CHECK_STEP; then every max(MIN_CHECK_INTERVAL, extra / (OVERHEAD_SHARE
-x median step)) steps, where extra is what the last profiled step took
-beyond the median, so profiling costs at most OVERHEAD_SHARE (2%) of the
-job's time. Every check is in results.json (``planner.drift_checks``).
+made from the corrected tables. Checks are at least MIN_CHECK_INTERVAL
+steps apart, the first at step FIRST_CHECK_STEP or later, and each only
+while the profiled steps' extra time so far (each one's wall time beyond
+the job's median step), plus the next one's expected extra (the last one's;
+one median step before the first), stays within OVERHEAD_SHARE (2%) of the
+job's training time: profiling costs at most 2% of the job's time, however
+slow the profiler is on its graph (seen: +0.01 s on a small CNN, +1.25 s on
+a ResNet beside three other jobs). Every check is in results.json
+(``planner.drift_checks``).
 A cold-started job (Note [Cold-start planning] in planning.py) was planned
 on predicted latencies (seed 000 §IV-A); its first check replaces the
 prediction with the measured table, and the change rate against the
@@ -59,7 +63,10 @@ beside the newcomer. Admission holds each running job at the larger of its
 old and new needs until it switches. A joint plan that misses its budget,
 or fails, changes nothing (recorded with the reason); the newcomer is torn
 down and waits as before. Each waiting job is tried once per event (an
-arrival, a departure), never in a loop.
+arrival, a departure), never in a loop. Until the newcomer starts, no other
+job is admitted or planned on arrival: the joint plan holds its room (seen:
+a second arrival planned with the running jobs but without the first
+newcomer, both admitted, and a running job ran out of memory).
 
 The running jobs are parked at their next step boundary (``StepGate``)
 while the newcomer is built, captured and planned: building beside a
@@ -187,9 +194,20 @@ class LatencyMonitor:
         self.baseline = state.captured.planner_job.latencies   # the table the current plan was made with
         self.next_step = FIRST_CHECK_STEP
         self.checks: list[DriftCheck] = []
+        self.spent_s = 0.0   # what the profiled steps took beyond the median, summed
+        # The next check's expected cost: unknown before the first, which a
+        # cold-started job takes at FIRST_CHECK_STEP whatever it costs (its
+        # plan rests on predictions); a measured job's first check waits for
+        # the budget one median step of extra time needs.
+        self.expected_extra_s: float | None = 0.0 if state.captured.cold else None
 
     def due(self) -> bool:
-        return self.state.steps_done >= self.next_step
+        state = self.state
+        if state.steps_done < self.next_step:
+            return False
+        trained = sum(r.duration_s for r in state.training_records)
+        expected = self.expected_extra_s if self.expected_extra_s is not None else (state.median_step_s or 0.0)
+        return self.spent_s + expected <= OVERHEAD_SHARE * (trained + expected)
 
     def observe(self, measured: LatencyTable | None, step_s: float) -> None:
         """After a profiled step (``measured`` None: the profiler was busy)."""
@@ -213,9 +231,9 @@ class LatencyMonitor:
         if drifted:
             self.request(state.name, f"latency drift of {state.name} ({rate:+.0%} vs its plan)")
         extra = max(0.0, step_s - (median or step_s))
-        interval = MIN_CHECK_INTERVAL if not median else max(MIN_CHECK_INTERVAL,
-                                                               math.ceil(extra / (OVERHEAD_SHARE * median)))
-        self.next_step = state.steps_done + interval
+        self.spent_s += extra
+        self.expected_extra_s = extra
+        self.next_step = state.steps_done + MIN_CHECK_INTERVAL
 
     def replanned(self) -> None:
         self.baseline = self.state.captured.planner_job.latencies

@@ -329,13 +329,17 @@ class JobHost:
 
     def _admit_waiting(self, waiting: deque) -> None:
         """Starts queued jobs that fit now, in submit order (later small jobs may pass)."""
+        awaiting = [s for s in waiting if s.awaiting_switches]
+        if awaiting:
+            # Note [Joint re-plan on arrival]: the joint plan holds room for the
+            # newcomer; nothing else is admitted or planned until it starts.
+            for state in awaiting:
+                self._start_jointly_planned(state, waiting, self._running())
+            return
         for state in list(waiting):
             active = self._running()
             if not self.admission.has_room(len(active)):
                 return
-            if state.awaiting_switches:
-                self._start_jointly_planned(state, waiting, active)
-                continue
             if not state.measured:
                 # Probing runs a step. With nothing running, nothing can be
                 # disturbed; otherwise only a job whose predicted needs fit.

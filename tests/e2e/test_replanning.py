@@ -124,7 +124,7 @@ job_thread.profiled_step = slower
 
 cfg = load_config(sys.argv[1])
 host = JobHost.from_config(cfg.pool, cfg.run)
-host.submit(Job.from_spec(next(s for s in cfg.jobs if s.name == "long").model_copy(update={"steps": 60})))
+host.submit(Job.from_spec(next(s for s in cfg.jobs if s.name == "long").model_copy(update={"steps": 150})))
 r = host.run()
 (s,) = r.jobs
 print(json.dumps({"status": s.status.value, "error": s.error,
@@ -135,20 +135,22 @@ print(json.dumps({"status": s.status.value, "error": s.error,
 
 
 def test_a_latency_drift_past_the_threshold_replans_the_job(tmp_path):
-    # Note [Latency drift]: at step 8 the profiled step's ops read 3x what
-    # they took; EWMA (alpha 0.3) moves the table well past the 20% threshold
-    # (up to 60% off, less where the real step ran faster than the capture):
-    # a re-plan from the corrected table, switched at a step boundary.
+    # Note [Latency drift]: once the job has trained long enough for a
+    # profiled step to cost under 2% of its time (about 50 median steps), the
+    # profiled step's ops read 3x what they took; EWMA (alpha 0.3) moves the
+    # table well past the 20% threshold (up to 60% off, less where the real
+    # step ran faster than the capture): a re-plan from the corrected table,
+    # switched at a step boundary.
     cfg = write(tmp_path, TWO_MLPS.format(replan=""))
     out = last_json_line(run_python(f"import sys; sys.argv = ['x', {str(cfg)!r}]\n" + DRIFTING))
     assert out["status"] == "finished", out
     (step, rate, requested), *_ = out["checks"]
-    assert step == 8 and requested and rate > 0.2, out
+    assert 8 <= step < 150 and requested and rate > 0.2, out
     # (the injection keeps reporting 3x, so later checks may re-plan again)
     replan, *_ = out["replans"]
     assert replan["reason"].startswith("latency drift of long") and replan["error"] is None, out
     (switched,) = replan["switched"]
-    assert switched is not None and 9 <= switched < 60, out   # the next step boundary after the re-plan
+    assert switched is not None and step < switched < 150, out   # the next step boundary after the re-plan
 
 
 ARRIVAL = """
@@ -199,6 +201,10 @@ def test_an_arrival_is_planned_together_with_the_running_job_and_trains_bit_for_
     assert all(j["status"] == "finished" and j["leaked_bytes"] == 0 for j in jobs.values())
     assert planned["planner"]["swap"]["host"]["current"] == 0
     assert "re-planned (arrival of late)" in proc.stdout
+    # `late` was planned on predicted latencies: its monitor measures them at
+    # once (step 8; 9 if the profiler was busy with `long`), whatever it costs
+    late_checks = [c for c in planned["planner"]["drift_checks"] if c["job"] == "late"]
+    assert late_checks and late_checks[0]["step"] in (8, 9), planned["planner"]["drift_checks"]
     vanilla = {j["name"]: j for j in json.loads((out / "vanilla" / "results.json").read_text())["jobs"]}
     assert vanilla["late"]["admitted_at_s"] >= vanilla["long"]["ended_at_s"]   # waited for `long` to end
 
