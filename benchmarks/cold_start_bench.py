@@ -41,7 +41,7 @@ JOBS = {
                       batch_size=8192, optimizer={"name": "adam", "learning_rate": 0.001}), "512MiB", "100MiB"),
     "cnn": (dict(model={"builder": "tensile_tf.zoo:small_cnn", "args": {"filters": [32, 64]}},
                  input_shape=[32, 32, 3], batch_size=256, optimizer={"name": "adam", "learning_rate": 0.001}),
-            "512MiB", "110MiB"),
+            "512MiB", "128MiB"),
 }
 
 

@@ -321,7 +321,7 @@ class JobHost:
         arrived = False
         while arrivals and _arrive_at(arrivals[0]) <= self.clock.now():
             state = arrivals.popleft()
-            state.arrived_at_s = self.clock.now()
+            state.arrived_at_s = _arrive_at(state)   # its waiting counts from then, however busy the loop was
             waiting.append(state)
             arrived = True
         if arrived:
