@@ -199,27 +199,27 @@ def _summary_table(result, console) -> None:
             console.print(f"[red]{s.name} {s.status.value}[/red]: {s.error}", soft_wrap=True)
 
 
-def _make_host(cfg, *, planner, progress=None, record_weights: bool = False, saved_plan=None):
+def _make_host(cfg, *, planner, progress=None, record_weights: bool = False, saved_plan=None, model_dir=None):
     """The JobHost for a config: the one place run, plan, compare and search
     turn a config's run: section into a runtime."""
     from tensile_tf.runtime import JobHost
     from tensile_tf.jobs import Job
 
     host = JobHost.from_config(cfg.pool, cfg.run, planner=planner, progress=progress,
-                               record_weights=record_weights, saved_plan=saved_plan)
+                               record_weights=record_weights, saved_plan=saved_plan, model_dir=model_dir)
     for spec in cfg.jobs:
         host.submit(Job.from_spec(spec))
     return host
 
 
-def _run_host(cfg, console, *, planner, record_weights: bool = False, saved_plan=None):
+def _run_host(cfg, console, *, planner, record_weights: bool = False, saved_plan=None, out_dir=None):
     """Runs the config's jobs; Ctrl-C or SIGTERM stops them at a step
     boundary (Note [Stopping on a signal] in tensile_tf.runtime.interrupts)."""
     from tensile_tf.runtime.interrupts import StopOnSignals
 
     with RichProgress(console) as progress:
         host = _make_host(cfg, planner=planner, progress=progress, record_weights=record_weights,
-                          saved_plan=saved_plan)
+                          saved_plan=saved_plan, model_dir=Path(out_dir) / "models" if out_dir else None)
         with StopOnSignals(host.request_stop, say=lambda line: console.print(f"[yellow]{line}[/yellow]")):
             return host.run()
 
@@ -250,7 +250,7 @@ def _cmd_run(args) -> int:
         return _compare_vanilla(cfg, console, out_dir)
     planner = PlannerKind.tensile if saved_plan is not None else cfg.run.planner
     try:
-        result = _run_host(cfg, console, planner=planner, saved_plan=saved_plan)
+        result = _run_host(cfg, console, planner=planner, saved_plan=saved_plan, out_dir=out_dir)
     except SavedPlanMismatch as e:
         raise UserError(f"refusing the plan {args.plan}: {e}") from None
     _summary_table(result, console)
@@ -290,7 +290,7 @@ def _compare_vanilla(cfg, console, out_dir: Path) -> int:
     results = {}
     for mode, planner in (("vanilla", PlannerKind.none), ("planned", PlannerKind.tensile)):
         console.rule(f"{mode} run")
-        results[mode] = _run_host(cfg, console, planner=planner, record_weights=True)
+        results[mode] = _run_host(cfg, console, planner=planner, record_weights=True, out_dir=out_dir / mode)
         _summary_table(results[mode], console)
         write_outputs(results[mode], out_dir / mode)
         if results[mode].interrupted is not None:

@@ -77,18 +77,39 @@ class OptimizerSpec(_Strict):
 
 
 class DataSpec(_Strict):
-    """``synthetic`` (default): fixed random batches made once per job.
-    ``function``: 'module:function' returning a tf.data.Dataset of (x, y) batches."""
+    """Where a job's (x, y) examples come from (tensile_tf/datasets.py):
 
-    kind: Literal["synthetic", "function"] = "synthetic"
+    * ``synthetic`` (default): fixed random batches made once per job;
+    * ``function``: 'module:function' returning a tf.data.Dataset of (x, y) batches;
+    * ``npz``: a NumPy ``.npz`` file (``path``) with arrays ``x_key`` and ``y_key``;
+    * ``npy``: two ``.npy`` files, ``path`` (examples) and ``labels_path``;
+    * ``digits``: scikit-learn's bundled 8x8 digits (1797 images, 10
+      classes; no download), shaped as the job's ``input_shape`` ([8, 8, 1] or [64]).
+
+    Files are read once; the examples are shuffled with the job's seed each
+    epoch. ``validation_split`` holds out that share of them (chosen with the
+    seed) for validation (``validate_every`` and ``metrics`` on the job)."""
+
+    kind: Literal["synthetic", "function", "npz", "npy", "digits"] = "synthetic"
     function: StrictStr | None = None
     args: dict[str, Any] = Field(default_factory=dict)
     num_batches: StrictInt = Field(4, ge=1, description="distinct synthetic batches cycled through")
+    path: StrictStr | None = Field(None, description="npz: the file; npy: the examples' file")
+    labels_path: StrictStr | None = Field(None, description="npy: the labels' file")
+    x_key: StrictStr = "x"
+    y_key: StrictStr = "y"
+    validation_split: StrictFloat = Field(0.0, ge=0.0, lt=1.0, description="share of the examples held out")
 
     @model_validator(mode="after")
-    def _function_given(self) -> "DataSpec":
+    def _source_given(self) -> "DataSpec":
         if self.kind == "function" and not self.function:
             raise ValueError("data kind 'function' needs function: 'module:function'")
+        if self.kind in ("npz", "npy") and not self.path:
+            raise ValueError(f"data kind {self.kind!r} needs path: the {'.npz file' if self.kind == 'npz' else '.npy file of examples'}")
+        if self.kind == "npy" and not self.labels_path:
+            raise ValueError("data kind 'npy' needs labels_path: the .npy file of labels")
+        if self.validation_split and self.kind in ("synthetic", "function"):
+            raise ValueError(f"validation_split needs examples to split: data kind npz, npy or digits, not {self.kind!r}")
         return self
 
 
@@ -111,6 +132,10 @@ class JobSpec(_Strict):
     start_offset_s: StrictFloat = Field(0.0, ge=0, description="planner: when the job's first iteration starts")
     arrive_at_s: StrictFloat = Field(0.0, ge=0, description="when the job arrives, in seconds after the run "
                                      "starts (0: at the start); it is probed, planned and admitted then")
+    metrics: tuple[StrictStr, ...] = Field(("accuracy",), description="Keras metrics computed on the validation "
+                                           "examples (data.validation_split)")
+    validate_every: StrictInt | None = Field(None, ge=1, description="steps between validations (and at the end); "
+                                             "default: at the end only")
 
     @model_validator(mode="after")
     def _length(self) -> "JobSpec":
@@ -120,6 +145,8 @@ class JobSpec(_Strict):
             raise ValueError("'epochs' needs 'steps_per_epoch' (steps in one epoch)")
         if self.model.application and self.input_shape is None:
             raise ValueError("a keras.applications model needs 'input_shape', e.g. [64, 64, 3]")
+        if self.validate_every is not None and not self.data.validation_split:
+            raise ValueError("'validate_every' needs validation examples: set data.validation_split, e.g. 0.2")
         return self
 
     @property

@@ -45,6 +45,7 @@ class TrainStep:
     variables: Sequence[tf.Variable] = ()
     model: Any = None
     optimizer: Any = None
+    validator: Any = None       # datasets.Validator, when the job holds out validation examples
     _iterator: Any = field(default=None, repr=False)
 
     def next_batch(self) -> tuple:
@@ -239,8 +240,18 @@ def build_train_step(spec: JobSpec) -> TrainStep:
     optimizer = parts.get("optimizer") or _make_optimizer(spec)
     loss_fn = parts.get("loss") or _make_loss(spec)
 
+    validator = None
     if "dataset" in parts:
         batches = parts["dataset"]
+    elif spec.data.kind in ("npz", "npy", "digits"):
+        from tensile_tf import datasets
+
+        x, y = datasets.load_examples(spec)
+        xt, yt, xv, yv = datasets.split_examples(x, y, spec.data.validation_split, spec.seed, spec.name,
+                                                 spec.batch_size)
+        batches = datasets.training_batches(xt, yt, spec.batch_size, spec.seed)
+        if len(xv):
+            validator = datasets.Validator(model, loss_fn, xv, yv, spec.batch_size, spec.metrics, spec.validate_every)
     elif spec.data.kind == "function":
         fn = import_reference(spec.data.function, what="data function")
         batches = _call_with_known_args(fn, spec.data.args, batch_size=spec.batch_size, seed=spec.seed)
@@ -250,7 +261,7 @@ def build_train_step(spec: JobSpec) -> TrainStep:
     if isinstance(batches, tf.data.Dataset):
         batches = batches.repeat()
     return TrainStep(step_fn=supervised_train_step(model, optimizer, loss_fn), batches=batches,
-                     variables=model.variables, model=model, optimizer=optimizer)
+                     variables=model.variables, model=model, optimizer=optimizer, validator=validator)
 
 
 def cycle(items: Sequence[tuple]) -> Callable[[], tuple]:

@@ -17,6 +17,7 @@ is dropped silently.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -140,14 +141,47 @@ def write_failure_tracebacks(result: RunResult, out: Path) -> None:
             state.traceback_path = str(path.relative_to(out))
 
 
+def write_tensorboard(result: RunResult, out: Path) -> None:
+    """One TensorBoard run per job (``tensorboard --logdir OUT/tensorboard``):
+    per step its loss, step time and the pool bytes its step peaked at; each
+    validation's loss and metrics; each re-plan it took part in (its planned
+    swap-outs after it, at the step it switched), from what the run recorded."""
+    import tensorflow as tf
+
+    for state in result.jobs:
+        if not state.records:
+            continue
+        writer = tf.summary.create_file_writer(str(out / state.name))
+        with writer.as_default():
+            for r in state.records:
+                if r.loss is not None and math.isfinite(r.loss):
+                    tf.summary.scalar("train/loss", r.loss, step=r.index)
+                tf.summary.scalar("train/step_time_s", r.duration_s, step=r.index)
+                tf.summary.scalar("memory/step_peak_pool_MiB", r.peak_bytes / 2**20, step=r.index)
+            for v in state.validation:
+                tf.summary.scalar("validation/loss", v.loss, step=v.step)
+                for name, value in v.metrics.items():
+                    tf.summary.scalar(f"validation/{name}", value, step=v.step)
+            for r in _replans(result):
+                for j in r.jobs:
+                    if j.name == state.name and j.switched_at_step is not None:
+                        tf.summary.scalar("plan/swap_outs_per_step", j.swaps_after, step=j.switched_at_step)
+                        tf.summary.text("plan/re-plans", f"{r.reason}: swaps {j.swaps_before} -> {j.swaps_after}",
+                                        step=j.switched_at_step)
+        writer.flush()
+        writer.close()
+
+
 def write_outputs(result: RunResult, out_dir: str | Path) -> dict[str, Path]:
-    """Writes results.json, trace.json and memory.png (and failed jobs'
-    tracebacks, failures/) into out_dir."""
+    """Writes results.json, trace.json, memory.png and tensorboard/ (and
+    failed jobs' tracebacks, failures/) into out_dir."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_failure_tracebacks(result, out)
-    paths = {"results": out / "results.json", "trace": out / "trace.json", "memory": out / "memory.png"}
+    paths = {"results": out / "results.json", "trace": out / "trace.json", "memory": out / "memory.png",
+             "tensorboard": out / "tensorboard"}
     paths["results"].write_text(json.dumps(result.results_document(), indent=2))
     paths["trace"].write_text(json.dumps(chrome_trace(result)))
     write_memory_png(result, paths["memory"])
+    write_tensorboard(result, paths["tensorboard"])
     return paths

@@ -37,6 +37,7 @@ import json
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from tensile_tf.config import ConfigError, JobSpec, RunConfig, format_location
@@ -248,6 +249,11 @@ def reference_problems(spec: JobSpec, loc: tuple, *, searched: set[str] = frozen
     if spec.data.kind == "function":
         problems += _reference_problems(spec.data.function, spec.data.args, {"batch_size", "seed"},
                                         loc + ("data",), "function")
+    for key in ("path", "labels_path"):
+        value = getattr(spec.data, key)
+        if spec.data.kind in ("npz", "npy") and value and not Path(value).expanduser().exists():
+            problems.append(Problem(loc + ("data", key), f"{value!r} does not exist",
+                                    "give the path of a NumPy file (relative paths start where tensile runs)"))
     return problems
 
 

@@ -13,6 +13,7 @@ import math
 import queue
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
 import tensorflow as tf
@@ -63,6 +64,24 @@ def run_step(state: JobState, batch: tuple, clock: RunClock) -> None:
                             "lower the learning rate, or set stop_on_nan: false")
 
 
+def save_model(state: JobState, model_dir: Path) -> None:
+    """The job's trained model in Keras' format (MODEL_DIR/JOB.keras), with
+    JOB.sample.npz: a few inputs and what the model predicted for them, so a
+    reader can check that the file predicts what the job's model did."""
+    import numpy as np
+
+    model = getattr(state.train, "model", None)
+    if model is None or not hasattr(model, "save"):
+        return
+    model_dir.mkdir(parents=True, exist_ok=True)
+    path = model_dir / f"{state.name}.keras"
+    model.save(path)
+    validator = state.train.validator
+    x = validator.x[:16] if validator is not None else state.first_batch[0][:16].numpy()
+    np.savez(model_dir / f"{state.name}.sample.npz", x=x, predictions=model(x, training=False).numpy())
+    state.model_path = str(Path(model_dir.name) / path.name)
+
+
 def variables_digest(variables) -> str:
     """sha256 over the variables' dtypes, shapes and bytes, in order (not their
     names: a rebuilt model's variables get new unique names)."""
@@ -86,7 +105,8 @@ class JobThread:
 
     def __init__(self, state: JobState, clock: RunClock, ended: "queue.Queue[JobState]", *,
                  record_weights: bool, on_end: Callable[[JobState], None] | None = None,
-                 stop: threading.Event | None = None, gate: StepGate | None = None):
+                 stop: threading.Event | None = None, gate: StepGate | None = None,
+                 model_dir: Path | None = None):
         self.state = state
         self.clock = clock
         self.ended = ended
@@ -94,6 +114,7 @@ class JobThread:
         self.on_end = on_end
         self.stop = stop or threading.Event()
         self.gate = gate
+        self.model_dir = model_dir
         self.thread = threading.Thread(target=self._train, name=f"job-{state.name}", daemon=True)
 
     def start(self) -> None:
@@ -101,6 +122,16 @@ class JobThread:
 
     def join(self) -> None:
         self.thread.join()
+
+    def _validate(self, state: JobState, *, between_steps: bool) -> None:
+        """Validation between two steps sees the real variables: those the
+        plan keeps on the host come back first and leave again after."""
+        planned = state.planned_step if between_steps else None
+        if planned is not None:
+            planned.restore()
+        state.validation.append(state.train.validator.run(state.steps_done, self.clock.now()))
+        if planned is not None:
+            planned.evict()
 
     def _train(self) -> None:
         state = self.state
@@ -120,11 +151,20 @@ class JobThread:
                     take_switch(state)   # Note [Hot swap]: a re-plan's new step, at this step boundary
                     first = state.steps_done == 0 and state.first_batch is not None
                     run_step(state, state.first_batch if first else state.train.next_batch(), self.clock)
+                    validator = state.train.validator
+                    if validator is not None and validator.due(state.steps_done, state.job.steps) \
+                            and state.steps_done < state.job.steps:
+                        self._validate(state, between_steps=True)
                     if state.job.on_step is not None and state.job.on_step(state) is False:
                         status = JobStatus.stopped
                         break
                 if state.planned_step is not None:
                     state.planned_step.restore()  # variables the plan keeps on the host
+                if state.train.validator is not None and state.steps_done > 0 and not (
+                        state.validation and state.validation[-1].step == state.steps_done):
+                    self._validate(state, between_steps=False)   # at the end, whatever stopped it
+                if self.model_dir is not None and status == JobStatus.finished:
+                    save_model(state, self.model_dir)
                 if self.record_weights:
                     optimizer_vars = list(getattr(state.train.optimizer, "variables", None) or [])
                     state.weights_digest = variables_digest([*state.train.variables, *optimizer_vars])

@@ -70,6 +70,7 @@ class JobLifecycle:
         state.job_stream = JobStream(state.name)
         state.stream = state.job_stream.stream
         state.records.clear()
+        state.validation.clear()
         state.steps_done = 0
         registered_before = custom_gradient_names()
         failed = False

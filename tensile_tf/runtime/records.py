@@ -125,6 +125,8 @@ class JobState:
     latency_monitor: Any = field(default=None, repr=False)  # replanning.LatencyMonitor
     captured: Any = field(default=None, repr=False)       # execution.CapturedJob of the current build
     awaiting_switches: bool = field(default=False, repr=False)  # jointly planned on arrival, starts once all switched
+    validation: list = field(default_factory=list)   # datasets.ValidationRecord, oldest first
+    model_path: str | None = None       # the trained model, saved in Keras' format (relative to the output dir)
 
     @property
     def name(self) -> str:
@@ -182,6 +184,8 @@ class JobRecord:
     admitted_at_s: float | None
     ended_at_s: float | None
     weights_digest: str | None
+    validation: list[Any]              # each validation: step, at_s, loss, metrics, seconds
+    model_path: str | None
     plan: PlanRecord | None
     plan_error: str | None
 
@@ -198,7 +202,7 @@ class JobRecord:
             losses=[finite_or_none(r.loss) for r in s.records], step_peak_bytes=[r.peak_bytes for r in s.records],
             step_seconds=[round(r.duration_s, 6) for r in s.records],
             arrived_at_s=s.arrived_at_s, admitted_at_s=s.admitted_at_s, ended_at_s=s.ended_at_s, weights_digest=s.weights_digest,
-            plan=s.plan, plan_error=s.plan_error)
+            validation=list(s.validation), model_path=s.model_path, plan=s.plan, plan_error=s.plan_error)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

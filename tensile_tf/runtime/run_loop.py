@@ -31,6 +31,7 @@ import queue
 import threading
 import time
 from collections import deque
+from pathlib import Path
 from typing import Any, Callable, Protocol
 
 import tf_plugin
@@ -79,7 +80,7 @@ class JobHost:
                  planner: PlannerKind | str = PlannerKind.none, swap_bandwidth: int | str | None = None,
                  plan_budget: int | str | None = None, plan_peaks: PlanPeaks | str | None = None,
                  record_weights: bool = False, saved_plan: SavedPlan | None = None, replan: bool = True,
-                 replan_threshold: float = 0.2):
+                 replan_threshold: float = 0.2, model_dir: str | Path | None = None):
         if pool_bytes is not None:
             ensure_pool(pool_bytes)
         self.capacity = tf_plugin.device_pool().capacity
@@ -89,6 +90,7 @@ class JobHost:
         self.plan_peaks = PlanPeaks(plan_peaks)
         self.swap_bandwidth = parse_bytes(swap_bandwidth, what="swap_bandwidth") if swap_bandwidth else None
         self.record_weights = record_weights
+        self.model_dir = Path(model_dir) if model_dir is not None else None   # each finished job's model, saved
         self.sample_interval_s = sample_interval_s
         self.progress = progress
         self.states: list[JobState] = []
@@ -441,7 +443,7 @@ class JobHost:
             self.pipeline.job_started(state.name, state.stream, state.persistent_bytes, state.temporary_bytes)
         on_end = (lambda s: self.pipeline.job_ended(s.name, s.stream)) if self.pipeline is not None else None
         thread = JobThread(state, self.clock, self._ended, record_weights=self.record_weights, on_end=on_end,
-                           stop=self._stop, gate=self._gate)
+                           stop=self._stop, gate=self._gate, model_dir=self.model_dir)
         self._threads[state.name] = thread
         # Jobs whose threads the host holds at once (an ended job counts until
         # the run loop joins it): what admission let run together.

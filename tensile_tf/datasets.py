@@ -1,0 +1,165 @@
+"""A YAML job's examples from the user's files or a bundled dataset, and its
+validation (``data.kind`` npz, npy, digits; ``data.validation_split``;
+``metrics``, ``validate_every``).
+
+Examples are read once into host memory, split with the job's seed (the
+validation share is the same examples in every run of the config), and fed
+through ``tf.data``: shuffled with the seed each epoch, in batches of
+``batch_size`` (a last partial batch is dropped, so every step has the same
+shapes and one traced step). Only the batch a step uses enters the pool.
+
+``Validator`` evaluates the job's model on the validation examples in the
+job's own thread between two steps (its memory is the job's): the loss and
+each named Keras metric, with ``training=False`` (dropout off, batch norm on
+its moving statistics), so validating never changes what training computes.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from tensile_tf.config import JobSpec
+
+
+class DataError(ValueError):
+    """A job's data cannot be read or does not match the job; says which file and what to do."""
+
+
+def _load_npy(path: str, what: str, job: str) -> np.ndarray:
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise DataError(f"job {job!r}: data.{what} {path!r} does not exist; give the path of a NumPy file")
+    try:
+        return np.load(p, allow_pickle=False)
+    except (ValueError, OSError) as e:
+        raise DataError(f"job {job!r}: data.{what} {path!r} is not a readable NumPy file ({e})") from None
+
+
+def load_examples(spec: JobSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) of a job whose ``data.kind`` is npz, npy or digits, x shaped
+    (n, *input_shape) float32, y (n,) int32 class indices (or float targets)."""
+    data, job = spec.data, spec.name
+    if data.kind == "digits":
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        x, y = (d.images / 16.0).astype(np.float32), d.target.astype(np.int32)
+    elif data.kind == "npz":
+        archive = _load_npy(data.path, "path", job)
+        missing = [k for k in (data.x_key, data.y_key) if k not in archive]
+        if missing:
+            raise DataError(f"job {job!r}: data.path {data.path!r} has no array {missing[0]!r} (it has "
+                            f"{sorted(archive.files)}); set data.x_key and data.y_key to its arrays' names")
+        x, y = archive[data.x_key], archive[data.y_key]
+    elif data.kind == "npy":
+        x, y = _load_npy(data.path, "path", job), _load_npy(data.labels_path, "labels_path", job)
+    else:
+        raise ValueError(f"load_examples: data kind {data.kind!r} has no examples to load")
+    if len(x) != len(y):
+        raise DataError(f"job {job!r}: {len(x)} examples but {len(y)} labels; they must pair up one to one")
+    x = np.asarray(x, dtype=np.float32)
+    y = np.asarray(y)
+    y = y.astype(np.int32) if np.issubdtype(y.dtype, np.integer) else y.astype(np.float32)
+    if spec.input_shape is not None:
+        shape = tuple(spec.input_shape)
+        if int(np.prod(x.shape[1:])) != int(np.prod(shape)):
+            raise DataError(f"job {job!r}: each example has shape {list(x.shape[1:])}, which does not fit "
+                            f"input_shape {list(shape)}; set input_shape to it")
+        x = x.reshape((len(x), *shape))
+    if np.issubdtype(y.dtype, np.integer) and len(y) and (y.min() < 0 or y.max() >= spec.classes):
+        raise DataError(f"job {job!r}: labels run from {int(y.min())} to {int(y.max())}, outside 0..{spec.classes - 1}; "
+                        f"set classes: {int(y.max()) + 1}")
+    return x, y
+
+
+def split_examples(x: np.ndarray, y: np.ndarray, share: float, seed: int, job: str, batch_size: int):
+    """(train x, train y, validation x, validation y): ``share`` of the
+    examples, chosen with ``seed``, held out (none when share is 0)."""
+    order = np.random.default_rng(seed).permutation(len(x))
+    held = int(math.ceil(share * len(x))) if share else 0
+    train, val = order[held:], order[:held]
+    if len(train) < batch_size:
+        raise DataError(f"job {job!r}: {len(train)} training examples, fewer than one batch of {batch_size}; "
+                        "lower batch_size or data.validation_split")
+    return x[train], y[train], x[val], y[val]
+
+
+def training_batches(x: np.ndarray, y: np.ndarray, batch_size: int, seed: int) -> tf.data.Dataset:
+    """Shuffled with ``seed`` each epoch, whole batches only, repeated."""
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    ds = ds.shuffle(len(x), seed=seed, reshuffle_each_iteration=True)
+    return ds.batch(batch_size, drop_remainder=True).repeat()
+
+
+def _metric(name: str, sparse_labels: bool):
+    import keras
+
+    if name in ("accuracy", "acc"):
+        return keras.metrics.SparseCategoricalAccuracy(name="accuracy") if sparse_labels else \
+            keras.metrics.CategoricalAccuracy(name="accuracy")
+    try:
+        metric = keras.metrics.get(name)
+    except (ValueError, TypeError) as e:
+        raise DataError(f"metric {name!r} is not a Keras metric ({e}); use e.g. accuracy, auc, "
+                        "sparse_top_k_categorical_accuracy") from None
+    if isinstance(metric, type):
+        metric = metric()
+    if not isinstance(metric, keras.metrics.Metric):
+        metric = keras.metrics.MeanMetricWrapper(metric, name=name)
+    return metric
+
+
+@dataclass
+class ValidationRecord:
+    """One validation of a job (results.json ``validation``)."""
+
+    step: int                 # steps trained when it ran
+    at_s: float
+    loss: float
+    metrics: dict[str, float]
+    seconds: float
+
+
+@dataclass
+class Validator:
+    """Evaluates a job's model on its validation examples (see the module docstring)."""
+
+    model: Any
+    loss_fn: Callable
+    x: np.ndarray
+    y: np.ndarray
+    batch_size: int
+    metric_names: Sequence[str]
+    every: int | None
+    records: list[ValidationRecord] = field(default_factory=list)
+    _forward: Any = field(default=None, repr=False)
+
+    def due(self, steps_done: int, total: int) -> bool:
+        return steps_done == total or (self.every is not None and steps_done % self.every == 0)
+
+    def run(self, steps_done: int, now_s: float) -> ValidationRecord:
+        t = time.perf_counter()
+        if self._forward is None:
+            model = self.model
+            self._forward = tf.function(lambda x: model(x, training=False))
+        sparse = np.issubdtype(self.y.dtype, np.integer)
+        metrics = [_metric(n, sparse) for n in self.metric_names]
+        losses, weights = [], []
+        for i in range(0, len(self.x), self.batch_size):
+            xb, yb = tf.constant(self.x[i:i + self.batch_size]), tf.constant(self.y[i:i + self.batch_size])
+            out = self._forward(xb)
+            losses.append(float(tf.reduce_mean(self.loss_fn(yb, out))))
+            weights.append(len(xb))
+            for m in metrics:
+                m.update_state(yb, out)
+        loss = float(np.average(losses, weights=weights)) if losses else math.nan
+        record = ValidationRecord(steps_done, now_s, loss, {m.name: float(m.result()) for m in metrics},
+                                  time.perf_counter() - t)
+        self.records.append(record)
+        return record
