@@ -6,7 +6,7 @@ whose trials train concurrently in one process, as many as admission allows.
     samplers.py   grid / random / TPE samplers and the median pruner
     storage.py    SQLite or shared storage; interrupted trials (a Note)
     driver.py     SearchDriver, run_search: the ask/tell loop on a JobHost
-    results.py    results.json, objective.png, params.png
+    results.py    results.json and Optuna's plots (objective, params, importances, ...)
     cli.py        ``tensile search``
 
 ``from tensile_tf.search import run_search`` imports TensorFlow (through the

@@ -218,8 +218,10 @@ def cmd_search(args) -> int:
     results = results_dict(study, storage_url=storage_url, metric=search.objective.metric.value,
                            n_trials=n_trials, capacity=host.capacity, result=result)
     _final_table(study, search.objective.metric.value, console)
-    paths = write_search_outputs(results, out_dir)
-    console.print(f"wrote {paths['results']}, {paths['objective']}, {paths['params']}", highlight=False)
+    paths = write_search_outputs(results, out_dir, study)
+    console.print("wrote " + ", ".join(str(p) for p in paths.values())
+                  + " (open the study in optuna-dashboard: `optuna-dashboard " + st.redact(storage_url) + "`)",
+                  highlight=False)
     if signals.received is not None:   # also a signal that came after the last trial ended
         console.print(f"[yellow]interrupted[/yellow] (stopped by {signals.received}): the running trials are "
                       f"re-queued; continue with `tensile search {args.config} --out {out_dir} --resume`",

@@ -191,11 +191,21 @@ class Metric(str, Enum):
     best_loss = "best_loss"          # the lowest step loss
     mean_loss = "mean_loss"          # mean over all steps (area under the curve)
     examples_per_second = "examples_per_second"  # batch_size / median step time
+    val_loss = "val_loss"            # the last validation's loss (data.validation_split)
+    val_accuracy = "val_accuracy"    # the last validation's accuracy (metrics: [accuracy])
+
+
+# Metrics a larger value of which is better: their direction must be maximize.
+HIGHER_IS_BETTER = {Metric.examples_per_second, Metric.val_accuracy}
 
 
 class ObjectiveSpec(_Strict):
-    metric: Metric = Metric.final_loss
-    direction: Literal["minimize", "maximize"] = "minimize"
+    """What a trial is judged by. Without ``metric``: ``val_loss`` when the
+    base job holds out validation examples, else ``final_loss``. Without
+    ``direction``: maximize for accuracy and throughput, else minimize."""
+
+    metric: Metric | None = None
+    direction: Literal["minimize", "maximize"] | None = None
 
 
 class PruningSpec(_Strict):
@@ -229,6 +239,24 @@ class SearchSpec(_Strict):
     @classmethod
     def _sampler_shorthand(cls, v: Any) -> Any:
         return {"name": v} if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _objective(self) -> "SearchSpec":
+        """Resolves the objective's defaults (ObjectiveSpec) against the base job."""
+        held_out = self.base_job.data.validation_split > 0
+        metric = self.objective.metric or (Metric.val_loss if held_out else Metric.final_loss)
+        direction = self.objective.direction or ("maximize" if metric in HIGHER_IS_BETTER else "minimize")
+        if metric.value.startswith("val_") and not held_out:
+            raise ValueError(f"objective {metric.value} needs validation examples: set base_job.data.validation_split "
+                             "(e.g. 0.2, with data kind npz, npy or digits)")
+        if metric == Metric.val_accuracy and "accuracy" not in self.base_job.metrics:
+            raise ValueError("objective val_accuracy needs 'accuracy' in base_job.metrics")
+        if (metric in HIGHER_IS_BETTER) != (direction == "maximize"):
+            raise ValueError(f"objective {metric.value} with direction {direction}: "
+                             f"{'higher' if metric in HIGHER_IS_BETTER else 'lower'} is better, so use "
+                             f"direction: {'maximize' if metric in HIGHER_IS_BETTER else 'minimize'}")
+        object.__setattr__(self, "objective", ObjectiveSpec(metric=metric, direction=direction))
+        return self
 
     @property
     def total_trials(self) -> int:

@@ -24,7 +24,10 @@ Lifecycle of one trial, in order:
    trial's ``tensile_job`` user attr. Failed trials never stop the search. A
    trial that ran out of memory beside other trials failed through packing,
    not through its params: it is failed as interrupted and re-queued (at
-   most MAX_OOM_RETRIES times; see ``_packing_oom``).
+   most MAX_OOM_RETRIES times; see ``_packing_oom``), and the retry runs
+   alone: it starts once this driver's other trials have ended, and no
+   trial starts beside it (``job_source``), so packing never loses a trial
+   to memory it would have had alone. results.json counts the retries.
 
 The host calls ``on_end`` once for every job that reached a final status,
 including jobs failed or rejected while probed and jobs never admitted; a
@@ -58,7 +61,7 @@ from tensile_tf.search.results import TrialFacts
 
 # A trial that runs out of memory beside others is re-queued at most this often.
 MAX_OOM_RETRIES = 2
-OOM_RETRIES_ATTR = "tensile_oom_retries"
+OOM_RETRIES_ATTR = st.OOM_RETRIES_ATTR
 
 _ENDED = (JobStatus.finished, JobStatus.stopped, JobStatus.failed, JobStatus.rejected, JobStatus.interrupted)
 _PARAM = TypeAdapter(ParamSpec)
@@ -72,6 +75,7 @@ class TrialRun:
     job: Job
     params: dict[str, Any]
     retry_of: int | None = None
+    issued: bool = False              # its job was handed to the host
     state: JobState | None = None
     prune_requested: bool = False
     pending_reports: int = 0
@@ -223,6 +227,7 @@ class SearchDriver:
         self._wall0 = time.time()
         self.requeued: list[int] = []
         self._exhausted = False
+        self._alone: TrialRun | None = None   # a packing-OOM retry, run alone
 
     # ---------------------------------------------------------- helpers
 
@@ -266,6 +271,13 @@ class SearchDriver:
         self.sweep()
         if self._exhausted:
             return None
+        alone = self._alone
+        if alone is not None and alone.told is None:
+            # a packing-OOM retry: it starts when the others have ended, and runs alone
+            if alone.issued or any(r is not alone for r in self.in_flight):
+                return None
+            alone.issued = True
+            return alone.job
         if self.max_concurrent is not None and len(self.in_flight) >= self.max_concurrent:
             return None
         self._recover()
@@ -296,6 +308,11 @@ class SearchDriver:
             self.runs.append(run)
             self._by_job[name] = run
             self._event("asked", run)
+            if trial.user_attrs.get(OOM_RETRIES_ATTR):
+                self._alone = run
+                if any(r is not run for r in self.in_flight):
+                    return None   # held until the others end
+            run.issued = True
             return run.job
 
     def _job_name(self, number: int) -> str:
@@ -312,7 +329,13 @@ class SearchDriver:
         def on_step(state: JobState) -> bool:
             if run.prune_requested:
                 return False
-            if self.report_every and state.steps_done % self.report_every == 0:
+            if self.metric_name.startswith("val_"):
+                # validation metrics change only when the job validates: report each validation
+                if state.validation and state.validation[-1].step == state.steps_done:
+                    value = self.metric(state.records, batch, state.validation)
+                    if math.isfinite(value):
+                        self._reporter.put(run, state.steps_done, value)
+            elif self.report_every and state.steps_done % self.report_every == 0:
                 value = self.metric(state.records, batch)
                 if math.isfinite(value):
                     self._reporter.put(run, state.steps_done, value)
@@ -346,7 +369,7 @@ class SearchDriver:
         self._reporter.flush(run)
         facts = self._facts(state)
         if state.status == JobStatus.finished:
-            value = self.metric(state.records, run.job.spec.batch_size)
+            value = self.metric(state.records, run.job.spec.batch_size, state.validation)
             if math.isfinite(value):
                 self._tell(run, TrialState.COMPLETE, value=value, facts=facts)
             else:

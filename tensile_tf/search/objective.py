@@ -1,4 +1,4 @@
-"""Objective metrics: a trial's step records -> one number.
+"""Objective metrics: a trial's step records (or its validations) -> one number.
 
 The same function gives the intermediate values reported for pruning (on the
 steps done so far) and the final value told to the study, so a pruner always
@@ -19,6 +19,8 @@ METRICS: dict[str, str] = {
     "best_loss": "the lowest step loss",
     "mean_loss": "mean loss over all steps",
     "examples_per_second": "batch size / median step time",
+    "val_loss": "the last validation's loss (data.validation_split)",
+    "val_accuracy": "the last validation's accuracy",
 }
 
 
@@ -26,8 +28,15 @@ def _losses(records: Sequence) -> list[float]:
     return [r.loss for r in records]
 
 
-def metric_value(metric: str, records: Sequence, batch_size: int | None) -> float:
-    """The metric over step records (objects with .loss and .duration_s); NaN if undefined."""
+def metric_value(metric: str, records: Sequence, batch_size: int | None, validation: Sequence = ()) -> float:
+    """The metric over step records (objects with .loss and .duration_s), or
+    over the job's validations so far (``val_*``: the last one's; objects
+    with .loss and .metrics); NaN if undefined."""
+    if metric.startswith("val_"):
+        if not validation:
+            return math.nan
+        last = validation[-1]
+        return last.loss if metric == "val_loss" else last.metrics.get(metric.removeprefix("val_"), math.nan)
     losses = _losses(records)
     if not losses:
         return math.nan
@@ -49,7 +58,8 @@ def metric_value(metric: str, records: Sequence, batch_size: int | None) -> floa
     raise ValueError(f"unknown objective metric {metric!r}; known: {', '.join(METRICS)}")
 
 
-def metric_function(metric: str) -> Callable[[Sequence, int | None], float]:
+def metric_function(metric: str) -> Callable[..., float]:
+    """(records, batch_size, validation=()) -> the metric."""
     if metric not in METRICS:
         raise ValueError(f"unknown objective metric {metric!r}; known: {', '.join(METRICS)}")
-    return lambda records, batch_size: metric_value(metric, records, batch_size)
+    return lambda records, batch_size, validation=(): metric_value(metric, records, batch_size, validation)

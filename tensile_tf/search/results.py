@@ -1,4 +1,6 @@
-"""Search outputs: results.json, objective.png and params.png.
+"""Search outputs: results.json and Optuna's own plots (OPTUNA_PLOTS:
+objective.png, params.png, importances.png, parallel_coordinates.png,
+contour.png; a plot Optuna cannot draw yet is named in ``plots_skipped``).
 
 Everything comes from the study, so the outputs of a resumed search, or of
 any one worker of a shared study, describe every trial in the study.
@@ -10,10 +12,12 @@ results.json schema::
      "pool": {"capacity"},
      "worker": {"host", "pid", "wall_s", "trials_run", "trials_per_hour", "requeued"},
      "counts": {"COMPLETE": n, "PRUNED": n, "FAIL": n, ...},
+     "packing_oom_retries": n (trials re-queued after a packing OOM, run alone),
      "best": {"number", "value", "params"} | null,
      "trials": [TrialRecord: {"number", "state", "params", "value",
                  "job": TrialFacts (the job's JobRecord facts, started_at, ended_at),
-                 "worker", "interrupted", "retry_of", "intermediate_values"}]}
+                 "worker", "interrupted", "retry_of", "intermediate_values"}],
+     "plots_skipped": {"plot": "why"}}
 
 ``started_at`` / ``ended_at`` are Unix times of the job's admission and end
 (training only: the probe step runs before admission).
@@ -56,6 +60,7 @@ class TrialFacts:
     leaked_bytes: int | None = None
     median_step_s: float | None = None
     final_loss: float | None = None
+    validation: list[dict[str, Any]] | None = None   # each validation: step, at_s, loss, metrics, seconds
     error: str | None = None
     error_type: str | None = None
     traceback_path: str | None = None
@@ -69,7 +74,9 @@ class TrialFacts:
                    training_peak_pool_bytes=record.training_peak_pool_bytes,
                    persistent_bytes=record.persistent_bytes, temporary_bytes=record.temporary_bytes,
                    leaked_bytes=record.leaked_bytes, median_step_s=record.median_step_s,
-                   final_loss=record.final_loss, error=record.error, error_type=record.error_type,
+                   final_loss=record.final_loss,
+                   validation=[v if isinstance(v, dict) else asdict(v) for v in record.validation],
+                   error=record.error, error_type=record.error_type,
                    traceback_path=record.traceback_path, started_at=started_at, ended_at=ended_at)
 
     @classmethod
@@ -142,105 +149,70 @@ def results_dict(study: optuna.Study, *, storage_url: str, metric: str, n_trials
         "pool": {"capacity": capacity},
         "worker": worker,
         "counts": counts,
+        # trials that ran out of pool memory beside others and were re-queued to run alone
+        "packing_oom_retries": sum(1 for t in study.get_trials(deepcopy=False) if t.user_attrs.get(st.OOM_RETRIES_ATTR)),
         "best": None if best is None else {"number": best.number, "value": best.value, "params": best.params},
         "trials": trials,
     }
 
 
-def _plt():
+# Optuna's own plots (optuna.visualization.matplotlib), file -> function name.
+# The slice plot draws a log-searched parameter on a log axis.
+OPTUNA_PLOTS = {
+    "objective": "plot_optimization_history",
+    "params": "plot_slice",
+    "importances": "plot_param_importances",
+    "parallel_coordinates": "plot_parallel_coordinate",
+    "contour": "plot_contour",
+}
+
+
+def write_optuna_plots(study: optuna.Study, out: Path) -> tuple[dict[str, Path], dict[str, str]]:
+    """Each of OPTUNA_PLOTS as OUT/NAME.png; returns (written, skipped with
+    Optuna's reason: e.g. importances need two finished trials, a contour
+    two parameters)."""
+    import warnings
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.ticker import NullFormatter
+    from optuna.visualization import matplotlib as vis
 
-    return plt
-
-
-_COLORS = {"COMPLETE": "tab:blue", "PRUNED": "tab:orange", "FAIL": "tab:red"}
-
-
-def _shown_value(t: dict[str, Any]) -> float | None:
-    """COMPLETE: the objective; PRUNED: its last reported value."""
-    if t["state"] == "COMPLETE":
-        return t["value"]
-    if t["state"] == "PRUNED" and t["intermediate_values"]:
-        return list(t["intermediate_values"].values())[-1]
-    return None
-
-
-def write_objective_png(results: dict[str, Any], path: Path) -> None:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    maximize = results["study"]["direction"] == "maximize"
-    for state, color in _COLORS.items():
-        pts = [(t["number"], _shown_value(t)) for t in results["trials"] if t["state"] == state]
-        pts = [(n, v) for n, v in pts if v is not None]
-        if pts:
-            ax.scatter(*zip(*pts), color=color, label=state.lower(), s=28, zorder=3)
-    fails = [t["number"] for t in results["trials"] if t["state"] == "FAIL"]
-    for n in fails:
-        ax.axvline(n, color=_COLORS["FAIL"], alpha=0.25, linewidth=1)
-    best, line = None, []
-    for t in sorted(results["trials"], key=lambda t: t["number"]):
-        if t["state"] == "COMPLETE" and t["value"] is not None:
-            if best is None or (t["value"] > best if maximize else t["value"] < best):
-                best = t["value"]
-        if best is not None:
-            line.append((t["number"], best))
-    if line:
-        ax.step(*zip(*line), where="post", color="black", linewidth=1, label="best so far")
-    if fails:
-        ax.plot([], [], color=_COLORS["FAIL"], alpha=0.4, label="failed (no value)")
-    shown = [v for v in map(_shown_value, results["trials"]) if v is not None]
-    if shown and min(shown) > 0 and max(shown) / min(shown) > 100:
-        ax.set_yscale("log")
-    ax.set_xlabel("trial number")
-    ax.set_ylabel(results["study"]["metric"])
-    ax.set_title(f"study {results['study']['name']}: objective by trial ({results['study']['direction']})")
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    written, skipped = {}, {}
+    for name, function in OPTUNA_PLOTS.items():
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                axes = getattr(vis, function)(study)
+        except (ValueError, RuntimeError, ZeroDivisionError) as e:
+            skipped[name] = f"{function}: {e}"
+            continue
+        fig = (np.asarray(axes).flat[0] if isinstance(axes, np.ndarray) else axes).figure
+        if not fig.axes or not any(ax.has_data() for ax in fig.axes):
+            skipped[name] = f"{function}: nothing to draw yet (no finished trial with these parameters)"
+            plt.close(fig)
+            continue
+        for ax in fig.axes:   # log axes: decade labels only (minor labels overlap on short ranges)
+            for axis, scale in ((ax.xaxis, ax.get_xscale()), (ax.yaxis, ax.get_yscale())):
+                if scale == "log":
+                    axis.set_minor_formatter(NullFormatter())
+        path = out / f"{name}.png"
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        written[name] = path
+    return written, skipped
 
 
-def write_params_png(results: dict[str, Any], path: Path) -> None:
-    plt = _plt()
-    names = sorted({k for t in results["trials"] for k in t["params"]})
-    cols = max(1, min(3, len(names)))
-    rows = max(1, math.ceil(len(names) / cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
-    for ax, name in zip(axes.flat, names):
-        values = [t["params"][name] for t in results["trials"] if name in t["params"]]
-        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
-        labels = sorted({json.dumps(v) for v in values}) if not numeric else None
-        for state, color in _COLORS.items():
-            pts = [(t["params"][name], _shown_value(t)) for t in results["trials"]
-                   if t["state"] == state and name in t["params"] and _shown_value(t) is not None]
-            if not pts:
-                continue
-            xs = [x if numeric else labels.index(json.dumps(x)) for x, _ in pts]
-            ax.scatter(xs, [y for _, y in pts], color=color, s=24, label=state.lower())
-        if numeric and values and min(values) > 0 and max(values) / min(values) >= 20:
-            ax.set_xscale("log")
-        if not numeric:
-            ax.set_xticks(range(len(labels)), labels, rotation=30, fontsize="small")
-        ax.set_xlabel(name)
-        ax.set_ylabel(results["study"]["metric"])
-    if names:
-        axes.flat[0].legend(fontsize="small")
-    for ax in list(axes.flat)[len(names):]:
-        ax.set_visible(False)
-    fig.suptitle("parameters against objective (pruned: last reported value)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def write_search_outputs(results: dict[str, Any], out_dir: str | Path) -> dict[str, Path]:
+def write_search_outputs(results: dict[str, Any], out_dir: str | Path, study: optuna.Study) -> dict[str, Path]:
+    """results.json and Optuna's plots (OPTUNA_PLOTS; the plots that could
+    not be drawn are listed in results.json ``plots_skipped``)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"results": out / "results.json", "objective": out / "objective.png", "params": out / "params.png"}
+    written, skipped = write_optuna_plots(study, out)
+    results = dict(results, plots_skipped=skipped)
+    paths = {"results": out / "results.json", **written}
     paths["results"].write_text(json.dumps(results, indent=2, default=str))
-    write_objective_png(results, paths["objective"])
-    write_params_png(results, paths["params"])
     return paths

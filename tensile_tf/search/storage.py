@@ -56,6 +56,7 @@ WORKER_ATTR = "tensile_worker"
 HEARTBEAT_ATTR = "tensile_heartbeat"
 INTERRUPTED_ATTR = "tensile_interrupted"
 RETRY_ATTR = "tensile_retry_of"
+OOM_RETRIES_ATTR = "tensile_oom_retries"   # a packing-OOM retry: how many so far (it runs alone)
 JOB_ATTR = "tensile_job"
 SPACE_ATTR = "tensile_search"   # study user attr: what the study searches (checked on resume)
 

@@ -45,8 +45,9 @@ def test_grid_search_runs_every_point_once_with_trials_packed(tmp_path):
     # Admission packed the trials: the host held them all at once (what it recorded, not timing).
     assert results["worker"]["most_trials_running"] >= 2, (results["worker"], explain(proc))
     assert (out / "study.db").exists()
-    for png in ("objective.png", "params.png"):
-        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Optuna's own plots; two searched parameters: a contour too
+    for png in ("objective.png", "params.png", "importances.png", "parallel_coordinates.png", "contour.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", results["plots_skipped"]
     assert f"best: trial {best['number']}" in proc.stdout
 
 
@@ -150,3 +151,38 @@ def test_killed_search_resumes_without_losing_finished_trials(tmp_path):
     counted = [t for t in results["trials"] if not t["interrupted"]]
     assert len(counted) == 7 and all(t["state"] == "COMPLETE" for t in counted)
     assert sorted(results["worker"]["requeued"]) == sorted(running)
+
+
+def test_a_search_on_real_data_judges_trials_by_their_validation(tmp_path):
+    # scikit-learn's bundled digits, 20% held out: each trial's value is its
+    # last validation accuracy, reported at each validation for pruning.
+    config = write_yaml(tmp_path / "digits.yaml", """
+        pool: 256MiB
+        run: {out_dir: unused}
+        search:
+          study_name: digits
+          sampler: {name: grid, seed: 0}
+          objective: {metric: val_accuracy}
+          base_job:
+            model: {builder: "tensile_tf.zoo:mlp", args: {hidden: [32]}}
+            input_shape: [64]
+            data: {kind: digits, validation_split: 0.2}
+            batch_size: 64
+            steps: 40
+            validate_every: 20
+            metrics: [accuracy]
+          space:
+            optimizer.learning_rate: {type: categorical, choices: [0.0001, 0.01]}
+    """)
+    out = tmp_path / "out"
+    proc = run_search_cli(config, "--out", out)
+    assert proc.returncode == 0, explain(proc)
+    results = json.loads((out / "results.json").read_text())
+    assert results["study"]["direction"] == "maximize" and results["study"]["metric"] == "val_accuracy"
+    trials = {t["params"]["optimizer.learning_rate"]: t for t in results["trials"]}
+    for t in trials.values():
+        last = t["job"]["validation"][-1]
+        assert t["value"] == last["metrics"]["accuracy"] and last["step"] == 40
+        assert sorted(int(k) for k in t["intermediate_values"]) == [20]   # reported for pruning; 40 is the value
+    assert trials[0.01]["value"] > trials[0.0001]["value"]   # 40 steps at 1e-4 barely move
+    assert results["best"]["params"] == {"optimizer.learning_rate": 0.01}

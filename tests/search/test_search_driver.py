@@ -122,3 +122,34 @@ def test_a_trial_out_of_memory_beside_others_is_requeued_not_failed():
     again.set_user_attr("tensile_oom_retries", MAX_OOM_RETRIES)
     last = TrialRun(trial=again, job=Job(name="t3", build=lambda: None, steps=10), params=again.params)
     assert not driver._packing_oom(last, state)
+
+
+def test_a_packing_oom_retry_starts_after_the_others_and_runs_alone():
+    """The re-queued trial is held until this driver's other trials have
+    ended; while it runs, no trial starts beside it."""
+    from types import SimpleNamespace
+
+    from tensile_tf.jobs import Job
+    from tensile_tf.search.driver import SearchDriver, TrialRun
+    from tensile_tf.search.storage import OOM_RETRIES_ATTR, RETRY_ATTR
+
+    study = optuna.create_study()
+    space = {"batch_size": CategoricalDistribution([16, 32])}
+    driver = SearchDriver(study, DENSE, space, n_trials=4, host=SimpleNamespace(states=[], progress=None))
+    other_trial = study.ask(driver.distributions)
+    other = TrialRun(trial=other_trial, job=Job(name="other", build=lambda: None, steps=10),
+                     params=other_trial.params, issued=True)
+    driver.runs.append(other)
+    study.enqueue_trial({"batch_size": 32}, user_attrs={RETRY_ATTR: 0, OOM_RETRIES_ATTR: 1})
+
+    assert driver.job_source() is None          # the retry is asked, and held: `other` still trains
+    held = driver._alone
+    assert held is not None and not held.issued and held.params == {"batch_size": 32}
+    assert driver.job_source() is None
+    other.told = TrialState.COMPLETE            # `other` ended
+    job = driver.job_source()
+    assert job is held.job and held.issued      # now it starts, alone
+    assert driver.job_source() is None          # nothing beside it, though n_trials and slots allow more
+    held.told = TrialState.COMPLETE
+    nxt = driver.job_source()
+    assert nxt is not None and nxt is not held.job

