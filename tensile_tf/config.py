@@ -208,6 +208,8 @@ class RunSpec(_Strict):
         "or 'auto' (a job's temporary peak over 4)")
     barrier_timeout_s: StrictFloat = Field(60.0, gt=0, description="node-group pipeline: longest wait at a "
                                      "CounterBarrier before the step fails")
+    allocation_wait_ms: StrictInt = Field(1000, ge=0, description="how long an op's allocation that does not fit "
+                                          "waits for other jobs' frees before it is an OOM (0: never)")
 
     @field_validator("split_size", mode="before")
     @classmethod

@@ -66,11 +66,27 @@ def pool_stats() -> dict[str, Any]:
     """The device pool's stats as a plain dict (see module docstring).
 
     ``host_fallback`` counts allocations made outside op kernels (numpy
-    conversions) that the pool could not serve and host memory did.
+    conversions) that the pool could not serve and host memory did;
+    ``allocation_waits`` the allocations that waited for other jobs' frees.
     """
     stats = device_pool().stats()
     stats["host_fallback"] = tf_plugin._plugin.host_fallback_stats()  # noqa: SLF001
+    stats["allocation_waits"] = tf_plugin._plugin.allocation_wait_stats()  # noqa: SLF001
     return stats
+
+
+@contextlib.contextmanager
+def allocation_wait(ms: int):
+    """Note [Waiting for frees] (tf_plugin/allocator/tf_pool_allocator.cc):
+    inside, an op kernel's allocation that does not fit waits up to ``ms``
+    for other jobs' frees before it is an OOM."""
+    plugin = tf_plugin._plugin  # noqa: SLF001
+    previous = plugin.allocation_wait_stats()["wait_ms"]
+    plugin.set_allocation_wait_ms(int(ms))
+    try:
+        yield
+    finally:
+        plugin.set_allocation_wait_ms(previous)
 
 
 @contextlib.contextmanager

@@ -38,7 +38,7 @@ import tf_plugin
 from tensile_tf.config import Admission, PipelineKind, PlannerKind, PlanPeaks, RunSpec
 from tensile_tf.determinism import disable_graph_dependent_rewrites
 from tensile_tf.jobs import Job
-from tensile_tf.memory import ensure_pool, pool_stats
+from tensile_tf.memory import allocation_wait, ensure_pool, pool_stats
 from tensile_tf.runtime.admission import AdmissionControl
 from tensile_tf.runtime.job_thread import JobThread, RunClock
 from tensile_tf.runtime.nodegroup import NodeGroupCoordinator
@@ -80,7 +80,8 @@ class JobHost:
                  planner: PlannerKind | str = PlannerKind.none, swap_bandwidth: int | str | None = None,
                  plan_budget: int | str | None = None, plan_peaks: PlanPeaks | str | None = None,
                  record_weights: bool = False, saved_plan: SavedPlan | None = None, replan: bool = True,
-                 replan_threshold: float = 0.2, model_dir: str | Path | None = None):
+                 replan_threshold: float = 0.2, model_dir: str | Path | None = None,
+                 allocation_wait_ms: int = 1000):
         if pool_bytes is not None:
             ensure_pool(pool_bytes)
         self.capacity = tf_plugin.device_pool().capacity
@@ -91,6 +92,7 @@ class JobHost:
         self.swap_bandwidth = parse_bytes(swap_bandwidth, what="swap_bandwidth") if swap_bandwidth else None
         self.record_weights = record_weights
         self.model_dir = Path(model_dir) if model_dir is not None else None   # each finished job's model, saved
+        self.allocation_wait_ms = allocation_wait_ms   # Note [Waiting for frees], while run() runs
         self.sample_interval_s = sample_interval_s
         self.progress = progress
         self.states: list[JobState] = []
@@ -130,7 +132,8 @@ class JobHost:
         settings = dict(concurrency=run.concurrency, admission=run.admission, pipeline=run.pipeline,
                         split_size=run.split_size, barrier_timeout_s=run.barrier_timeout_s, planner=run.planner,
                         swap_bandwidth=run.swap_bandwidth, plan_budget=run.plan_budget, plan_peaks=run.plan_peaks,
-                        replan=run.replan, replan_threshold=run.replan_threshold)
+                        replan=run.replan, replan_threshold=run.replan_threshold,
+                        allocation_wait_ms=run.allocation_wait_ms)
         return cls(pool, **(settings | kwargs))
 
     @property
@@ -162,6 +165,14 @@ class JobHost:
     # ----------------------------------------------------------- the run
 
     def run(self, job_source: Callable[[], Job | None] | None = None) -> RunResult:
+        """Runs every submitted job; returns when all have ended (see ``_run``).
+        Meanwhile an allocation that does not fit waits up to
+        ``allocation_wait_ms`` for the other jobs' frees (Note [Waiting for
+        frees] in tf_plugin/allocator/tf_pool_allocator.cc)."""
+        with allocation_wait(self.allocation_wait_ms):
+            return self._run(job_source)
+
+    def _run(self, job_source: Callable[[], Job | None] | None = None) -> RunResult:
         """Runs every submitted job; returns when all have ended.
 
         ``job_source``, if given, is asked for another job whenever no job is

@@ -233,6 +233,19 @@ Streams are jobs; allocate() returns an arena offset.)doc")
         "Note [Host fallback while building]: this thread's allocations the "
         "pool cannot serve come from host memory while on; returns the "
         "previous setting.");
+  m.def("set_allocation_wait_ms", &tensile::SetAllocationWaitMs, py::arg("ms"),
+        "Note [Waiting for frees]: an op kernel's failed allocation waits up "
+        "to `ms` for other jobs' frees before it is an OOM (0: never).");
+  m.def("allocation_wait_stats", []() {
+    const tensile::AllocationWaitStats s = tensile::GetAllocationWaitStats();
+    py::dict d;
+    d["wait_ms"] = s.wait_ms;
+    d["waits"] = s.waits;
+    d["served"] = s.served;
+    d["waiting"] = s.waiting;
+    d["waited_s"] = static_cast<double>(s.waited_ns) / 1e9;
+    return d;
+  });
   m.def("host_fallback_stats", []() {
     const tensile::HostFallbackStats s = tensile::GetHostFallbackStats();
     py::dict d;

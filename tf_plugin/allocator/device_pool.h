@@ -61,6 +61,18 @@ HostFallbackStats GetHostFallbackStats();
 // Returns the previous setting.
 bool SetThreadHostFallback(bool on);
 
+// Note [Waiting for frees] (tf_pool_allocator.cc): how long an op kernel's
+// failed allocation waits for other jobs' frees before it is an OOM.
+struct AllocationWaitStats {
+  int64_t wait_ms = 0;     // the setting
+  int64_t waits = 0;       // allocations that waited (cumulative)
+  int64_t served = 0;      // of those, served after waiting
+  int64_t waiting = 0;     // waiting now
+  int64_t waited_ns = 0;   // time spent waiting, summed
+};
+void SetAllocationWaitMs(int64_t ms);
+AllocationWaitStats GetAllocationWaitStats();
+
 }  // namespace tensile
 
 #endif  // TF_PLUGIN_ALLOCATOR_DEVICE_POOL_H_

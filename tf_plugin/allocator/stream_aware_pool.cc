@@ -192,6 +192,16 @@ void* StreamAwarePool::Carve(ChunkHandle h, size_t bytes, size_t requested,
 
 void* StreamAwarePool::Allocate(size_t bytes, StreamId stream,
                                 std::string_view op) {
+  return AllocateImpl(bytes, stream, op, /*count_oom=*/true);
+}
+
+void* StreamAwarePool::TryAllocate(size_t bytes, StreamId stream,
+                                   std::string_view op) {
+  return AllocateImpl(bytes, stream, op, /*count_oom=*/false);
+}
+
+void* StreamAwarePool::AllocateImpl(size_t bytes, StreamId stream,
+                                    std::string_view op, bool count_oom) {
   const size_t rounded =
       std::max<size_t>(1, (bytes + kMinChunkBytes - 1) / kMinChunkBytes) *
       kMinChunkBytes;
@@ -219,6 +229,7 @@ void* StreamAwarePool::Allocate(size_t bytes, StreamId stream,
     }
     if (h != kNoChunk) return Carve(h, rounded, bytes, stream, op);
   }
+  if (!count_oom) return nullptr;
   counters_.num_ooms += 1;
   CountersFor(stream).num_ooms += 1;
   trace_.Record(PoolEventKind::kOom, stream, static_cast<int64_t>(bytes), -1,

@@ -135,6 +135,10 @@ class StreamAwarePool {
   // kMinChunkBytes, or nullptr when no chunk can be found even after a sync
   // (an OOM: counted and traced; DescribeOom() says why).
   void* Allocate(size_t bytes, StreamId stream, std::string_view op = {});
+  // Allocate without counting or tracing a failure: nullptr means "not now"
+  // (the TF adapter's bounded wait for frees, Note [Waiting for frees] in
+  // tf_pool_allocator.cc, calls Allocate once more when it gives up).
+  void* TryAllocate(size_t bytes, StreamId stream, std::string_view op = {});
   // Frees a pointer returned by Allocate. The chunk joins the unsynced set of
   // the stream that allocated it. Unknown pointers abort (memory corruption).
   void Deallocate(void* ptr, std::string_view op = {});
@@ -229,6 +233,8 @@ class StreamAwarePool {
   void InsertFree(ChunkHandle h, StreamId owner);
   void RemoveFree(ChunkHandle h);
   // Hands `bytes` of free chunk h to `stream`, splitting off the rest.
+  void* AllocateImpl(size_t bytes, StreamId stream, std::string_view op,
+                     bool count_oom);
   void* Carve(ChunkHandle h, size_t bytes, size_t requested, StreamId stream,
               std::string_view op);
   // Merges free chunk `b` (the next neighbour of `a`) into `a`; neither may
