@@ -77,6 +77,10 @@ def _replans(result: RunResult) -> list:
     return result.planner.replans if result.planner is not None else []
 
 
+# Pool streams that are not jobs, named for a reader.
+_OTHER_SERIES = {"default": "outside any job (eager tensors, inputs)"}
+
+
 def write_memory_png(result: RunResult, path: Path) -> None:
     import matplotlib
 
@@ -86,20 +90,29 @@ def write_memory_png(result: RunResult, path: Path) -> None:
     names = [s.name for s in result.jobs]
     others = sorted({n for m in result.samples for n in m.jobs} - set(names))
     series = names + others
+    labels = [f"job {n}" for n in names] + [_OTHER_SERIES.get(n, f"stream {n}") for n in others]
     t = [m.t_s for m in result.samples]
     stacks = [[m.jobs.get(n, 0) / 2**20 for m in result.samples] for n in series]
     fig, ax = plt.subplots(figsize=(10, 4.5))
     if t:
-        ax.stackplot(t, stacks, labels=series, alpha=0.85)
-    ax.axhline(result.capacity / 2**20, color="black", linestyle="--", linewidth=1, label="capacity")
+        ax.stackplot(t, stacks, labels=labels, alpha=0.85)
+    capacity = result.capacity / 2**20
+    used = max((sum(col) for col in zip(*stacks)), default=0.0)
+    # Scaled to what was used; the capacity line when it is near, else named in the title.
+    top = capacity * 1.05 if capacity <= max(used, 1e-9) * 2.5 else max(used * 1.3, 1.0)
+    if capacity <= top:
+        ax.axhline(capacity, color="black", linestyle="--", linewidth=1, label=f"pool capacity ({capacity:.0f} MiB)")
     for k, r in enumerate(_replans(result)):
         ax.axvline(r.at_s, color="tab:red" if r.error else "tab:purple", linestyle=":", linewidth=1.2,
                    label=("re-plan" if k == 0 else None))
-    ax.set_xlabel("time (s)")
-    ax.set_ylabel("pool bytes in use (MiB)")
-    ax.set_title("device pool usage by job")
+    ax.set_xlabel("time since the run started (s)")
+    ax.set_ylabel("pool memory in use (MiB)")
+    title = "device pool memory in use, stacked by job"
+    if capacity > top:
+        title += f" (pool capacity {capacity:.0f} MiB, above the chart)"
+    ax.set_title(title)
     ax.legend(loc="upper right", fontsize="small", ncol=2)
-    ax.set_ylim(0, result.capacity / 2**20 * 1.05)
+    ax.set_ylim(0, top)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
