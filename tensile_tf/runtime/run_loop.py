@@ -13,7 +13,11 @@ The run, in order (the main thread does every step but the training loops):
 5. Admitted jobs train in their own threads (job_thread.py); the node-group
    pipeline (nodegroup.py), when on, pairs the running jobs' node groups.
 6. When a job ends, the main thread tears it down (its pool bytes must go
-   back to zero) and admits waiting jobs, until none runs or waits.
+   back to zero) and admits waiting jobs, until none runs or waits. Jobs
+   with ``arrive_at_s`` join the waiting ones at that time; with re-planning
+   on, one that does not fit is planned together with the running jobs
+   (Note [Joint re-plan on arrival] in replanning.py), and a departure
+   relaxes the running jobs' plans (Note [Re-planning on events]).
 7. The records (records.py) are the RunResult.
 
 Stopping early: ``request_stop(reason)`` (the CLI calls it on Ctrl-C or
