@@ -189,7 +189,12 @@ def test_an_arrival_is_planned_together_with_the_running_job_and_trains_bit_for_
     assert compare["all_match"], proc.stdout[-3000:]
     planned = json.loads((out / "planned" / "results.json").read_text())
     jobs = {j["name"]: j for j in planned["jobs"]}
-    (arrival,) = [r for r in planned["planner"]["replans"] if r["reason"] == "arrival of late"]
+    why = {"replans": planned["planner"]["replans"], "plans": planned["planner"]["plans"],
+           "jobs": {n: (j["status"], j["plan_error"], j["plan"] and j["plan"]["source"], j["arrived_at_s"],
+                        j["admitted_at_s"], j["ended_at_s"]) for n, j in jobs.items()}}
+    found = [r for r in planned["planner"]["replans"] if r["reason"] == "arrival of late"]
+    assert len(found) == 1, why
+    (arrival,) = found
     assert arrival["error"] is None and arrival["newcomer"] == "late", arrival
     assert arrival["budget_bytes"] == int(130 * 2**20 * 0.75)   # COLD_START_HEADROOM: `late` was captured cold
     (job,) = arrival["jobs"]

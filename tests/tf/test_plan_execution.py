@@ -63,17 +63,20 @@ def test_mlp_peak_matches_prediction():
     # A planned step peaks as predicted when the swap channel's thread keeps up
     # with the plan; when other work on the machine holds that thread back, a
     # swapped-out tensor stays a little longer (seen once in five runs on two
-    # loaded cores: +18%). So the best of the training steps must match the
-    # prediction, and every one must stay within a bound a late channel keeps.
+    # loaded cores: +18%; on two busy loops, in 3 of 10 runs every training
+    # step +17 to +32%, at this commit and the one before). So the best of the
+    # training steps must be near the prediction (35%) and below every
+    # unplanned step, and every one must stay within a bound a late channel keeps.
     common = [*MODELS["mlp"], "--steps", "5", "--planned", "--budget-frac", "0.6"]
     planned = _run(common)
     predicted = planned["plan"]["pool_planned_peak"]
     training = planned["peaks"][1:]
-    assert abs(min(training) - predicted) <= 0.15 * predicted, (training, predicted)
+    assert abs(min(training) - predicted) <= 0.35 * predicted, (training, predicted)
     assert max(training) <= 1.5 * predicted, (training, predicted)
     # the plan swaps Adam's slots across iterations, and training still matches vanilla
     assert planned["jobs"]["job0"]["cross_iteration_slot_swaps"] > 0
     vanilla = _run([*MODELS["mlp"], "--steps", "5"])
+    assert min(training) < min(vanilla["peaks"][1:]), (training, vanilla["peaks"])
     assert planned["jobs"]["job0"]["weights_sha256"] == vanilla["jobs"]["job0"]["weights_sha256"]
     assert planned["jobs"]["job0"]["losses"] == vanilla["jobs"]["job0"]["losses"]
     assert all(math.isfinite(x) for x in planned["jobs"]["job0"]["loss_values"])
