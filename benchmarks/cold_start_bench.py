@@ -24,16 +24,10 @@ Ratios, each against the same job's unplanned run (EOR = time with the plan
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
-import yaml
-
-REPO = Path(__file__).resolve().parent.parent
+from tensile_run import run_config
 
 JOBS = {
     # name: (job spec, roomy pool, cold pool: below the unplanned peak)
@@ -46,17 +40,8 @@ JOBS = {
 
 
 def run(out: Path, name: str, spec: dict, pool: str, planner: str, steps: int) -> dict:
-    out.mkdir(parents=True, exist_ok=True)
-    doc = {"pool": pool, "run": {"out_dir": str(out), "planner": planner, "admission": "none"},
-           "jobs": [dict(spec, name=name, steps=steps, seed=1)]}
-    cfg = out / "config.yaml"
-    cfg.write_text(yaml.safe_dump(doc, sort_keys=False))
-    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3")
-    with open(out / "console.log", "w") as log:
-        subprocess.run([sys.executable, "-m", "tensile_tf", "run", str(cfg), "--out", str(out)], cwd=REPO, env=env,
-                       stdout=log, stderr=subprocess.STDOUT)
-    results = json.loads((out / "results.json").read_text())
-    return results
+    return run_config({"pool": pool, "run": {"out_dir": str(out), "planner": planner, "admission": "none"},
+                       "jobs": [dict(spec, name=name, steps=steps, seed=1)]}, out)
 
 
 def main() -> None:

@@ -22,33 +22,19 @@ re-plan). Each number is read from the run's results.json.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+from tensile_run import REPO, run_config
 MODES = {"one-shot": False, "controller": True}
 
 
 def run_mode(config: Path, out: Path, replan: bool) -> dict:
     doc = yaml.safe_load(config.read_text())
     doc.setdefault("run", {})["replan"] = replan
-    out.mkdir(parents=True, exist_ok=True)
-    cfg = out / "config.yaml"
-    cfg.write_text(yaml.safe_dump(doc, sort_keys=False))
-    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3")
-    with open(out / "console.log", "w") as log:
-        proc = subprocess.run([sys.executable, "-m", "tensile_tf", "run", str(cfg), "--out", str(out)],
-                              cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    results = out / "results.json"
-    if not results.exists():
-        raise SystemExit(f"{out}: tensile run exited {proc.returncode} without results.json; see {out / 'console.log'}")
-    return json.loads(results.read_text())
+    return run_config(doc, out)
 
 
 def swaps_over_time(results: dict) -> list[tuple[float, str, dict[str, tuple[int, int]]]]:

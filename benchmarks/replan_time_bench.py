@@ -29,6 +29,7 @@ tensile_tf.install(os.environ.get("TENSILE_POOL_BYTES", "6GiB"))  # before any T
 from tensile_tf.config import JobSpec  # noqa: E402
 from tensile_tf.jobs import Job  # noqa: E402
 from tensile_tf.runtime import JobHost  # noqa: E402
+from tensile_tf.runtime.replanning import take_switch  # noqa: E402
 
 
 def main() -> None:
@@ -63,8 +64,6 @@ def main() -> None:
               f"{swaps} swaps, {recomputes} recomputations; planner {record.planning_s * 1e3:.0f} ms, "
               f"rewrite+retrace {record.rewrite_s:.2f} s")
         for s in admitted:   # take the switch as a job thread would, so the next re-plan starts from it
-            from tensile_tf.runtime.replanning import take_switch
-
             with s.job_stream.eager_scope():
                 take_switch(s)
     print(f"\nmedian over {args.repeats}: planner {statistics.median(planner_s) * 1e3:.0f} ms "

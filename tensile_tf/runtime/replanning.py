@@ -206,8 +206,14 @@ class LatencyMonitor:
         if state.steps_done < self.next_step:
             return False
         trained = sum(r.duration_s for r in state.training_records)
-        expected = self.expected_extra_s if self.expected_extra_s is not None else (state.median_step_s or 0.0)
-        return self.spent_s + expected <= OVERHEAD_SHARE * (trained + expected)
+        median = state.median_step_s or 0.0
+        expected = self.expected_extra_s if self.expected_extra_s is not None else median
+        deficit = (self.spent_s + expected) / OVERHEAD_SHARE - (trained + expected)
+        if deficit <= 0:
+            return True
+        if median > 0:   # not before the budget can allow it: no sums and medians every step meanwhile
+            self.next_step = state.steps_done + max(1, math.ceil(deficit / median))
+        return False
 
     def observe(self, measured: LatencyTable | None, step_s: float) -> None:
         """After a profiled step (``measured`` None: the profiler was busy)."""
