@@ -30,18 +30,17 @@ def measure(spec, steps: int) -> tuple[list[int], int]:
     with stream.eager_scope():
         train = Job.from_spec(spec).build()
         fn = stream.step_function(train.step_fn)
-        first = train.next_batch()
-        fn(*first)
+        fn(*train.next_batch())   # traces, creates the optimizer's slots; its batch is dropped (Note [Example batch])
         peaks = []
         for _ in range(steps):
             batch = train.next_batch()
             stream.reset_peak()
             fn(*batch)
             peaks.append(stream.stats()["peak"])
-        captured = capture_for_planning(JobToPlan(spec.name, fn, first, optimizer=train.optimizer))
+        captured = capture_for_planning(JobToPlan(spec.name, fn, batch, optimizer=train.optimizer))
     plan = Planner([captured.planner_job], pool_bytes=None, max_iterations=0).plan()
     predicted = plan.jobs[spec.name].vanilla_peak_bytes
-    del train, fn, first, captured
+    del train, fn, batch, captured
     gc.collect()
     stream.release()
     return peaks, predicted

@@ -76,6 +76,13 @@ class OptimizerSpec(_Strict):
     args: dict[str, Any] = Field(default_factory=dict, description="other keras optimizer keywords")
 
 
+#: Data kinds read from the user's files, and what their ``path`` is.
+FILE_KINDS = {"npz": "the .npz file", "npy": "the .npy file of examples",
+              "tfrecord": "a TFRecord file or a glob of them", "image_dir": "a directory with one subdirectory per class"}
+#: Data kinds whose examples are read once and split (``validation_split``).
+EXAMPLE_KINDS = frozenset({*FILE_KINDS, "digits"})
+
+
 class DataSpec(_Strict):
     """Where a job's (x, y) examples come from (tensile_tf/datasets.py):
 
@@ -83,6 +90,13 @@ class DataSpec(_Strict):
     * ``function``: 'module:function' returning a tf.data.Dataset of (x, y) batches;
     * ``npz``: a NumPy ``.npz`` file (``path``) with arrays ``x_key`` and ``y_key``;
     * ``npy``: two ``.npy`` files, ``path`` (examples) and ``labels_path``;
+    * ``tfrecord``: TFRecord files (``path``: a file or a glob) of
+      ``tf.train.Example``s, each with a float feature ``x_key`` (one
+      example, flattened; reshaped to ``input_shape``) and an int64 feature
+      ``y_key`` (its class);
+    * ``image_dir``: a directory of images, one subdirectory per class (Keras'
+      ``image_dataset_from_directory``: PNG, JPEG, BMP, GIF), resized to
+      ``input_shape`` [height, width, channels] and scaled to [0, 1];
     * ``digits``: scikit-learn's bundled 8x8 digits (1797 images, 10
       classes; no download), shaped as the job's ``input_shape`` ([8, 8, 1] or [64]).
 
@@ -90,11 +104,12 @@ class DataSpec(_Strict):
     epoch. ``validation_split`` holds out that share of them (chosen with the
     seed) for validation (``validate_every`` and ``metrics`` on the job)."""
 
-    kind: Literal["synthetic", "function", "npz", "npy", "digits"] = "synthetic"
+    kind: Literal["synthetic", "function", "npz", "npy", "tfrecord", "image_dir", "digits"] = "synthetic"
     function: StrictStr | None = None
     args: dict[str, Any] = Field(default_factory=dict)
     num_batches: StrictInt = Field(4, ge=1, description="distinct synthetic batches cycled through")
-    path: StrictStr | None = Field(None, description="npz: the file; npy: the examples' file")
+    path: StrictStr | None = Field(None, description="npz: the file; npy: the examples' file; tfrecord: a file "
+                                   "or glob; image_dir: the directory of class subdirectories")
     labels_path: StrictStr | None = Field(None, description="npy: the labels' file")
     x_key: StrictStr = "x"
     y_key: StrictStr = "y"
@@ -104,12 +119,13 @@ class DataSpec(_Strict):
     def _source_given(self) -> "DataSpec":
         if self.kind == "function" and not self.function:
             raise ValueError("data kind 'function' needs function: 'module:function'")
-        if self.kind in ("npz", "npy") and not self.path:
-            raise ValueError(f"data kind {self.kind!r} needs path: the {'.npz file' if self.kind == 'npz' else '.npy file of examples'}")
+        if self.kind in FILE_KINDS and not self.path:
+            raise ValueError(f"data kind {self.kind!r} needs path: {FILE_KINDS[self.kind]}")
         if self.kind == "npy" and not self.labels_path:
             raise ValueError("data kind 'npy' needs labels_path: the .npy file of labels")
         if self.validation_split and self.kind in ("synthetic", "function"):
-            raise ValueError(f"validation_split needs examples to split: data kind npz, npy or digits, not {self.kind!r}")
+            raise ValueError("validation_split needs examples to split: data kind npz, npy, tfrecord, image_dir "
+                             f"or digits, not {self.kind!r}")
         return self
 
 
@@ -136,6 +152,8 @@ class JobSpec(_Strict):
                                            "examples (data.validation_split)")
     validate_every: StrictInt | None = Field(None, ge=1, description="steps between validations (and at the end); "
                                              "default: at the end only")
+    checkpoint_every: StrictInt | None = Field(None, ge=1, description="also save the model in Keras' format every "
+                                               "N steps (models/JOB.stepN.keras); the finished model is always saved")
 
     @model_validator(mode="after")
     def _length(self) -> "JobSpec":

@@ -1,6 +1,6 @@
 """A YAML job's examples from the user's files or a bundled dataset, and its
-validation (``data.kind`` npz, npy, digits; ``data.validation_split``;
-``metrics``, ``validate_every``).
+validation (``data.kind`` npz, npy, tfrecord, image_dir, digits;
+``data.validation_split``; ``metrics``, ``validate_every``).
 
 Examples are read once into host memory, split with the job's seed (the
 validation share is the same examples in every run of the config), and fed
@@ -41,8 +41,74 @@ def _load_npy(path: str, what: str, job: str) -> np.ndarray:
         raise DataError(f"job {job!r}: data.{what} {path!r} is not a readable NumPy file ({e})") from None
 
 
+def _load_tfrecords(spec: JobSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Every ``tf.train.Example`` of the files ``data.path`` names (a glob):
+    the float feature ``x_key`` (one example, flattened) and the int64
+    feature ``y_key`` (its class)."""
+    data, job = spec.data, spec.name
+    files = sorted(tf.io.gfile.glob(str(Path(data.path).expanduser())))
+    if not files:
+        raise DataError(f"job {job!r}: data.path {data.path!r} matches no TFRecord file; give a file or a glob")
+    xs, ys = [], []
+    for f in files:
+        try:
+            for raw in tf.data.TFRecordDataset(f):
+                ex = tf.train.Example.FromString(raw.numpy())
+                feats = ex.features.feature
+                missing = [k for k in (data.x_key, data.y_key) if k not in feats]
+                if missing:
+                    raise DataError(f"job {job!r}: a record of {f!r} has no feature {missing[0]!r} (it has "
+                                    f"{sorted(feats)}); set data.x_key and data.y_key to its features' names")
+                xs.append(np.asarray(feats[data.x_key].float_list.value, dtype=np.float32))
+                label = feats[data.y_key]
+                ys.append(label.int64_list.value[0] if label.int64_list.value else label.float_list.value[0])
+        except tf.errors.DataLossError as e:
+            raise DataError(f"job {job!r}: {f!r} is not a TFRecord file ({e.message})") from None
+    if not xs:
+        raise DataError(f"job {job!r}: the TFRecord files of {data.path!r} hold no records")
+    if len({len(a) for a in xs}) > 1:
+        raise DataError(f"job {job!r}: the records' {data.x_key!r} features differ in length; every example "
+                        "must have the same number of values")
+    return np.stack(xs), np.asarray(ys)
+
+
+def _load_image_dir(spec: JobSpec) -> tuple[np.ndarray, np.ndarray]:
+    """The images under ``data.path``, one subdirectory per class (sorted
+    names are classes 0, 1, ...), through Keras' loader, resized to
+    ``input_shape`` and scaled to [0, 1]."""
+    import keras
+
+    data, job = spec.data, spec.name
+    root = Path(data.path).expanduser()
+    if not root.is_dir():
+        raise DataError(f"job {job!r}: data.path {data.path!r} is not a directory; give the directory that "
+                        "holds one subdirectory of images per class")
+    shape = tuple(spec.input_shape or ())
+    if len(shape) != 3 or shape[2] not in (1, 3, 4):
+        raise DataError(f"job {job!r}: data kind image_dir needs input_shape [height, width, channels] with "
+                        f"1, 3 or 4 channels, got {list(shape)}")
+    mode = {1: "grayscale", 3: "rgb", 4: "rgba"}[shape[2]]
+    try:
+        ds = keras.utils.image_dataset_from_directory(root, labels="inferred", label_mode="int", color_mode=mode,
+                                                      image_size=shape[:2], batch_size=None, shuffle=False,
+                                                      verbose=False)
+    except ValueError as e:
+        raise DataError(f"job {job!r}: data.path {data.path!r}: {e}") from None
+    classes = len(ds.class_names)
+    if classes > spec.classes:
+        raise DataError(f"job {job!r}: {data.path!r} has {classes} class directories but classes is "
+                        f"{spec.classes}; set classes: {classes}")
+    xs, ys = [], []
+    for image, label in ds:
+        xs.append(image.numpy() / 255.0)
+        ys.append(int(label))
+    if not xs:
+        raise DataError(f"job {job!r}: {data.path!r} holds no images in its class directories")
+    return np.stack(xs).astype(np.float32), np.asarray(ys, dtype=np.int32)
+
+
 def load_examples(spec: JobSpec) -> tuple[np.ndarray, np.ndarray]:
-    """(x, y) of a job whose ``data.kind`` is npz, npy or digits, x shaped
+    """(x, y) of a job whose ``data.kind`` reads examples (EXAMPLE_KINDS), x shaped
     (n, *input_shape) float32, y (n,) int32 class indices (or float targets)."""
     data, job = spec.data, spec.name
     if data.kind == "digits":
@@ -59,6 +125,10 @@ def load_examples(spec: JobSpec) -> tuple[np.ndarray, np.ndarray]:
         x, y = archive[data.x_key], archive[data.y_key]
     elif data.kind == "npy":
         x, y = _load_npy(data.path, "path", job), _load_npy(data.labels_path, "labels_path", job)
+    elif data.kind == "tfrecord":
+        x, y = _load_tfrecords(spec)
+    elif data.kind == "image_dir":
+        x, y = _load_image_dir(spec)
     else:
         raise ValueError(f"load_examples: data kind {data.kind!r} has no examples to load")
     if len(x) != len(y):

@@ -40,11 +40,38 @@ the sequential footprint (Note [Observed, not simulated] there). It replaced a
 structural rule (an op's siblings, ops reading a common activation, run beside
 it) that missed the node-group CNN's peak by 15% and over-predicted
 InceptionV3 by 19% (benchmarks/RESULTS.md, Issue 15).
+
+Note [Data held beside the step]
+A job holds more than its step's tensors between steps: the batches its
+data source keeps in the pool (a YAML job's synthetic data is
+``data.num_batches`` batches; a ``tf.data`` pipeline holds its arrays and
+prefetched elements), all but the one the step reads. The graph counts
+parameters, slots and that one batch, so these bytes were missing from every
+prediction: -2.7% for the quickstart's CNN, -8.9% for its Transformer, -20%
+for its MLP (three extra 0.4 MiB batches beside 5 MiB). ``measure_step_memory``
+reads the job's pool bytes once each traced step has ended, and
+``apply_step_memory`` adds what exceeds the graph's persistent tensors as one
+tensor, ``HELD_BESIDE_STEP``: an input (held all step, never swapped, Algorithm
+2's filter) that no op reads, so the footprint, the budget and admission
+count it, and a plan refers to nothing of it (``JobGraph.fingerprint`` skips
+it).
+
+Note [Example batch]
+Capture and tracing need an example of the step's arguments. The batch a
+job's probe ran is one more batch in the pool, beside the batch each step
+reads: the quickstart's mlp-b held 3.2 MiB before each step where the graph's
+parameters and one batch are 2.4 MiB, and its measured peak was 18% above the
+prediction. A captured job keeps only the batch's TensorSpecs
+(``batch_specs``: ``get_concrete_function`` with them returns the function
+traced with the batch, no second trace), and the runtime drops the batch
+after the job's first training step (``release_first_batch`` in
+tensile_tf/runtime/job_thread.py), so a job holds one batch, as the planner
+counts.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import tf_plugin
@@ -54,7 +81,7 @@ from tensile_tf.rewrite import PlannedStep, apply_plan
 from tensile_tf.scheduler import DEFAULT_BANDWIDTH_BYTES_PER_S, Plan, Planner, PlannerJob
 from tensile_tf.scheduler.concurrency import observed_concurrency_bytes
 from tensile_tf.scheduler.latency_predictor import cold_start_latency
-from tensile_tf.scheduler.job_graph import JobGraph
+from tensile_tf.scheduler.job_graph import HELD_BESIDE_STEP, JobGraph, TensorInfo
 
 
 def _size_matches(a: int, b: int) -> bool:
@@ -69,6 +96,7 @@ class StepMemory:
     forwarded: dict[str, int]    # op -> output bytes held in a dying input's buffer (Note [Buffer forwarding])
     views: dict[str, str]        # tensor -> the tensor whose buffer it shares (Note [Views] in job_graph)
     held: list[dict[str, int]]   # per step: op -> most bytes the step held at its allocations (Note [Concurrent scratch])
+    between_steps_bytes: int | None = None   # the job's pool bytes between two steps (Note [Data held beside the step])
 
 
 # Steps traced for Note [Concurrent scratch]: the node-group CNN's steps meet
@@ -87,6 +115,7 @@ def measure_step_memory(step_fn, args: Sequence, graph: JobGraph, *, steps: int 
     pool = tf_plugin.device_pool()
     restore = snapshot_variables(step_fn.get_concrete_function(*args).graph)
     traces = []
+    between: list[dict[int, int]] = []   # per traced step: stream -> its bytes once the step ended
     try:
         step_fn(*args)   # untraced: a function's first run also allocates what later runs reuse
         began = time.perf_counter()
@@ -94,13 +123,24 @@ def measure_step_memory(step_fn, args: Sequence, graph: JobGraph, *, steps: int 
             pool.clear_trace()
             step_fn(*args)
             traces.append(pool.trace())
+            between.append({j["stream"]: j["current"] for j in pool.stats()["jobs"].values()})
             if len(traces) >= MIN_TRACED_STEPS and time.perf_counter() - began > TRACED_SECONDS:
                 break
     finally:
         restore()  # also when a step fails (out of memory)
     ops_of = _ops_of_traced_names(graph, {ev["op"] for tr in traces for ev in tr if ev["kind"] == "alloc"})
     scratch, forwarded, views = _buffers(traces[0], graph, ops_of)
-    return StepMemory(scratch, forwarded, views, [_held_at_allocations(tr, ops_of) for tr in traces])
+    stream = _job_stream(traces[0], ops_of)
+    held_between = [b[stream] for b in between if stream in b] if stream is not None else []
+    return StepMemory(scratch, forwarded, views, [_held_at_allocations(tr, ops_of) for tr in traces],
+                      min(held_between) if held_between else None)
+
+
+def _job_stream(trace: list[dict], ops_of: dict[str, list]) -> int | None:
+    """The stream most of the step's allocations by the graph's ops came from
+    (others' jobs may run beside it)."""
+    streams = [ev["stream"] for ev in trace if ev["kind"] == "alloc" and ev["op"] in ops_of]
+    return max(set(streams), key=streams.count) if streams else None
 
 
 def _ops_of_traced_names(graph: JobGraph, names) -> dict[str, list]:
@@ -121,10 +161,9 @@ def _held_at_allocations(trace: list[dict], ops_of: dict[str, list]) -> dict[str
     began, at any of the op's allocations. Only the job's own stream counts
     (others may run beside it); an allocation by an op the graph does not
     know (a Grappler rewrite) counts for the op the trace saw before it."""
-    streams = [ev["stream"] for ev in trace if ev["kind"] == "alloc" and ev["op"] in ops_of]
-    if not streams:
+    stream = _job_stream(trace, ops_of)
+    if stream is None:
         return {}
-    stream = max(set(streams), key=streams.count)
     held = 0
     current: list = []
     out: dict[str, int] = {}
@@ -215,6 +254,11 @@ def apply_step_memory(graph: JobGraph, memory: StepMemory) -> None:
     concurrent = observed_concurrency_bytes(graph, memory.held)
     for o in graph.ops:
         o.concurrent_bytes = concurrent.get(o.name, 0)
+    if memory.between_steps_bytes is not None:
+        held = memory.between_steps_bytes - sum(t.size_bytes for t in graph.tensors.values()
+                                                if t.persistent and not t.view_of)
+        if held > 0:   # Note [Data held beside the step]
+            graph.tensors[HELD_BESIDE_STEP] = TensorInfo(HELD_BESIDE_STEP, held, kind="input")
 
 
 _LAZY_OPS = frozenset({"ReadVariableOp", "Const", "Identity", "NoOp", "Placeholder"})
@@ -279,6 +323,14 @@ def executor_order(graph: JobGraph, step_fn, args: Sequence) -> JobGraph:
     return JobGraph(graph.name, [graph.ops[k] for k in order], graph.tensors)
 
 
+def batch_specs(args: Sequence) -> tuple:
+    """The TensorSpecs of a step's arguments (other values as they are):
+    enough to look up the traced function (Note [Example batch])."""
+    import tensorflow as tf
+
+    return tuple(tf.TensorSpec.from_tensor(a) if isinstance(a, tf.Tensor) else a for a in args)
+
+
 @dataclass
 class JobToPlan:
     """What capture and planning need of a job."""
@@ -314,6 +366,7 @@ def capture_for_planning(job: JobToPlan, *, latency_repeats: int = 3, with_temp:
         lat = measure_op_latencies(job.step_fn, job.example_args, graph=graph, repeats=latency_repeats)
     except Exception as e:  # noqa: BLE001 - name the job
         raise RuntimeError(f"job '{job.name}': could not capture or profile its train step: {e}") from e
+    job = replace(job, example_args=batch_specs(job.example_args))   # Note [Example batch]
     return CapturedJob(job, graph, PlannerJob(graph, lat, job.start_offset_s, job.max_swapping_rate))
 
 
@@ -331,6 +384,7 @@ def capture_cold(job: JobToPlan) -> CapturedJob:
     except Exception as e:  # noqa: BLE001 - name the job
         raise RuntimeError(f"job '{job.name}': could not capture its train step: {e}") from e
     latencies = cold_start_latency(graph, cached_predictor())
+    job = replace(job, example_args=batch_specs(job.example_args))   # Note [Example batch]
     return CapturedJob(job, graph, PlannerJob(graph, latencies, job.start_offset_s, job.max_swapping_rate), cold=True)
 
 

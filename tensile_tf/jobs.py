@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tensile_tf.config import JobSpec
+from tensile_tf.config import EXAMPLE_KINDS, JobSpec
 
 
 class JobBuildError(RuntimeError):
@@ -243,7 +243,7 @@ def build_train_step(spec: JobSpec) -> TrainStep:
     validator = None
     if "dataset" in parts:
         batches = parts["dataset"]
-    elif spec.data.kind in ("npz", "npy", "digits"):
+    elif spec.data.kind in EXAMPLE_KINDS:
         from tensile_tf import datasets
 
         x, y = datasets.load_examples(spec)

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from tensile_tf.config import ConfigError, JobSpec, RunConfig, format_location
+from tensile_tf.config import FILE_KINDS, ConfigError, JobSpec, RunConfig, format_location
 from tensile_tf.units import human_bytes
 
 FLOAT32_BYTES = 4
@@ -251,10 +251,19 @@ def reference_problems(spec: JobSpec, loc: tuple, *, searched: set[str] = frozen
                                         loc + ("data",), "function")
     for key in ("path", "labels_path"):
         value = getattr(spec.data, key)
-        if spec.data.kind in ("npz", "npy") and value and not Path(value).expanduser().exists():
+        if spec.data.kind in FILE_KINDS and value and not _data_path_exists(spec.data.kind, value):
+            what = "a NumPy file" if spec.data.kind in ("npz", "npy") else FILE_KINDS[spec.data.kind]
             problems.append(Problem(loc + ("data", key), f"{value!r} does not exist",
-                                    "give the path of a NumPy file (relative paths start where tensile runs)"))
+                                    f"give the path of {what} (relative paths start where tensile runs)"))
     return problems
+
+
+def _data_path_exists(kind: str, value: str) -> bool:
+    if kind == "tfrecord":
+        import glob
+
+        return bool(glob.glob(str(Path(value).expanduser())))
+    return Path(value).expanduser().exists()
 
 
 # ------------------------------------------------------------------ sizes

@@ -64,20 +64,39 @@ def run_step(state: JobState, batch: tuple, clock: RunClock) -> None:
                             "lower the learning rate, or set stop_on_nan: false")
 
 
-def save_model(state: JobState, model_dir: Path) -> None:
+def release_first_batch(state: JobState) -> None:
+    """Note [Example batch] (tensile_tf/execution.py): after the job's first
+    training step its first batch leaves the pool; its TensorSpecs trace the
+    step from then on, and a few inputs stay on the host for save_model."""
+    from tensile_tf.execution import batch_specs
+
+    batch, state.first_batch = state.first_batch, None
+    state.batch_specs = batch_specs(batch)
+    first = batch[0]
+    state.sample_inputs = first[:16].numpy() if hasattr(first, "numpy") else first[:16]
+
+
+def save_model(state: JobState, model_dir: Path, *, checkpoint: bool = False) -> None:
     """The job's trained model in Keras' format (MODEL_DIR/JOB.keras), with
     JOB.sample.npz: a few inputs and what the model predicted for them, so a
-    reader can check that the file predicts what the job's model did."""
+    reader can check that the file predicts what the job's model did.
+    ``checkpoint``: the model so far, MODEL_DIR/JOB.stepN.keras (listed in
+    ``checkpoints``), no sample."""
     import numpy as np
 
     model = getattr(state.train, "model", None)
     if model is None or not hasattr(model, "save"):
         return
     model_dir.mkdir(parents=True, exist_ok=True)
-    path = model_dir / f"{state.name}.keras"
+    path = model_dir / (f"{state.name}.step{state.steps_done}.keras" if checkpoint else f"{state.name}.keras")
     model.save(path)
+    if checkpoint:
+        state.checkpoints.append(str(Path(model_dir.name) / path.name))
+        return
     validator = state.train.validator
-    x = validator.x[:16] if validator is not None else state.first_batch[0][:16].numpy()
+    if state.first_batch is not None:   # a job whose only step was its probe
+        release_first_batch(state)
+    x = validator.x[:16] if validator is not None else state.sample_inputs
     np.savez(model_dir / f"{state.name}.sample.npz", x=x, predictions=model(x, training=False).numpy())
     state.model_path = str(Path(model_dir.name) / path.name)
 
@@ -133,6 +152,16 @@ class JobThread:
         if planned is not None:
             planned.evict()
 
+    def _checkpoint(self, state: JobState) -> None:
+        """The model so far, in Keras' format, between two steps; variables
+        the plan keeps on the host come back first and leave again after."""
+        planned = state.planned_step
+        if planned is not None:
+            planned.restore()
+        save_model(state, self.model_dir, checkpoint=True)
+        if planned is not None:
+            planned.evict()
+
     def _train(self) -> None:
         state = self.state
         try:
@@ -151,10 +180,16 @@ class JobThread:
                     take_switch(state)   # Note [Hot swap]: a re-plan's new step, at this step boundary
                     first = state.steps_done == 0 and state.first_batch is not None
                     run_step(state, state.first_batch if first else state.train.next_batch(), self.clock)
+                    if state.first_batch is not None:   # its first step ran (here or as its probe)
+                        release_first_batch(state)
                     validator = state.train.validator
                     if validator is not None and validator.due(state.steps_done, state.job.steps) \
                             and state.steps_done < state.job.steps:
                         self._validate(state, between_steps=True)
+                    every = spec.checkpoint_every if spec is not None else None
+                    if every and self.model_dir is not None and state.steps_done % every == 0 \
+                            and state.steps_done < state.job.steps:
+                        self._checkpoint(state)
                     if state.job.on_step is not None and state.job.on_step(state) is False:
                         status = JobStatus.stopped
                         break

@@ -191,7 +191,7 @@ class JobPlanning:
         try:
             if saved_plan_allowed and self.settings.saved_plan is not None:
                 plan = self._saved_plan_for([s.captured for s in states])
-                steps = {s.name: apply_plan(s.step_fn, s.first_batch, plan.jobs[s.name], s.captured.graph)
+                steps = {s.name: apply_plan(s.step_fn, s.example_args, plan.jobs[s.name], s.captured.graph)
                          for s in states}
             else:
                 plan, steps = self.plan_captured([s.captured for s in states], budget)

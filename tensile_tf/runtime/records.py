@@ -118,7 +118,9 @@ class JobState:
     train: "TrainStep | None" = field(default=None, repr=False)
     step_fn: Callable | None = field(default=None, repr=False)
     job_stream: "JobStream | None" = field(default=None, repr=False)
-    first_batch: tuple | None = field(default=None, repr=False)
+    first_batch: tuple | None = field(default=None, repr=False)   # until the first training step (Note [Example batch])
+    batch_specs: tuple | None = field(default=None, repr=False)   # the first batch's TensorSpecs, after it
+    sample_inputs: Any = field(default=None, repr=False)          # a few of its inputs, on the host (save_model)
     custom_gradients: set[str] = field(default_factory=set, repr=False)
     planned_step: Any = field(default=None, repr=False)   # rewrite.PlannedStep
     pending_switch: Any = field(default=None, repr=False)  # replanning.StepSwitch the job thread takes next
@@ -127,10 +129,18 @@ class JobState:
     awaiting_switches: bool = field(default=False, repr=False)  # jointly planned on arrival, starts once all switched
     validation: list = field(default_factory=list)   # datasets.ValidationRecord, oldest first
     model_path: str | None = None       # the trained model, saved in Keras' format (relative to the output dir)
+    checkpoints: list[str] = field(default_factory=list)   # models saved every checkpoint_every steps (same folder)
 
     @property
     def name(self) -> str:
         return self.job.name
+
+    @property
+    def example_args(self) -> tuple | None:
+        """What tracing the job's step needs: the first batch while it is
+        held, its TensorSpecs after (Note [Example batch] in
+        tensile_tf/execution.py)."""
+        return self.first_batch if self.first_batch is not None else self.batch_specs
 
     @property
     def last_loss(self) -> float | None:
@@ -186,6 +196,7 @@ class JobRecord:
     weights_digest: str | None
     validation: list[Any]              # each validation: step, at_s, loss, metrics, seconds
     model_path: str | None
+    checkpoints: list[str]             # the model every checkpoint_every steps, oldest first (relative paths)
     plan: PlanRecord | None
     plan_error: str | None
 
@@ -202,7 +213,8 @@ class JobRecord:
             losses=[finite_or_none(r.loss) for r in s.records], step_peak_bytes=[r.peak_bytes for r in s.records],
             step_seconds=[round(r.duration_s, 6) for r in s.records],
             arrived_at_s=s.arrived_at_s, admitted_at_s=s.admitted_at_s, ended_at_s=s.ended_at_s, weights_digest=s.weights_digest,
-            validation=list(s.validation), model_path=s.model_path, plan=s.plan, plan_error=s.plan_error)
+            validation=list(s.validation), model_path=s.model_path,
+            checkpoints=list(s.checkpoints), plan=s.plan, plan_error=s.plan_error)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

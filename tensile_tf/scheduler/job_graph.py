@@ -36,6 +36,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 TENSOR_KINDS = ("activation", "input", "parameter", "slot", "state")
+#: Bytes the job holds in the pool beside its step's tensors (its data
+#: source's other batches), measured by the capture: an ``input`` no op reads
+#: (Note [Data held beside the step] in tensile_tf/execution.py).
+HELD_BESIDE_STEP = "held:data beside the step"
 PERSISTENT_KINDS = frozenset({"input", "parameter", "slot", "state"})
 UPDATED_KINDS = frozenset({"parameter", "slot", "state"})
 
@@ -147,6 +151,8 @@ class JobGraph:
         for o in self.ops:
             h.update(repr((o.name, o.op_type, o.inputs, o.outputs, o.updates)).encode())
         for t in sorted(self.tensors.values(), key=lambda t: t.name):
+            if t.name == HELD_BESIDE_STEP:   # measured, run to run; no plan refers to it
+                continue
             h.update(repr((t.name, t.size_bytes, t.kind)).encode())
         return h.hexdigest()
 

@@ -83,7 +83,9 @@ def test_run_writes_results_trace_and_memory_picture(tmp_path):
 
 
 def test_validate_accepts_the_shipped_examples():
-    for name in ("quickstart.yaml", "large_models.yaml", "digits.yaml", "arrivals.yaml"):
+    names = sorted(p.name for p in (REPO_ROOT / "configs").glob("*.yaml"))
+    assert {"quickstart.yaml", "planner.yaml", "hybrid.yaml", "nodegroup.yaml", "search_quickstart.yaml"} <= set(names)
+    for name in names:
         proc = tensile("validate", f"configs/{name}", timeout=120)
         assert proc.returncode == 0, proc.stderr
         assert "valid" in proc.stdout

@@ -22,8 +22,12 @@ def _shortened(name: str, tmp_path: Path, steps: dict[str, int], **job_updates) 
 
 
 @pytest.mark.parametrize("name, steps, updates", [
+    ("quickstart.yaml", {"cnn-a": 30, "mlp-b": 30, "resnet-c": 20, "transformer-d": 20}, {}),
     ("digits.yaml", {"mlp": 40, "cnn": 40}, {"mlp": {"validate_every": 20}, "cnn": {"validate_every": 20}}),
     ("arrivals.yaml", {"long": 60, "late": 10}, {"late": {"arrive_at_s": 0.01}}),
+    ("planner.yaml", {"encoder-a": 8, "encoder-b": 8}, {}),
+    ("hybrid.yaml", {"encoder-a": 4, "encoder-b": 4}, {}),
+    ("nodegroup.yaml", {"cnn-a": 4, "cnn-b": 4}, {}),
 ])
 def test_example_config_runs_shortened(tmp_path, name, steps, updates):
     cfg = _shortened(name, tmp_path, steps, **updates)
@@ -31,9 +35,21 @@ def test_example_config_runs_shortened(tmp_path, name, steps, updates):
     proc = tensile("run", str(cfg), "--out", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
-    assert [j["status"] for j in results["jobs"]] == ["finished"] * len(steps)
-    if name == "digits.yaml":
-        assert all(j["validation"][-1]["metrics"]["accuracy"] > 0.3 for j in results["jobs"]), results["jobs"]
-        assert all((out / j["model_path"]).exists() for j in results["jobs"])
-    else:
+    jobs = results["jobs"]
+    assert [j["status"] for j in jobs] == ["finished"] * len(steps)
+    assert all((out / j["model_path"]).exists() for j in jobs)
+    if name == "quickstart.yaml":
+        # the point of the quickstart: the pool holds three of the four, so one waits for another to end
+        waited = [j for j in jobs if j["admitted_at_s"] >= min(o["ended_at_s"] for o in jobs if o is not j)]
+        assert waited, [(j["name"], j["admitted_at_s"], j["ended_at_s"]) for j in jobs]
+    elif name == "digits.yaml":
+        assert all(j["validation"][-1]["metrics"]["accuracy"] > 0.3 for j in jobs), jobs
+    elif name == "arrivals.yaml":
         assert any(r["reason"] == "arrival of late" and r["error"] is None for r in results["planner"]["replans"])
+    elif name in ("planner.yaml", "hybrid.yaml"):
+        # both trained together under one plan that moves tensors (the pool holds them only so)
+        start = results["planner"]["plans"][0]
+        assert start["budget_met"] and sum(j["swap_outs"] + j["recomputes"] for j in start["jobs"].values()) > 0, start
+        assert all(j["admitted_at_s"] < min(o["ended_at_s"] for o in jobs) for j in jobs)
+    if name in ("nodegroup.yaml", "hybrid.yaml"):
+        assert results["pipeline"]["barriers"] > 0, results["pipeline"]

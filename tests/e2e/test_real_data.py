@@ -1,5 +1,6 @@
 """Real examples for YAML jobs (tensile_tf/datasets.py): scikit-learn's
-bundled digits, the user's .npz and .npy files, a validation split with
+bundled digits, the user's .npz, .npy and TFRecord files and image
+directories, a validation split with
 Keras metrics, and the outputs a Keras user expects: TensorBoard event
 files and the trained model in Keras' format."""
 import json
@@ -26,8 +27,8 @@ jobs:
 """
 
 
-def _run(tmp_path, data):
-    cfg = write(tmp_path, DIGITS.format(data=data))
+def _run(tmp_path, data, extra=""):
+    cfg = write(tmp_path, DIGITS.format(data=data) + extra)
     out = tmp_path / "out"
     proc = tensile("run", str(cfg), "--out", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -36,7 +37,7 @@ def _run(tmp_path, data):
 
 
 def test_digits_trains_validates_and_writes_tensorboard_and_a_model_keras_loads(tmp_path):
-    out, job = _run(tmp_path, "{kind: digits, validation_split: 0.2}")
+    out, job = _run(tmp_path, "{kind: digits, validation_split: 0.2}", "    checkpoint_every: 25\n")
     assert job["status"] == "finished" and len(job["losses"]) == 60
     steps = [v["step"] for v in job["validation"]]
     assert steps == [20, 40, 60], job["validation"]
@@ -67,6 +68,11 @@ def test_digits_trains_validates_and_writes_tensorboard_and_a_model_keras_loads(
     np.testing.assert_allclose(model(sample["x"], training=False).numpy(), sample["predictions"], rtol=1e-5,
                                atol=1e-6)
 
+    # checkpoint_every: the model after steps 25 and 50 (the finished one is the model above)
+    assert job["checkpoints"] == ["models/digits.step25.keras", "models/digits.step50.keras"]
+    earlier = keras.models.load_model(out / job["checkpoints"][0])
+    assert not np.allclose(earlier(sample["x"], training=False).numpy(), sample["predictions"], atol=1e-4)
+
 
 @pytest.mark.parametrize("kind", ["npz", "npy"])
 def test_a_jobs_own_numpy_files_train_it(tmp_path, kind):
@@ -83,6 +89,45 @@ def test_a_jobs_own_numpy_files_train_it(tmp_path, kind):
         data = f"{{kind: npy, path: {tmp_path / 'x.npy'}, labels_path: {tmp_path / 'y.npy'}, validation_split: 0.25}}"
     out, job = _run(tmp_path, data)
     assert job["status"] == "finished" and [v["step"] for v in job["validation"]] == [20, 40, 60]
+    assert job["validation"][-1]["metrics"]["accuracy"] > 0.5, job["validation"]
+
+
+def test_tfrecord_files_train_a_job(tmp_path):
+    import tensorflow as tf
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    for part in range(2):   # two files, one glob
+        with tf.io.TFRecordWriter(str(tmp_path / f"digits-{part}.tfrecord")) as w:
+            for x, y in zip(d.data[part::2] / 16.0, d.target[part::2]):
+                w.write(tf.train.Example(features=tf.train.Features(feature={
+                    "pixels": tf.train.Feature(float_list=tf.train.FloatList(value=x.tolist())),
+                    "digit": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(y)]))})).SerializeToString())
+    out, job = _run(tmp_path, f"{{kind: tfrecord, path: '{tmp_path}/digits-*.tfrecord', x_key: pixels, "
+                              "y_key: digit, validation_split: 0.25}")
+    assert job["status"] == "finished" and [v["step"] for v in job["validation"]] == [20, 40, 60]
+    assert job["validation"][-1]["metrics"]["accuracy"] > 0.5, job["validation"]
+
+
+def test_a_directory_of_images_trains_a_job_through_keras_loader(tmp_path):
+    import tensorflow as tf
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    for k, (image, label) in enumerate(zip(d.images[:600], d.target[:600])):
+        folder = tmp_path / "images" / f"digit_{label}"
+        folder.mkdir(parents=True, exist_ok=True)
+        pixels = tf.constant((image * 255 / 16).astype(np.uint8)[..., None])
+        tf.io.write_file(str(folder / f"{k}.png"), tf.io.encode_png(pixels))
+    config = DIGITS.replace("input_shape: [64]", "input_shape: [8, 8, 1]")
+    cfg = write(tmp_path, config.format(data=f"{{kind: image_dir, path: '{tmp_path / 'images'}', "
+                                             "validation_split: 0.25}"))
+    out = tmp_path / "out"
+    proc = tensile("run", str(cfg), "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (job,) = json.loads((out / "results.json").read_text())["jobs"]
+    assert job["status"] == "finished" and [v["step"] for v in job["validation"]] == [20, 40, 60]
+    # the folders' sorted names are the classes, so digit_3's images are class 3
     assert job["validation"][-1]["metrics"]["accuracy"] > 0.5, job["validation"]
 
 

@@ -1,5 +1,6 @@
-"""`tensile search` end to end, each run in its own process and pool: a grid
-and a random search, and a search killed mid-way then resumed."""
+"""`tensile search` end to end, each run in its own process and pool: a grid,
+a random and a TPE search (the search quickstart, shortened), each drawing
+Optuna's plots, and a search killed mid-way then resumed."""
 import json
 import math
 import signal
@@ -84,6 +85,35 @@ def test_random_search_of_a_keras_model_stays_in_the_space(tmp_path):
     # Admission packed the trials: the host held them all at once (what it recorded, not timing).
     assert results["worker"]["most_trials_running"] >= 2, (results["worker"], explain(proc))
     assert results["worker"]["trials_run"] == 4 and results["worker"]["trials_per_hour"] > 0
+    _assert_optuna_plots(out, results)
+
+
+def _assert_optuna_plots(out, results):
+    """Optuna's own plots of a finished two-parameter search, each a PNG."""
+    assert results["plots_skipped"] == {}, results["plots_skipped"]
+    for png in ("objective.png", "params.png", "importances.png", "parallel_coordinates.png", "contour.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+
+
+def test_the_tpe_search_quickstart_runs_shortened_and_draws_optunas_plots(tmp_path):
+    import yaml
+
+    doc = yaml.safe_load((REPO_ROOT / "configs" / "search_quickstart.yaml").read_text())
+    search = doc["search"]
+    search.update(n_trials=5, max_concurrent=3)
+    search["sampler"]["n_startup_trials"] = 3
+    search["pruning"].update(n_startup_trials=2, n_warmup_steps=20)
+    search["base_job"].update(steps=60, validate_every=30)
+    config = tmp_path / "search_quickstart.yaml"
+    config.write_text(yaml.safe_dump(doc))
+    out = tmp_path / "out"
+    proc = run_search_cli(config, "--out", out)
+    assert proc.returncode == 0, explain(proc)
+    results = json.loads((out / "results.json").read_text())
+    assert results["study"]["metric"] == "val_loss" and results["study"]["direction"] == "minimize"
+    assert len(results["trials"]) == 5 and results["counts"].get("COMPLETE", 0) >= 2, explain(proc)
+    assert results["worker"]["most_trials_running"] >= 2, (results["worker"], explain(proc))
+    _assert_optuna_plots(out, results)
 
 
 RESUME = """
