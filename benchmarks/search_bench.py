@@ -21,6 +21,7 @@ drops the ones above its limit). A trial is finished when COMPLETE.
     PYTHONPATH=. python benchmarks/search_bench.py --json /tmp/search_bench.json
     PYTHONPATH=. python benchmarks/search_bench.py --mode packed     # one mode, prints JSON
     SEARCH_BENCH_MODEL=mlp PYTHONPATH=. python benchmarks/search_bench.py --pool 256MiB   # the MLP trials
+    SEARCH_BENCH_MODEL=io PYTHONPATH=. python benchmarks/search_bench.py --pool 256MiB    # trials waiting on data
 """
 from __future__ import annotations
 
@@ -44,6 +45,12 @@ MODELS = {
     "mlp": ({"name": "mlp", "model": {"builder": "tensile_tf.zoo:mlp", "args": {"hidden": [256, 256]}},
              "input_shape": [784], "classes": 10, "optimizer": {"name": "adam"},
              "data": {"num_batches": 2}, "steps": 300, "seed": 1}, [32, 128, 512, 2048]),
+    # stalled on data: each batch arrives 20 ms after it is asked for (benchmarks/search_bench_data.py),
+    # the cores idle meanwhile, as with a loader on network storage
+    "io": ({"name": "io", "model": {"builder": "tensile_tf.zoo:mlp", "args": {"hidden": [128]}},
+            "input_shape": [64], "classes": 10, "optimizer": {"name": "adam"},
+            "data": {"kind": "function", "function": "benchmarks.search_bench_data:digits_with_latency",
+                     "args": {"latency_ms": 20}}, "steps": 100, "seed": 1}, [16, 32, 64, 128]),
 }
 BASE_JOB, BATCHES = MODELS[os.environ.get("SEARCH_BENCH_MODEL", "cnn")]
 RATES = [3e-4, 3e-3, 1e-2]

@@ -49,7 +49,9 @@ prefetched elements), all but the one the step reads. The graph counts
 parameters, slots and that one batch, so these bytes were missing from every
 prediction: -2.7% for the quickstart's CNN, -8.9% for its Transformer, -20%
 for its MLP (three extra 0.4 MiB batches beside 5 MiB). ``measure_step_memory``
-reads the job's pool bytes once each traced step has ended, and
+reads the job's pool bytes once each traced step has ended (only on a job's
+own stream: a step run on the default stream, as the benchmarks do, shares
+it with everything else the process holds), and
 ``apply_step_memory`` adds what exceeds the graph's persistent tensors as one
 tensor, ``HELD_BESIDE_STEP``: an input (held all step, never swapped, Algorithm
 2's filter) that no op reads, so the footprint, the budget and admission
@@ -131,7 +133,9 @@ def measure_step_memory(step_fn, args: Sequence, graph: JobGraph, *, steps: int 
     ops_of = _ops_of_traced_names(graph, {ev["op"] for tr in traces for ev in tr if ev["kind"] == "alloc"})
     scratch, forwarded, views = _buffers(traces[0], graph, ops_of)
     stream = _job_stream(traces[0], ops_of)
-    held_between = [b[stream] for b in between if stream in b] if stream is not None else []
+    # the default stream holds whatever the process made outside jobs: only a job's own stream tells
+    own = stream is not None and stream != tf_plugin.DEFAULT_STREAM
+    held_between = [b[stream] for b in between if stream in b] if own else []
     return StepMemory(scratch, forwarded, views, [_held_at_allocations(tr, ops_of) for tr in traces],
                       min(held_between) if held_between else None)
 
