@@ -62,11 +62,12 @@ def cpu_flops() -> float:
 
 
 def run(model: str, shape: str, jobs: int, steps: int, *, planned: bool, budget_frac: float,
-        bandwidth: float) -> dict:
-    cmd = [sys.executable, REFERENCE, "--model", model, "--input-shape", shape, "--batch", "16",
+        bandwidth: float, strategy: str = "tensile", batch: int = 16) -> dict:
+    cmd = [sys.executable, REFERENCE, "--model", model, "--input-shape", shape, "--batch", str(batch),
            "--steps", str(steps), "--jobs", str(jobs)]
     if planned:
-        cmd += ["--planned", "--budget-frac", str(budget_frac), "--bandwidth", str(bandwidth)]
+        cmd += ["--planned", "--budget-frac", str(budget_frac), "--bandwidth", str(bandwidth),
+                "--strategy", strategy]
     env = dict(os.environ, PYTHONPATH=ROOT, TENSILE_POOL_BYTES="8GiB", TF_CPP_MIN_LOG_LEVEL="2")
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]

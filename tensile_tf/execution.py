@@ -396,11 +396,18 @@ def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
                   bandwidth_bytes_per_s: float | None = None, enable_recompute: bool = True,
                   delta_scale: float = 1.0, horizon_iterations: float = 2.0,
                   coincident_peaks: bool = False,
-                  peaking_jobs: int | None = None) -> tuple[Plan, dict[str, PlannedStep]]:
+                  peaking_jobs: int | None = None,
+                  strategy: str = "tensile") -> tuple[Plan, dict[str, PlannedStep]]:
     """Plans captured jobs together and rewrites each one's step.
     ``peaking_jobs``: with ``coincident_peaks``, how many jobs' peaks meet
-    (Note [Paired peaks] in tensile_tf.scheduler.peak_analysis)."""
-    plan = Planner([c.planner_job for c in captured], pool_bytes=pool_bytes,
+    (Note [Paired peaks] in tensile_tf.scheduler.peak_analysis).
+    ``strategy``: the planner's policy, TENSILE's Algorithm 3 or a baseline
+    on the same sequences, link and swap ops (``scheduler.baselines.STRATEGIES``)."""
+    from tensile_tf.scheduler.baselines import STRATEGIES
+
+    if strategy not in STRATEGIES:
+        raise ValueError(f"planner strategy {strategy!r}: choose one of {sorted(STRATEGIES)}")
+    plan = STRATEGIES[strategy]([c.planner_job for c in captured], pool_bytes=pool_bytes,
                    bandwidth_bytes_per_s=bandwidth_bytes_per_s or DEFAULT_BANDWIDTH_BYTES_PER_S,
                    horizon_iterations=horizon_iterations, enable_recompute=enable_recompute,
                    coincident_peaks=coincident_peaks, peaking_jobs=peaking_jobs).plan()

@@ -138,15 +138,18 @@ class Planner:
         self._new_timeline()
         old, self.order = self.order, []
         for dec in old:
-            js = self.jobs[dec.j]
-            try:
-                m = js.tas.unrolled_index(dec.names[2])
-            except KeyError:
-                continue
-            # the gap is looked up again: a recompute step may now read the tensor inside the old one
-            new = scheduling_swap(self.jobs, self.channel, js, dec.i, m % js.tas.n)
+            new = self._replay_swap(self.jobs[dec.j], dec)
             if new is not None:
                 self.order.append(new)
+
+    def _replay_swap(self, js: JobState, dec: SwapDecision) -> SwapDecision | None:
+        """One earlier swap decision, scheduled again on the rebuilt sequences."""
+        try:
+            m = js.tas.unrolled_index(dec.names[2])
+        except KeyError:
+            return None
+        # the gap is looked up again: a recompute step may now read the tensor inside the old one
+        return scheduling_swap(self.jobs, self.channel, js, dec.i, m % js.tas.n)
 
     def _pool_peak(self) -> int:
         return self.timeline.pool_peak([js.fp.F for js in self.jobs])

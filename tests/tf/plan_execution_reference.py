@@ -32,6 +32,8 @@ parser.add_argument("--graph-dependent-rewrites", action="store_true",
 parser.add_argument("--trace-json", default="",
                     help="write the pool's event trace of the timed steps here (with each job's stream id and step start times)")
 parser.add_argument("--grappler-off", default="", help="comma-separated Grappler optimizers to turn off")
+parser.add_argument("--strategy", default="tensile",
+                    help="the planner's policy: tensile, or a baseline of tensile_tf.scheduler.baselines (vdnn, capuchin)")
 args = parser.parse_args()
 
 import tensorflow as tf  # noqa: E402
@@ -100,12 +102,15 @@ if args.planned:
         budget = 1 << 50  # met by the vanilla order: no events
     plan, steps = plan_captured(captured, pool_bytes=budget, enable_recompute=not args.no_recompute,
                                 bandwidth_bytes_per_s=args.bandwidth or None,
-                                coincident_peaks=args.coincident_peaks)
+                                coincident_peaks=args.coincident_peaks, strategy=args.strategy)
     for j in jobs:
         with j["stream"].eager_scope():
             steps[j["name"]].evict()  # the first planned step starts as every later one
     out["planning_s"] = time.perf_counter() - t0
-    out["plan"] = {"pool_vanilla_peak": plan.pool_vanilla_peak_bytes, "pool_planned_peak": plan.pool_planned_peak_bytes,
+    out["plan"] = {"strategy": args.strategy, "pool_vanilla_peak": plan.pool_vanilla_peak_bytes,
+                   "pool_planned_peak": plan.pool_planned_peak_bytes,
+                   "iteration_s": max(jp.iteration_s for jp in plan.jobs.values()),
+                   "swapped_bytes_per_iteration": sum(jp.swapped_bytes_per_iteration for jp in plan.jobs.values()),
                    "budget": budget, "budget_met": plan.budget_met, "stop_reason": plan.stop_reason}
     for j in jobs:
         jp = plan.jobs[j["name"]]
