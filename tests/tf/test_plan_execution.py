@@ -133,3 +133,20 @@ def test_swap_ins_reusing_one_host_copy_release_the_tensor_as_planned():
     assert measured < 0.6 * min(vanilla["peaks"]), (measured, vanilla["peaks"])
     assert planned["jobs"]["job0"]["losses"] == vanilla["jobs"]["job0"]["losses"]
     assert planned["jobs"]["job0"]["weights_sha256"] == vanilla["jobs"]["job0"]["weights_sha256"]
+
+
+@pytest.fixture(scope="module")
+def mlp_vanilla():
+    return _run([*MODELS["mlp"], "--steps", "3"])
+
+
+@pytest.mark.parametrize("strategy", ["vdnn", "capuchin"])
+def test_a_baseline_policy_rewrites_the_step_and_trains_bit_for_bit(mlp_vanilla, strategy):
+    # Issue 19's baselines (tensile_tf/scheduler/baselines.py) run through the same rewrite and
+    # swap ops as TENSILE's plans: the step really changes, what it computes does not
+    planned = _run([*MODELS["mlp"], "--steps", "3", "--planned", "--budget-frac", "0.6", "--strategy", strategy])
+    assert planned["plan"]["strategy"] == strategy and planned["plan"]["stop_reason"].lower().startswith(strategy)
+    p, v = planned["jobs"]["job0"], mlp_vanilla["jobs"]["job0"]
+    assert p["report"]["activation_swap_outs"] > 0 and p["report"]["swapped_bytes_per_step"] > 0, p["report"]
+    assert planned["swap"]["channel"]["pending"] == 0
+    assert p["losses"] == v["losses"] and p["weights_sha256"] == v["weights_sha256"]
