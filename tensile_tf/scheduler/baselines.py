@@ -50,8 +50,9 @@ def swap_in_gap(jobs: Sequence[JobState], channel: SwapChannel, js: JobState, i:
     """Tensor i swapped out as soon as the link allows after its access p
     (the evicted-access) and swapped in as soon as the link allows after
     ``in_trigger_s`` (unrolled seconds). A swap-in that cannot end before
-    access q is still issued (the step waits for it there): these policies
-    do not require a swap to hide. None when it saves nothing (the tensor
+    access q is still issued before q (the step waits for it there): these
+    policies do not require a swap to hide. The link time is reserved where
+    the link can carry it. None when it saves nothing (the tensor
     would be back before it left)."""
     tas = js.tas
     size = int(tas.size[i])
@@ -66,12 +67,15 @@ def swap_in_gap(jobs: Sequence[JobState], channel: SwapChannel, js: JobState, i:
     if release_step >= q - 1:
         return None
     out_tag = channel.reserve(js.j, out_start, d)
-    in_start = channel.earliest(js.j, max(out_end, in_trigger_s), out_end + 4 * tas.period_s, d)
-    in_step = min(tas.step_at_u(in_start), q - 1) if in_start is not None else -1
+    in_slot = channel.earliest(js.j, max(out_end, in_trigger_s), out_end + 4 * tas.period_s, d)
+    # a copy the link delivers late is still issued before its consumer (which waits for it):
+    # issued after the consumer, the rewrite's trigger edge and the data edge would form a cycle
+    in_start = min(in_slot, tas.start_u(q - 1)) if in_slot is not None else None
+    in_step = tas.step_at_u(in_start) if in_start is not None else -1
     if in_step <= release_step + 1:   # absent over [release_step + 1, in_step): nothing saved
         channel.release(out_tag)
         return None
-    in_tag = channel.reserve(js.j, in_start, d)
+    in_tag = channel.reserve(js.j, in_slot, d)
     w = tas.last_write_le(i, p)
     dec = SwapDecision(js.j, i, p, q, m if m is not None else release_step + 1, out_start, d, in_start, d,
                        release_step, in_step, out_tag=out_tag, in_tag=in_tag, version=w,

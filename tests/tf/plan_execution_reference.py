@@ -36,9 +36,8 @@ parser.add_argument("--strategy", default="tensile",
                     help="the planner's policy: tensile, or a baseline of tensile_tf.scheduler.baselines (vdnn, capuchin)")
 args = parser.parse_args()
 
+import tensile_tf  # noqa: E402  (first: its defaults, oneDNN's graph rewrites off, must precede TensorFlow)
 import tensorflow as tf  # noqa: E402
-
-import tensile_tf
 
 tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
 import keras  # noqa: E402
