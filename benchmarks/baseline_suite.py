@@ -2,8 +2,11 @@
 instead, in the same harness, one process per configuration
 (tests/tf/plan_execution_reference.py: its own pool, deterministic ops).
 
-Policies on the same access sequences, swap ops and link, so only the policy
-differs (tensile_tf/scheduler/baselines.py): ``tensile`` (Algorithm 3),
+TensorFlow's own memory optimizer (Grappler, run on the unplanned step):
+``grappler-heuristics`` (RECOMPUTATION_HEURISTICS) and ``grappler-manual``
+(MANUAL, a recompute hint on every forward op), both recomputing for TF2's
+``gradient_tape/`` ops. Policies on the same access sequences, swap ops and
+link, so only the policy differs (tensile_tf/scheduler/baselines.py): ``tensile`` (Algorithm 3),
 ``vdnn`` (vDNN_all: every layer input out after its forward use, prefetched
 one layer ahead), ``capuchin`` (seed 003: FreeTime-ranked swaps with
 in-triggers, then recomputation by MSPS). Each is planned for the same
@@ -32,11 +35,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from plan_execution_bench import GPU_FLOPS, GPU_LINK_BYTES_PER_S, MODELS, compare, cpu_flops, run  # noqa: E402
 
 
+#: TensorFlow's own memory optimizer (Grappler), by strategy name: its recomputation heuristics
+#: (cheap forward ops feeding gradient_tape/ ops re-run), and MANUAL mode with a recompute hint on
+#: every forward op (tf_plugin.tf_internals.mark_for_recomputation).
+GRAPPLER = {"grappler-heuristics": "RECOMPUTATION_HEURISTICS", "grappler-manual": "MANUAL"}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="transformer,resnet50")
     ap.add_argument("--jobs", default="1")
-    ap.add_argument("--strategies", default="tensile,vdnn,capuchin")
+    ap.add_argument("--strategies", default="tensile,vdnn,capuchin,grappler-heuristics,grappler-manual")
     ap.add_argument("--budget-frac", type=float, default=0.5)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--links", default="unlimited,capped")
@@ -60,8 +69,14 @@ def main() -> None:
                 bw = 0.0 if link == "unlimited" else cap
                 bound = None if bw == 0 else min(1.0, bw * vanilla_step / 2 / vmp)
                 for strategy in a.strategies.split(","):
-                    planned = run(model, shape, k, a.steps, planned=True, budget_frac=a.budget_frac,
-                                  bandwidth=bw, strategy=strategy)
+                    if strategy in GRAPPLER:
+                        if bw:
+                            continue   # recomputation only: the link plays no part
+                        planned = run(model, shape, k, a.steps, planned=False, budget_frac=0, bandwidth=0,
+                                      grappler_memory=GRAPPLER[strategy])
+                    else:
+                        planned = run(model, shape, k, a.steps, planned=True, budget_frac=a.budget_frac,
+                                      bandwidth=bw, strategy=strategy)
                     if "error" in planned:
                         print(f"{name} x{k} {link} {strategy}: failed: {planned['error']}", flush=True)
                         continue
@@ -75,7 +90,9 @@ def main() -> None:
                           f"CBR {row['cbr']:5.2f}  swap {row['swapped_MiB_per_step']:6.1f} MiB/step  "
                           f"recomp {row['recomputed_ops']:3d}  late {row['late_swap_ins']:3d}  "
                           + (f"bound {bound:6.1%} of bound {row['share_of_bound']:6.1%}  " if bound else "")
-                          + f"bit-for-bit {'yes' if row['bit_for_bit'] else 'NO'}", flush=True)
+                          + f"bit-for-bit {'yes' if row['bit_for_bit'] else 'NO'}"
+                          + ("" if row["bit_for_bit"] else f" (largest loss difference {row['max_loss_difference']:.3g})"),
+                          flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -62,9 +62,11 @@ def cpu_flops() -> float:
 
 
 def run(model: str, shape: str, jobs: int, steps: int, *, planned: bool, budget_frac: float,
-        bandwidth: float, strategy: str = "tensile", batch: int = 16) -> dict:
+        bandwidth: float, strategy: str = "tensile", batch: int = 16, grappler_memory: str = "") -> dict:
     cmd = [sys.executable, REFERENCE, "--model", model, "--input-shape", shape, "--batch", str(batch),
            "--steps", str(steps), "--jobs", str(jobs)]
+    if grappler_memory:
+        cmd += ["--grappler-memory", grappler_memory]
     if planned:
         cmd += ["--planned", "--budget-frac", str(budget_frac), "--bandwidth", str(bandwidth),
                 "--strategy", strategy]
@@ -83,16 +85,20 @@ def compare(vanilla: dict, planned: dict) -> dict:
     same = all(vanilla["jobs"][j]["losses"] == planned["jobs"][j]["losses"]
                and vanilla["jobs"][j]["weights_sha256"] == planned["jobs"][j]["weights_sha256"]
                for j in vanilla["jobs"])
-    plan = planned["plan"]
+    plan = planned.get("plan")   # None: a method without a plan of ours (Grappler's memory optimizer)
     ch = planned["swap"]["channel"]
+    reports = [j["report"] for j in planned["jobs"].values() if "report" in j]
+    losses_v = [x for j in vanilla["jobs"].values() for x in j["loss_values"]]
+    losses_p = [x for j in planned["jobs"].values() for x in j["loss_values"]]
     return {
         "vmp_MiB": vmp / 2**20, "emp_MiB": emp / 2**20, "msr": msr, "eor": eor, "cbr": msr / eor,
         "vanilla_step_ms": vtc * 1e3, "planned_step_ms": etc * 1e3,
-        "predicted_msr": 1 - plan["pool_planned_peak"] / plan["pool_vanilla_peak"],
-        "budget_met": plan["budget_met"], "planning_s": planned["planning_s"],
-        "swapped_MiB_per_step": sum(j["report"]["swapped_bytes_per_step"] for j in planned["jobs"].values()) / 2**20,
-        "recomputed_ops": sum(j["report"]["recomputed_ops"] for j in planned["jobs"].values()),
+        "predicted_msr": 1 - plan["pool_planned_peak"] / plan["pool_vanilla_peak"] if plan else None,
+        "budget_met": plan["budget_met"] if plan else None, "planning_s": planned.get("planning_s"),
+        "swapped_MiB_per_step": sum(r["swapped_bytes_per_step"] for r in reports) / 2**20,
+        "recomputed_ops": sum(r["recomputed_ops"] for r in reports),
         "late_swap_ins": ch["late_swap_ins"], "bit_for_bit": same,
+        "max_loss_difference": max((abs(a - b) for a, b in zip(losses_v, losses_p)), default=0.0),
     }
 
 

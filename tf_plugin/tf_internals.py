@@ -10,7 +10,8 @@ installed by an explicit call from the code that needs it.
 | ``transform.FUNC_GRAPH_TRANSFORMS`` | Note [Editing a step after tracing] | ``tensile_tf.memory.JobStream`` |
 | ``auto_control_deps.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS`` | Note [Automatic control dependencies] | ``tensile_tf.rewrite`` |
 | ``Graph._get_function``, ``function_def_to_graph`` | inline a called function while capturing | ``tensile_tf.capture`` |
-| ``context.context()._config`` | memory optimizer off (Note [Graph-dependent Grappler rewrites]) | ``tensile_tf.determinism`` |
+| ``context.context()._config`` | memory optimizer off (Note [Graph-dependent Grappler rewrites]); its modes for the baseline suite | ``tensile_tf.determinism``, ``tests/tf/plan_execution_reference.py`` |
+| ``Operation._set_attr("_recompute_hint")`` | Grappler's MANUAL recomputation hints (baseline suite) | ``tests/tf/plan_execution_reference.py`` |
 | ``xplane_pb2.XSpace`` | read tf.profiler's per-op latencies | ``tensile_tf.capture`` |
 
 Note [Custom gradients keep traced jobs alive]
@@ -109,9 +110,12 @@ def called_function_graph(op):
     return fgraph
 
 
-def turn_off_memory_optimizer() -> None:
-    """memory_optimization = NO_MEM_OPT in the eager context's base ConfigProto
-    (there is no public switch)."""
+def set_memory_optimizer(mode: str, recomputation_scope: str | None = None) -> None:
+    """Grappler's memory optimizer mode (``RewriterConfig.MemOptType``: NO_MEM_OPT,
+    MANUAL, RECOMPUTATION_HEURISTICS, HEURISTICS, ...) in the eager context's
+    base ConfigProto (there is no public switch); ``recomputation_scope``: the
+    name scope of the gradient ops its recomputation feeds (TF2's tapes name
+    them "gradient_tape/", Grappler's default is TF1's "gradients/")."""
     from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
     from tensorflow.python.eager import context
 
@@ -119,8 +123,33 @@ def turn_off_memory_optimizer() -> None:
     config = config_pb2.ConfigProto()
     if getattr(ctx, "_config", None) is not None:
         config.CopyFrom(ctx._config)  # noqa: SLF001
-    config.graph_options.rewrite_options.memory_optimization = rewriter_config_pb2.RewriterConfig.NO_MEM_OPT
+    rewrite = config.graph_options.rewrite_options
+    rewrite.memory_optimization = rewriter_config_pb2.RewriterConfig.MemOptType.Value(mode)
+    if recomputation_scope is not None:
+        rewrite.memory_optimizer_target_node_name_scope = recomputation_scope
     ctx._config = config  # noqa: SLF001
+
+
+def turn_off_memory_optimizer() -> None:
+    """memory_optimization = NO_MEM_OPT (Note [Graph-dependent Grappler rewrites])."""
+    set_memory_optimizer("NO_MEM_OPT")
+
+
+def mark_for_recomputation(func_graph, skip_scopes: tuple[str, ...] = ("gradient_tape/",)) -> int:
+    """Sets Grappler's ``_recompute_hint`` on every forward op of a traced
+    step (not under ``skip_scopes``, not a variable read, constant or
+    placeholder): the hints its memory optimizer's MANUAL mode recomputes
+    from. Returns how many ops were marked."""
+    from tensorflow.core.framework import attr_value_pb2
+
+    skip_types = {"ReadVariableOp", "Const", "Placeholder", "VarHandleOp", "NoOp", "Identity"}
+    marked = 0
+    for op in func_graph.get_operations():
+        if op.type in skip_types or op.name.startswith(skip_scopes) or "Assign" in op.type or "Apply" in op.type:
+            continue
+        op._set_attr("_recompute_hint", attr_value_pb2.AttrValue(i=0))  # noqa: SLF001
+        marked += 1
+    return marked
 
 
 def memory_optimizer_off() -> bool:

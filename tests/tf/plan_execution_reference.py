@@ -32,6 +32,10 @@ parser.add_argument("--graph-dependent-rewrites", action="store_true",
 parser.add_argument("--trace-json", default="",
                     help="write the pool's event trace of the timed steps here (with each job's stream id and step start times)")
 parser.add_argument("--grappler-off", default="", help="comma-separated Grappler optimizers to turn off")
+parser.add_argument("--grappler-memory", default="",
+                    help="run the unplanned step under Grappler's memory optimizer in this mode (RECOMPUTATION_HEURISTICS, "
+                         "HEURISTICS, or MANUAL: every forward op carries a recompute hint), recomputing for TF2's "
+                         "gradient_tape/ ops (a baseline of benchmarks/baseline_suite.py)")
 parser.add_argument("--strategy", default="tensile",
                     help="the planner's policy: tensile, or a baseline of tensile_tf.scheduler.baselines (vdnn, capuchin)")
 args = parser.parse_args()
@@ -59,6 +63,10 @@ if args.grappler_off:
     # "name" turns an optimizer off; "disable_meta_optimizer" turns Grappler off altogether
     tf.config.optimizer.set_experimental_options({k: k == "disable_meta_optimizer"
                                                   for k in args.grappler_off.split(",")})
+if args.grappler_memory:
+    from tf_plugin.tf_internals import set_memory_optimizer
+
+    set_memory_optimizer(args.grappler_memory, "gradient_tape/")
 shape = tuple(int(s) for s in args.input_shape.split("x"))
 pool = tf_plugin.device_pool()
 swap.set_swap_bandwidth(args.bandwidth)
@@ -73,8 +81,13 @@ def build(name: str, seed: int):
         else:
             model = getattr(keras.applications, args.model)(weights=None, input_shape=shape, classes=10)
         opt = keras.optimizers.get({"class_name": args.optimizer, "config": {"learning_rate": 1e-3}})
+        hints = None
+        if args.grappler_memory == "MANUAL":
+            from tf_plugin.tf_internals import mark_for_recomputation
+
+            hints = mark_for_recomputation
         step = stream.step_function(supervised_train_step(
-            model, opt, keras.losses.SparseCategoricalCrossentropy()))
+            model, opt, keras.losses.SparseCategoricalCrossentropy()), graph_transform=hints)
         rng = np.random.default_rng(seed)
         batches = [(tf.constant(rng.standard_normal((args.batch, *shape)).astype("float32")),
                     tf.constant(rng.integers(0, 10, args.batch).astype("int32"))) for _ in range(3)]
