@@ -86,7 +86,9 @@ def main() -> None:
                     row["share_of_bound"] = row["msr"] / bound if bound else None
                     rows.append(row)
                     print(f"{name:12s} x{k} {link:9s} {strategy:9s} VMP {row['vmp_MiB']:7.1f} EMP {row['emp_MiB']:7.1f} "
-                          f"MSR {row['msr']:6.1%} (pred {row['predicted_msr']:6.1%})  EOR {row['eor']:5.2f}  "
+                          f"MSR {row['msr']:6.1%} "
+                          + (f"(pred {row['predicted_msr']:6.1%})" if row["predicted_msr"] is not None else "(no plan)     ")
+                          + f"  EOR {row['eor']:5.2f}  "
                           f"CBR {row['cbr']:5.2f}  swap {row['swapped_MiB_per_step']:6.1f} MiB/step  "
                           f"recomp {row['recomputed_ops']:3d}  late {row['late_swap_ins']:3d}  "
                           + (f"bound {bound:6.1%} of bound {row['share_of_bound']:6.1%}  " if bound else "")
