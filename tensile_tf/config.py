@@ -114,6 +114,13 @@ class DataSpec(_Strict):
     x_key: StrictStr = "x"
     y_key: StrictStr = "y"
     validation_split: StrictFloat = Field(0.0, ge=0.0, lt=1.0, description="share of the examples held out")
+    validation_path: StrictStr | None = Field(None, description="validation examples of their own, read as `path` "
+                                              "is (same kind, keys and shape) instead of a split")
+    validation_labels_path: StrictStr | None = Field(None, description="npy: the validation labels' file")
+
+    @property
+    def has_validation(self) -> bool:
+        return bool(self.validation_split or self.validation_path)
 
     @model_validator(mode="after")
     def _source_given(self) -> "DataSpec":
@@ -123,6 +130,14 @@ class DataSpec(_Strict):
             raise ValueError(f"data kind {self.kind!r} needs path: {FILE_KINDS[self.kind]}")
         if self.kind == "npy" and not self.labels_path:
             raise ValueError("data kind 'npy' needs labels_path: the .npy file of labels")
+        if self.validation_path and self.kind not in FILE_KINDS:
+            raise ValueError(f"validation_path needs a data kind read from files ({', '.join(FILE_KINDS)}), "
+                             f"not {self.kind!r}")
+        if self.validation_path and self.validation_split:
+            raise ValueError("give validation_split or validation_path, not both")
+        if self.kind == "npy" and self.validation_path and not self.validation_labels_path:
+            raise ValueError("data kind 'npy' with validation_path needs validation_labels_path: the .npy file "
+                             "of validation labels")
         if self.validation_split and self.kind in ("synthetic", "function"):
             raise ValueError("validation_split needs examples to split: data kind npz, npy, tfrecord, image_dir "
                              f"or digits, not {self.kind!r}")
@@ -149,7 +164,7 @@ class JobSpec(_Strict):
     arrive_at_s: StrictFloat = Field(0.0, ge=0, description="when the job arrives, in seconds after the run "
                                      "starts (0: at the start); it is probed, planned and admitted then")
     metrics: tuple[StrictStr, ...] = Field(("accuracy",), description="Keras metrics computed on the validation "
-                                           "examples (data.validation_split)")
+                                           "examples (data.validation_split or data.validation_path)")
     validate_every: StrictInt | None = Field(None, ge=1, description="steps between validations (and at the end); "
                                              "default: at the end only")
     checkpoint_every: StrictInt | None = Field(None, ge=1, description="also save the model in Keras' format every "
@@ -163,8 +178,9 @@ class JobSpec(_Strict):
             raise ValueError("'epochs' needs 'steps_per_epoch' (steps in one epoch)")
         if self.model.application and self.input_shape is None:
             raise ValueError("a keras.applications model needs 'input_shape', e.g. [64, 64, 3]")
-        if self.validate_every is not None and not self.data.validation_split:
-            raise ValueError("'validate_every' needs validation examples: set data.validation_split, e.g. 0.2")
+        if self.validate_every is not None and not self.data.has_validation:
+            raise ValueError("'validate_every' needs validation examples: set data.validation_split, e.g. 0.2, "
+                             "or data.validation_path")
         return self
 
     @property

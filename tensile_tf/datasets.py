@@ -148,6 +148,19 @@ def load_examples(spec: JobSpec) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
+def load_validation_examples(spec: JobSpec) -> tuple[np.ndarray, np.ndarray]:
+    """A job's own validation examples (``data.validation_path``, and
+    ``validation_labels_path`` for npy), read as its training examples are."""
+    data = spec.data.model_copy(update={"path": spec.data.validation_path,
+                                        "labels_path": spec.data.validation_labels_path or spec.data.labels_path,
+                                        "validation_path": None, "validation_labels_path": None})
+    try:
+        return load_examples(spec.model_copy(update={"data": data}))
+    except DataError as e:   # say which setting named the file
+        raise DataError(str(e).replace("data.path", "data.validation_path")
+                        .replace("data.labels_path", "data.validation_labels_path")) from None
+
+
 def split_examples(x: np.ndarray, y: np.ndarray, share: float, seed: int, job: str, batch_size: int):
     """(train x, train y, validation x, validation y): ``share`` of the
     examples, chosen with ``seed``, held out (none when share is 0)."""

@@ -249,6 +249,8 @@ def build_train_step(spec: JobSpec) -> TrainStep:
         x, y = datasets.load_examples(spec)
         xt, yt, xv, yv = datasets.split_examples(x, y, spec.data.validation_split, spec.seed, spec.name,
                                                  spec.batch_size)
+        if spec.data.validation_path:
+            xv, yv = datasets.load_validation_examples(spec)
         batches = datasets.training_batches(xt, yt, spec.batch_size, spec.seed)
         if len(xv):
             validator = datasets.Validator(model, loss_fn, xv, yv, spec.batch_size, spec.metrics, spec.validate_every)

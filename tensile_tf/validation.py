@@ -249,7 +249,7 @@ def reference_problems(spec: JobSpec, loc: tuple, *, searched: set[str] = frozen
     if spec.data.kind == "function":
         problems += _reference_problems(spec.data.function, spec.data.args, {"batch_size", "seed"},
                                         loc + ("data",), "function")
-    for key in ("path", "labels_path"):
+    for key in ("path", "labels_path", "validation_path", "validation_labels_path"):
         value = getattr(spec.data, key)
         if spec.data.kind in FILE_KINDS and value and not _data_path_exists(spec.data.kind, value):
             what = "a NumPy file" if spec.data.kind in ("npz", "npy") else FILE_KINDS[spec.data.kind]

@@ -243,12 +243,13 @@ class SearchSpec(_Strict):
     @model_validator(mode="after")
     def _objective(self) -> "SearchSpec":
         """Resolves the objective's defaults (ObjectiveSpec) against the base job."""
-        held_out = self.base_job.data.validation_split > 0
+        held_out = self.base_job.data.has_validation
         metric = self.objective.metric or (Metric.val_loss if held_out else Metric.final_loss)
         direction = self.objective.direction or ("maximize" if metric in HIGHER_IS_BETTER else "minimize")
         if metric.value.startswith("val_") and not held_out:
             raise ValueError(f"objective {metric.value} needs validation examples: set base_job.data.validation_split "
-                             "(e.g. 0.2, with data kind npz, npy or digits)")
+                             "(e.g. 0.2, with data kind npz, npy, tfrecord, image_dir or digits) or "
+                             "base_job.data.validation_path")
         if metric == Metric.val_accuracy and "accuracy" not in self.base_job.metrics:
             raise ValueError("objective val_accuracy needs 'accuracy' in base_job.metrics")
         if (metric in HIGHER_IS_BETTER) != (direction == "maximize"):

@@ -28,6 +28,7 @@ def _shortened(name: str, tmp_path: Path, steps: dict[str, int], **job_updates) 
     ("planner.yaml", {"encoder-a": 8, "encoder-b": 8}, {}),
     ("hybrid.yaml", {"encoder-a": 4, "encoder-b": 4}, {}),
     ("nodegroup.yaml", {"cnn-a": 4, "cnn-b": 4}, {}),
+    ("large_models.yaml", {"resnet50": 2, "inception-v3": 2, "densenet121": 2}, {}),
 ])
 def test_example_config_runs_shortened(tmp_path, name, steps, updates):
     cfg = _shortened(name, tmp_path, steps, **updates)

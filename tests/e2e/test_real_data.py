@@ -92,6 +92,20 @@ def test_a_jobs_own_numpy_files_train_it(tmp_path, kind):
     assert job["validation"][-1]["metrics"]["accuracy"] > 0.5, job["validation"]
 
 
+def test_validation_data_of_its_own_is_used_instead_of_a_split(tmp_path):
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x, y = d.data.astype(np.float32) / 16.0, d.target.astype(np.int64)
+    np.savez(tmp_path / "train.npz", x=x[:1400], y=y[:1400])
+    np.savez(tmp_path / "val.npz", x=x[1400:], y=y[1400:])
+    out, job = _run(tmp_path, f"{{kind: npz, path: {tmp_path / 'train.npz'}, validation_path: {tmp_path / 'val.npz'}}}")
+    assert job["status"] == "finished" and [v["step"] for v in job["validation"]] == [20, 40, 60]
+    assert job["validation"][-1]["metrics"]["accuracy"] > 0.5, job["validation"]
+    # all 397 validation examples were judged: accuracy is a multiple of 1/397
+    assert abs(job["validation"][-1]["metrics"]["accuracy"] * 397 - round(job["validation"][-1]["metrics"]["accuracy"] * 397)) < 1e-3
+
+
 def test_tfrecord_files_train_a_job(tmp_path):
     import tensorflow as tf
     from sklearn.datasets import load_digits
