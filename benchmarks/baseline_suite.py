@@ -32,7 +32,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from plan_execution_bench import GPU_FLOPS, GPU_LINK_BYTES_PER_S, MODELS, compare, cpu_flops, run  # noqa: E402
+from plan_execution_bench import MODELS, capped_link, compare, run  # noqa: E402
 
 
 #: TensorFlow's own memory optimizer (Grappler), by strategy name: its recomputation heuristics
@@ -53,8 +53,7 @@ def main() -> None:
                     help="the capped link in MiB/s (default: from this CPU's matmul rate, as plan_execution_bench)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
-    cap = a.cap_mib_s * 2**20 if a.cap_mib_s else GPU_LINK_BYTES_PER_S * cpu_flops() / GPU_FLOPS
-    print(f"capped link {cap / 2**20:.1f} MiB/s", flush=True)
+    cap = capped_link(a.cap_mib_s)
     rows = []
     for name in a.models.split(","):
         model, shape = MODELS[name]

@@ -61,6 +61,18 @@ def cpu_flops() -> float:
     return 2 * 1024**3 / best
 
 
+def capped_link(cap_mib_s: float | None) -> float:
+    """The capped link in bytes/s: as given, or derived from this CPU's matmul rate (printed)."""
+    if cap_mib_s:
+        print(f"capped link {cap_mib_s:.1f} MiB/s (given)", flush=True)
+        return cap_mib_s * 2**20
+    flops = cpu_flops()
+    cap = GPU_LINK_BYTES_PER_S * flops / GPU_FLOPS
+    print(f"CPU matmul {flops / 1e9:.1f} GFLOP/s -> capped link {cap / 2**20:.1f} MiB/s "
+          f"(PCIe 3.0 x16 12 GB/s : V100 15.7 TFLOP/s)", flush=True)
+    return cap
+
+
 def run(model: str, shape: str, jobs: int, steps: int, *, planned: bool, budget_frac: float,
         bandwidth: float, strategy: str = "tensile", batch: int = 16, grappler_memory: str = "") -> dict:
     cmd = [sys.executable, REFERENCE, "--model", model, "--input-shape", shape, "--batch", str(batch),
@@ -113,14 +125,7 @@ def main() -> None:
                     help="the capped link in MiB/s (default: derived from this CPU's measured matmul rate; "
                          "pin it when other work shares the CPU, which lowers the measured rate)")
     a = ap.parse_args()
-    if a.cap_mib_s:
-        cap = a.cap_mib_s * 2**20
-        print(f"capped link {a.cap_mib_s:.1f} MiB/s (given)", flush=True)
-    else:
-        flops = cpu_flops()
-        cap = GPU_LINK_BYTES_PER_S * flops / GPU_FLOPS
-        print(f"CPU matmul {flops / 1e9:.1f} GFLOP/s -> capped link {cap / 2**20:.1f} MiB/s "
-              f"(PCIe 3.0 x16 12 GB/s : V100 15.7 TFLOP/s)", flush=True)
+    cap = capped_link(a.cap_mib_s)
     rows = []
     for name in a.models.split(","):
         model, shape = MODELS[name]
