@@ -8,6 +8,7 @@ train at once), and reports the end, whatever it was, on the host's queue.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import queue
@@ -142,25 +143,29 @@ class JobThread:
     def join(self) -> None:
         self.thread.join()
 
-    def _validate(self, state: JobState, *, between_steps: bool) -> None:
-        """Validation between two steps sees the real variables: those the
-        plan keeps on the host come back first and leave again after."""
+    @staticmethod
+    @contextlib.contextmanager
+    def _variables_on_device(state: JobState, between_steps: bool = True):
+        """Between two steps, the variables the plan keeps on the host come
+        back for the duration (validation, saving) and leave again after."""
         planned = state.planned_step if between_steps else None
         if planned is not None:
             planned.restore()
-        state.validation.append(state.train.validator.run(state.steps_done, self.clock.now()))
-        if planned is not None:
-            planned.evict()
+        try:
+            yield
+        finally:
+            if planned is not None:
+                planned.evict()
+
+    def _validate(self, state: JobState, *, between_steps: bool) -> None:
+        """Validation sees the real variables (``_variables_on_device``)."""
+        with self._variables_on_device(state, between_steps):
+            state.validation.append(state.train.validator.run(state.steps_done, self.clock.now()))
 
     def _checkpoint(self, state: JobState) -> None:
-        """The model so far, in Keras' format, between two steps; variables
-        the plan keeps on the host come back first and leave again after."""
-        planned = state.planned_step
-        if planned is not None:
-            planned.restore()
-        save_model(state, self.model_dir, checkpoint=True)
-        if planned is not None:
-            planned.evict()
+        """The model so far, in Keras' format (``checkpoint_every``)."""
+        with self._variables_on_device(state):
+            save_model(state, self.model_dir, checkpoint=True)
 
     def _train(self) -> None:
         state = self.state

@@ -159,3 +159,47 @@ def test_bad_data_is_refused_with_where_and_what_to_do(tmp_path):
     cfg = write(tmp_path, DIGITS.format(data="{kind: digits}"))   # validate_every, nothing held out
     proc = tensile("run", str(cfg), "--out", str(tmp_path / "out3"))
     assert proc.returncode == 2 and "validation_split" in proc.stderr, proc.stderr
+
+
+PLANNED_DIGITS = """
+pool: 64MiB
+run: {{out_dir: unused, planner: tensile, plan_budget: {budget}, swap_bandwidth: 16GiB}}
+jobs:
+  - name: digits
+    model: {{builder: "tensile_tf.zoo:mlp", args: {{hidden: [512, 512]}}}}
+    input_shape: [64]
+    data: {{kind: digits, validation_split: 0.2}}
+    batch_size: 64
+    optimizer: {{name: adam, learning_rate: 0.003}}
+    steps: 30
+    validate_every: 10
+    checkpoint_every: 10
+    metrics: [accuracy]
+    seed: 1
+"""
+
+
+def test_validation_and_checkpoints_of_a_planned_job_see_its_real_variables(tmp_path):
+    # A plan that keeps parameters or slots on the host between steps: validation and the
+    # checkpoints bring them back first (JobThread._variables_on_device), so what they see is
+    # what the same job computes without swaps, to the bit (the plan never changes training)
+    runs = {}
+    for name, budget in (("planned", "3MiB"), ("roomy", "60MiB")):
+        (tmp_path / name).mkdir()
+        cfg = write(tmp_path / name, PLANNED_DIGITS.format(budget=budget))
+        out = tmp_path / name / "out"
+        proc = tensile("run", str(cfg), "--out", str(out))
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        runs[name] = json.loads((out / "results.json").read_text())
+        (job,) = runs[name]["jobs"]
+        assert job["status"] == "finished" and job["checkpoints"] == [
+            "models/digits.step10.keras", "models/digits.step20.keras"], job
+    start = runs["planned"]["planner"]["plans"][0]
+    assert sum(start["swap_outs"].values()) > 0, start   # the plan moved tensors
+    # ... and keeps variables (Adam's slots) on the host between steps: the path under test
+    assert runs["planned"]["jobs"][0]["plan"]["rewrite"]["restore_needed"], runs["planned"]["jobs"][0]["plan"]
+    assert not sum(runs["roomy"]["planner"]["plans"][0]["swap_outs"].values())
+    planned, roomy = runs["planned"]["jobs"][0], runs["roomy"]["jobs"][0]
+    assert planned["losses"] == roomy["losses"]
+    assert planned["validation"] and [(v["step"], v["loss"], v["metrics"]) for v in planned["validation"]] == \
+        [(v["step"], v["loss"], v["metrics"]) for v in roomy["validation"]]
