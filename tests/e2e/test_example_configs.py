@@ -28,7 +28,9 @@ def _shortened(name: str, tmp_path: Path, steps: dict[str, int], **job_updates) 
     ("planner.yaml", {"encoder-a": 8, "encoder-b": 8}, {}),
     ("hybrid.yaml", {"encoder-a": 4, "encoder-b": 4}, {}),
     ("nodegroup.yaml", {"cnn-a": 4, "cnn-b": 4}, {}),
-    ("large_models.yaml", {"resnet50": 2, "inception-v3": 2, "densenet121": 2}, {}),
+    # three keras.applications models at 96x96: 90 s on 2 cores even shortened (made for bigger machines)
+    pytest.param("large_models.yaml", {"resnet50": 2, "inception-v3": 2, "densenet121": 2}, {},
+                 marks=pytest.mark.slow),
 ])
 def test_example_config_runs_shortened(tmp_path, name, steps, updates):
     cfg = _shortened(name, tmp_path, steps, **updates)
