@@ -5,7 +5,9 @@ instead, in the same harness, one process per configuration
 TensorFlow's own memory optimizer (Grappler, run on the unplanned step):
 ``grappler-heuristics`` (RECOMPUTATION_HEURISTICS) and ``grappler-manual``
 (MANUAL, a recompute hint on every forward op), both recomputing for TF2's
-``gradient_tape/`` ops. Policies on the same access sequences, swap ops and
+``gradient_tape/`` ops; ``recompute-grad``: gradient checkpointing,
+``tf.recompute_grad`` over sqrt(n) consecutive segments of a chain model's
+layers (the MLP, VGG16; others are refused). Policies on the same access sequences, swap ops and
 link, so only the policy differs (tensile_tf/scheduler/baselines.py): ``tensile`` (Algorithm 3),
 ``vdnn`` (vDNN_all: every layer input out after its forward use, prefetched
 one layer ahead), ``capuchin`` (seed 003: FreeTime-ranked swaps with
@@ -45,7 +47,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="transformer,resnet50")
     ap.add_argument("--jobs", default="1")
-    ap.add_argument("--strategies", default="tensile,vdnn,capuchin,grappler-heuristics,grappler-manual")
+    ap.add_argument("--strategies", default="tensile,vdnn,capuchin,grappler-heuristics,grappler-manual,recompute-grad")
     ap.add_argument("--budget-frac", type=float, default=0.5)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--links", default="unlimited,capped")
@@ -68,11 +70,12 @@ def main() -> None:
                 bw = 0.0 if link == "unlimited" else cap
                 bound = None if bw == 0 else min(1.0, bw * vanilla_step / 2 / vmp)
                 for strategy in a.strategies.split(","):
-                    if strategy in GRAPPLER:
+                    if strategy in GRAPPLER or strategy == "recompute-grad":
                         if bw:
                             continue   # recomputation only: the link plays no part
                         planned = run(model, shape, k, a.steps, planned=False, budget_frac=0, bandwidth=0,
-                                      grappler_memory=GRAPPLER[strategy])
+                                      grappler_memory=GRAPPLER.get(strategy, ""),
+                                      recompute_segments=0 if strategy == "recompute-grad" else -1)
                     else:
                         planned = run(model, shape, k, a.steps, planned=True, budget_frac=a.budget_frac,
                                       bandwidth=bw, strategy=strategy)

@@ -74,9 +74,10 @@ def capped_link(cap_mib_s: float | None) -> float:
 
 
 def run(model: str, shape: str, jobs: int, steps: int, *, planned: bool, budget_frac: float,
-        bandwidth: float, strategy: str = "tensile", batch: int = 16, grappler_memory: str = "") -> dict:
+        bandwidth: float, strategy: str = "tensile", batch: int = 16, grappler_memory: str = "",
+        recompute_segments: int = -1) -> dict:
     cmd = [sys.executable, REFERENCE, "--model", model, "--input-shape", shape, "--batch", str(batch),
-           "--steps", str(steps), "--jobs", str(jobs)]
+           "--steps", str(steps), "--jobs", str(jobs), "--recompute-segments", str(recompute_segments)]
     if grappler_memory:
         cmd += ["--grappler-memory", grappler_memory]
     if planned:

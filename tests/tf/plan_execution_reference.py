@@ -36,6 +36,10 @@ parser.add_argument("--grappler-memory", default="",
                     help="run the unplanned step under Grappler's memory optimizer in this mode (RECOMPUTATION_HEURISTICS, "
                          "HEURISTICS, or MANUAL: every forward op carries a recompute hint), recomputing for TF2's "
                          "gradient_tape/ ops (a baseline of benchmarks/baseline_suite.py)")
+parser.add_argument("--recompute-segments", type=int, default=-1,
+                    help="gradient checkpointing: the unplanned step with tf.recompute_grad over this many consecutive "
+                         "segments of a chain model's layers (0: sqrt(layers); -1: off; a baseline of "
+                         "benchmarks/baseline_suite.py)")
 parser.add_argument("--strategy", default="tensile",
                     help="the planner's policy: tensile, or a baseline of tensile_tf.scheduler.baselines (vdnn, capuchin)")
 args = parser.parse_args()
@@ -72,6 +76,39 @@ pool = tf_plugin.device_pool()
 swap.set_swap_bandwidth(args.bandwidth)
 
 
+def checkpointed_forward(model, segments: int):
+    """The model's forward pass as ``segments`` consecutive segments of its
+    layers (0: sqrt(layers)), each under tf.recompute_grad: only segment
+    boundaries are kept for the backward pass, the rest is recomputed
+    (gradient checkpointing). Only for a chain of layers (each reads the
+    previous one's output): exits with a message otherwise."""
+    import math
+
+    layers = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
+    for prev, layer in zip(layers, layers[1:]):
+        if layer.input is not prev.output:
+            raise SystemExit(f"--recompute-segments: {args.model} is not a chain of layers "
+                             f"({layer.name} does not read {prev.name}'s output)")
+    k = segments or max(1, round(math.sqrt(len(layers))))
+    size = math.ceil(len(layers) / k)
+
+    def segment(chunk):
+        def run(h):
+            for layer in chunk:
+                h = layer(h, training=True)
+            return h
+        return tf.recompute_grad(run)
+
+    parts = [segment(layers[i:i + size]) for i in range(0, len(layers), size)]
+
+    def forward(x):
+        for part in parts:
+            x = part(x)
+        return x
+
+    return forward
+
+
 def build(name: str, seed: int):
     stream = JobStream(name)
     with stream.eager_scope():
@@ -86,8 +123,19 @@ def build(name: str, seed: int):
             from tf_plugin.tf_internals import mark_for_recomputation
 
             hints = mark_for_recomputation
-        step = stream.step_function(supervised_train_step(
-            model, opt, keras.losses.SparseCategoricalCrossentropy()), graph_transform=hints)
+        lossf = keras.losses.SparseCategoricalCrossentropy()
+        if args.recompute_segments < 0:
+            train_step = supervised_train_step(model, opt, lossf)
+        else:
+            forward = checkpointed_forward(model, args.recompute_segments)
+
+            def train_step(x, y):   # supervised_train_step's arithmetic, through the checkpointed forward pass
+                with tf.GradientTape() as tape:
+                    loss = lossf(y, forward(x))
+                grads = tape.gradient(loss, model.trainable_variables)
+                opt.apply_gradients(zip(grads, model.trainable_variables))
+                return loss
+        step = stream.step_function(train_step, graph_transform=hints)
         rng = np.random.default_rng(seed)
         batches = [(tf.constant(rng.standard_normal((args.batch, *shape)).astype("float32")),
                     tf.constant(rng.integers(0, 10, args.batch).astype("int32"))) for _ in range(3)]
@@ -181,6 +229,7 @@ for j in jobs:
     rec["losses"] = [np.asarray(x.numpy()).tobytes().hex() for x in j["losses"]]
     rec["loss_values"] = [float(np.mean(x.numpy())) for x in j["losses"]]
     rec["weights_sha256"] = digest
+out["step_graph_ops"] = len(jobs[0]["step"].get_concrete_function(*jobs[0]["batches"][0]).graph.get_operations())
 out["peaks"] = peaks
 out["job_peaks"] = job_peaks
 out["step_s"] = times

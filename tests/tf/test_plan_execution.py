@@ -150,3 +150,14 @@ def test_a_baseline_policy_rewrites_the_step_and_trains_bit_for_bit(mlp_vanilla,
     assert p["report"]["activation_swap_outs"] > 0 and p["report"]["swapped_bytes_per_step"] > 0, p["report"]
     assert planned["swap"]["channel"]["pending"] == 0
     assert p["losses"] == v["losses"] and p["weights_sha256"] == v["weights_sha256"]
+
+
+def test_gradient_checkpointing_baseline_recomputes_and_trains_the_same_model(mlp_vanilla):
+    # Issue 19's tf.recompute_grad baseline (sqrt(n) segments of a chain model's layers): the
+    # traced step gains the recomputation's ops; it changes the arithmetic's order a little, so
+    # the losses match to float32 rounding rather than to the bit
+    checkpointed = _run([*MODELS["mlp"], "--steps", "3", "--recompute-segments", "0"])
+    assert checkpointed["step_graph_ops"] > mlp_vanilla["step_graph_ops"], (
+        checkpointed["step_graph_ops"], mlp_vanilla["step_graph_ops"])
+    v, c = mlp_vanilla["jobs"]["job0"]["loss_values"], checkpointed["jobs"]["job0"]["loss_values"]
+    assert len(c) == 3 and all(abs(a - b) <= 1e-5 * max(1.0, abs(a)) for a, b in zip(v, c)), (v, c)
