@@ -34,7 +34,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from plan_execution_bench import MODELS, capped_link, compare, run  # noqa: E402
+from plan_execution_bench import capped_link, compare, run, vanilla_runs  # noqa: E402
 
 
 #: TensorFlow's own memory optimizer (Grappler), by strategy name: its recomputation heuristics
@@ -57,46 +57,40 @@ def main() -> None:
     a = ap.parse_args()
     cap = capped_link(a.cap_mib_s)
     rows = []
-    for name in a.models.split(","):
-        model, shape = MODELS[name]
-        for k in (int(x) for x in a.jobs.split(",")):
-            vanilla = run(model, shape, k, a.steps, planned=False, budget_frac=0, bandwidth=0)
-            if "error" in vanilla:
-                print(f"{name} x{k}: vanilla run failed: {vanilla['error']}", flush=True)
-                continue
-            vmp = max(vanilla["peaks"][1:])
-            vanilla_step = statistics.median(vanilla["step_s"][1:])
-            for link in a.links.split(","):
-                bw = 0.0 if link == "unlimited" else cap
-                bound = None if bw == 0 else min(1.0, bw * vanilla_step / 2 / vmp)
-                for strategy in a.strategies.split(","):
-                    if strategy in GRAPPLER or strategy == "recompute-grad":
-                        if bw:
-                            continue   # recomputation only: the link plays no part
-                        planned = run(model, shape, k, a.steps, planned=False, budget_frac=0, bandwidth=0,
-                                      grappler_memory=GRAPPLER.get(strategy, ""),
-                                      recompute_segments=0 if strategy == "recompute-grad" else -1)
-                    else:
-                        planned = run(model, shape, k, a.steps, planned=True, budget_frac=a.budget_frac,
-                                      bandwidth=bw, strategy=strategy)
-                    if "error" in planned:
-                        print(f"{name} x{k} {link} {strategy}: failed: {planned['error']}", flush=True)
-                        continue
-                    row = {"model": name, "jobs": k, "link": link, "strategy": strategy,
-                           "link_MiB_s": None if bw == 0 else bw / 2**20, "link_bound_msr": bound,
-                           **compare(vanilla, planned)}
-                    row["share_of_bound"] = row["msr"] / bound if bound else None
-                    rows.append(row)
-                    print(f"{name:12s} x{k} {link:9s} {strategy:9s} VMP {row['vmp_MiB']:7.1f} EMP {row['emp_MiB']:7.1f} "
-                          f"MSR {row['msr']:6.1%} "
-                          + (f"(pred {row['predicted_msr']:6.1%})" if row["predicted_msr"] is not None else "(no plan)     ")
-                          + f"  EOR {row['eor']:5.2f}  "
-                          f"CBR {row['cbr']:5.2f}  swap {row['swapped_MiB_per_step']:6.1f} MiB/step  "
-                          f"recomp {row['recomputed_ops']:3d}  late {row['late_swap_ins']:3d}  "
-                          + (f"bound {bound:6.1%} of bound {row['share_of_bound']:6.1%}  " if bound else "")
-                          + f"bit-for-bit {'yes' if row['bit_for_bit'] else 'NO'}"
-                          + ("" if row["bit_for_bit"] else f" (largest loss difference {row['max_loss_difference']:.3g})"),
-                          flush=True)
+    for name, model, shape, k, vanilla in vanilla_runs(a.models, a.jobs, a.steps):
+        vmp = max(vanilla["peaks"][1:])
+        vanilla_step = statistics.median(vanilla["step_s"][1:])
+        for link in a.links.split(","):
+            bw = 0.0 if link == "unlimited" else cap
+            bound = None if bw == 0 else min(1.0, bw * vanilla_step / 2 / vmp)
+            for strategy in a.strategies.split(","):
+                if strategy in GRAPPLER or strategy == "recompute-grad":
+                    if bw:
+                        continue   # recomputation only: the link plays no part
+                    planned = run(model, shape, k, a.steps, planned=False, budget_frac=0, bandwidth=0,
+                                  grappler_memory=GRAPPLER.get(strategy, ""),
+                                  recompute_segments=0 if strategy == "recompute-grad" else -1)
+                else:
+                    planned = run(model, shape, k, a.steps, planned=True, budget_frac=a.budget_frac,
+                                  bandwidth=bw, strategy=strategy)
+                if "error" in planned:
+                    print(f"{name} x{k} {link} {strategy}: failed: {planned['error']}", flush=True)
+                    continue
+                row = {"model": name, "jobs": k, "link": link, "strategy": strategy,
+                       "link_MiB_s": None if bw == 0 else bw / 2**20, "link_bound_msr": bound,
+                       **compare(vanilla, planned)}
+                row["share_of_bound"] = row["msr"] / bound if bound else None
+                rows.append(row)
+                print(f"{name:12s} x{k} {link:9s} {strategy:9s} VMP {row['vmp_MiB']:7.1f} EMP {row['emp_MiB']:7.1f} "
+                      f"MSR {row['msr']:6.1%} "
+                      + (f"(pred {row['predicted_msr']:6.1%})" if row["predicted_msr"] is not None else "(no plan)     ")
+                      + f"  EOR {row['eor']:5.2f}  "
+                      f"CBR {row['cbr']:5.2f}  swap {row['swapped_MiB_per_step']:6.1f} MiB/step  "
+                      f"recomp {row['recomputed_ops']:3d}  late {row['late_swap_ins']:3d}  "
+                      + (f"bound {bound:6.1%} of bound {row['share_of_bound']:6.1%}  " if bound else "")
+                      + f"bit-for-bit {'yes' if row['bit_for_bit'] else 'NO'}"
+                      + ("" if row["bit_for_bit"] else f" (largest loss difference {row['max_loss_difference']:.3g})"),
+                      flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

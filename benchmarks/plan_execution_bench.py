@@ -91,6 +91,20 @@ def run(model: str, shape: str, jobs: int, steps: int, *, planned: bool, budget_
     return json.loads(lines[-1])
 
 
+def vanilla_runs(models: str, jobs: str, steps: int):
+    """(name, model, input shape, jobs, its vanilla run) per configuration of
+    the comma-separated ``models`` and ``jobs``; a failed vanilla run is
+    printed and skipped."""
+    for name in models.split(","):
+        model, shape = MODELS[name]
+        for k in (int(x) for x in jobs.split(",")):
+            vanilla = run(model, shape, k, steps, planned=False, budget_frac=0, bandwidth=0)
+            if "error" in vanilla:
+                print(f"{name} x{k}: vanilla run failed: {vanilla['error']}", flush=True)
+                continue
+            yield name, model, shape, k, vanilla
+
+
 def compare(vanilla: dict, planned: dict) -> dict:
     vmp, emp = max(vanilla["peaks"][1:]), max(planned["peaks"][1:])
     vtc, etc = statistics.median(vanilla["step_s"][1:]), statistics.median(planned["step_s"][1:])
@@ -128,27 +142,21 @@ def main() -> None:
     a = ap.parse_args()
     cap = capped_link(a.cap_mib_s)
     rows = []
-    for name in a.models.split(","):
-        model, shape = MODELS[name]
-        for k in (int(x) for x in a.jobs.split(",")):
-            vanilla = run(model, shape, k, a.steps, planned=False, budget_frac=0, bandwidth=0)
-            if "error" in vanilla:
-                print(f"{name} x{k}: vanilla run failed: {vanilla['error']}", flush=True)
+    for name, model, shape, k, vanilla in vanilla_runs(a.models, a.jobs, a.steps):
+        for link, bw in (("unlimited", 0.0), ("capped", cap)):
+            planned = run(model, shape, k, a.steps, planned=True, budget_frac=a.budget_frac, bandwidth=bw)
+            if "error" in planned:
+                print(f"{name} x{k} {link}: planned run failed: {planned['error']}", flush=True)
                 continue
-            for link, bw in (("unlimited", 0.0), ("capped", cap)):
-                planned = run(model, shape, k, a.steps, planned=True, budget_frac=a.budget_frac, bandwidth=bw)
-                if "error" in planned:
-                    print(f"{name} x{k} {link}: planned run failed: {planned['error']}", flush=True)
-                    continue
-                row = {"model": name, "input": shape, "jobs": k, "link": link,
-                       "link_MiB_s": None if bw == 0 else bw / 2**20, **compare(vanilla, planned)}
-                rows.append(row)
-                print(f"{name:12s} x{k} {link:9s} VMP {row['vmp_MiB']:7.1f} EMP {row['emp_MiB']:7.1f} MiB  "
-                      f"MSR {row['msr']:6.1%} (pred {row['predicted_msr']:6.1%})  EOR {row['eor']:5.2f}  "
-                      f"CBR {row['cbr']:5.2f}  swap {row['swapped_MiB_per_step']:7.1f} MiB/step  "
-                      f"recomp {row['recomputed_ops']:3d}  late {row['late_swap_ins']:3d}  "
-                      f"step {row['vanilla_step_ms']:.0f}->{row['planned_step_ms']:.0f} ms  "
-                      f"bit-for-bit {'yes' if row['bit_for_bit'] else 'NO'}", flush=True)
+            row = {"model": name, "input": shape, "jobs": k, "link": link,
+                   "link_MiB_s": None if bw == 0 else bw / 2**20, **compare(vanilla, planned)}
+            rows.append(row)
+            print(f"{name:12s} x{k} {link:9s} VMP {row['vmp_MiB']:7.1f} EMP {row['emp_MiB']:7.1f} MiB  "
+                  f"MSR {row['msr']:6.1%} (pred {row['predicted_msr']:6.1%})  EOR {row['eor']:5.2f}  "
+                  f"CBR {row['cbr']:5.2f}  swap {row['swapped_MiB_per_step']:7.1f} MiB/step  "
+                  f"recomp {row['recomputed_ops']:3d}  late {row['late_swap_ins']:3d}  "
+                  f"step {row['vanilla_step_ms']:.0f}->{row['planned_step_ms']:.0f} ms  "
+                  f"bit-for-bit {'yes' if row['bit_for_bit'] else 'NO'}", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
