@@ -31,7 +31,6 @@ the policy.
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import Sequence
 
 from tensile_tf.scheduler.peak_analysis import gpu_memory_peak_analysis
 from tensile_tf.scheduler.planner import UNPLANNED_FITS, Planner
@@ -45,8 +44,8 @@ LAYER_OP_TYPES = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative", "MatMul
                             "BatchMatMulV3", "Einsum"})
 
 
-def swap_in_gap(jobs: Sequence[JobState], channel: SwapChannel, js: JobState, i: int, p: int, q: int,
-                in_trigger_s: float, m: int | None = None) -> SwapDecision | None:
+def swap_in_gap(channel: SwapChannel, js: JobState, i: int, p: int, q: int,
+                in_trigger_s: float) -> SwapDecision | None:
     """Tensor i swapped out as soon as the link allows after its access p
     (the evicted-access) and swapped in as soon as the link allows after
     ``in_trigger_s`` (unrolled seconds). A swap-in that cannot end before
@@ -77,10 +76,10 @@ def swap_in_gap(jobs: Sequence[JobState], channel: SwapChannel, js: JobState, i:
         return None
     in_tag = channel.reserve(js.j, in_slot, d)
     w = tas.last_write_le(i, p)
-    dec = SwapDecision(js.j, i, p, q, m if m is not None else release_step + 1, out_start, d, in_start, d,
-                       release_step, in_step, out_tag=out_tag, in_tag=in_tag, version=w,
-                       names=(tas.unrolled_name(p), tas.unrolled_name(q),
-                              tas.unrolled_name(m if m is not None else release_step + 1)))
+    m = release_step + 1   # the first step it is off the device for
+    dec = SwapDecision(js.j, i, p, q, m, out_start, d, in_start, d, release_step, in_step,
+                       out_tag=out_tag, in_tag=in_tag, version=w,
+                       names=(tas.unrolled_name(p), tas.unrolled_name(q), tas.unrolled_name(m)))
     dec.absent = js.fp.add_absence(i, release_step + 1, in_step)
     js.swapped_out.add(i)
     js.decisions.append(dec)
@@ -179,7 +178,7 @@ class VDNNPlanner(_PolicyPlanner):
         triggers = self._trigger_cache.get(js.j)
         if triggers is None:
             triggers = self._trigger_cache[js.j] = self._triggers(js)
-        return swap_in_gap(self.jobs, self.channel, js, i, p, q, triggers.get(i, js.tas.end_u(p)))
+        return swap_in_gap(self.channel, js, i, p, q, triggers.get(i, js.tas.end_u(p)))
 
     def _init_state(self) -> None:
         self._trigger_cache: dict[int, dict[int, float]] = {}
@@ -209,7 +208,7 @@ class CapuchinPlanner(_PolicyPlanner):
     def _issue(self, js: JobState, i: int, p: int, q: int) -> SwapDecision | None:
         tas = js.tas
         d = self.channel.duration(int(tas.size[i]))
-        return swap_in_gap(self.jobs, self.channel, js, i, p, q, self._in_trigger(js, q, tas.start_u(q) - d))
+        return swap_in_gap(self.channel, js, i, p, q, self._in_trigger(js, q, tas.start_u(q) - d))
 
     def _policy(self, budget: int | None) -> None:
         pa = gpu_memory_peak_analysis([js.fp for js in self.jobs], self.timeline)   # passive mode, once
