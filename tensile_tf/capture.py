@@ -32,7 +32,7 @@ import tensorflow as tf
 import tensile_tf.memory  # noqa: F401  (loads the plugin before any op)
 from tensile_tf.memory import traced_op_matches  # noqa: E402
 from tf_plugin.tf_internals import called_function_graph, new_xspace
-from tensile_tf.scheduler.job_graph import JobGraph, OpNode, TensorInfo
+from tensile_tf.scheduler.job_graph import VARIABLE_PREFIX, JobGraph, OpNode, TensorInfo
 from tensile_tf.scheduler.latency import LatencyTable
 
 CALL_OPS = frozenset({"StatefulPartitionedCall", "PartitionedCall"})
@@ -60,7 +60,7 @@ def _static_bytes(t: tf.Tensor) -> int | None:
 
 
 def _var_key(v) -> str:
-    return "var:" + v.name.split(":")[0]
+    return VARIABLE_PREFIX + v.name.split(":")[0]
 
 
 class _Capture:

@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from tensile_tf.scheduler.job_graph import JobGraph
+from tensile_tf.scheduler.job_graph import VARIABLE_PREFIX, JobGraph
 from tensile_tf.scheduler.latency import LatencyModel
 
 
@@ -177,8 +177,12 @@ class TensorAccessSequence:
         self._latencies = latencies
         n_acc = np.fromiter((len(a) for a in acc), dtype=np.int64, count=nt)
         kinds = np.array(self.kind, dtype=object)
+        #: Note [Constants stay] in job_graph: a graph constant lives in its op's kernel
+        constant = np.fromiter((k == "state" and not t.startswith(VARIABLE_PREFIX) for k, t in zip(self.kind, names)),
+                               dtype=bool, count=nt)
         #: Algorithm 2's filter: not a model input, not empty, and another access to serve (TAT length > 1)
-        self.swappable = (kinds != "input") & (self.size > 0) & (self.persistent | (n_acc > 1)) & (n_acc > 0)
+        self.swappable = ((kinds != "input") & ~constant & (self.size > 0) & (self.persistent | (n_acc > 1))
+                          & (n_acc > 0))
 
     def last_use_map(self) -> dict[str, list[str]]:
         """Activity analysis (Algorithm 3 line 2): step name -> activations released after it.

@@ -91,6 +91,10 @@ class _PolicyPlanner(Planner):
 
     policy = ""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.bottleneck_restarts = 0   # Note [Bottleneck first] is TENSILE's, not the baseline's policy
+
     def _loop(self) -> None:
         self.iterations = 1
         budget = self.pool_bytes

@@ -40,6 +40,12 @@ parser.add_argument("--recompute-segments", type=int, default=-1,
                     help="gradient checkpointing: the unplanned step with tf.recompute_grad over this many consecutive "
                          "segments of a chain model's layers (0: sqrt(layers); -1: off; a baseline of "
                          "benchmarks/baseline_suite.py)")
+parser.add_argument("--save-capture", default="",
+                    help="write each captured job's graph and measured latencies here as JSON (DIR/JOB.graph.json, "
+                         "DIR/JOB.latency.json), to plan them again without TensorFlow")
+parser.add_argument("--budget-bytes", type=int, default=0,
+                    help="plan for this many pool bytes (instead of --budget-frac); the batch-multiplier runs of "
+                         "benchmarks/baseline_suite.py fix the pool this way")
 parser.add_argument("--strategy", default="tensile",
                     help="the planner's policy: tensile, or a baseline of tensile_tf.scheduler.baselines (vdnn, capuchin)")
 args = parser.parse_args()
@@ -158,6 +164,17 @@ if args.planned:
         # of the lower of the free-running and the in-order peak, so that
         # meeting it takes events (Note [Free-running steps])
         budget = int(min(vanilla.pool_vanilla_peak_bytes, vanilla.pool_planned_peak_bytes) * args.budget_frac)
+    if args.budget_bytes:
+        budget = args.budget_bytes
+    if args.save_capture:
+        import os
+
+        os.makedirs(args.save_capture, exist_ok=True)
+        for c in captured:
+            with open(os.path.join(args.save_capture, f"{c.job.name}.graph.json"), "w") as f:
+                json.dump(c.graph.to_dict(), f)
+            with open(os.path.join(args.save_capture, f"{c.job.name}.latency.json"), "w") as f:
+                f.write(c.planner_job.latencies.to_json())
     if args.empty_plan:
         budget = 1 << 50  # met by the vanilla order: no events
     plan, steps = plan_captured(captured, pool_bytes=budget, enable_recompute=not args.no_recompute,

@@ -1,0 +1,141 @@
+"""The swap link's ceiling: the lowest pool peak any swap-only plan could reach.
+
+Issue 19 asks every capped-link MSR to be read as a share of the physical
+limit. Two limits, both upper bounds on what swapping alone can take off the
+peak (recomputation can pass them):
+
+* **Link bound, bandwidth x period** (``bandwidth_bound_bytes``): every byte
+  kept off the device at the peak went out and came back within one
+  iteration over the one link, so at most ``bandwidth * T / 2`` bytes are
+  absent at any moment. It ignores *when* the link is free.
+
+* **Deadline-aware link bound** (``swap_link_bound``): a tensor absent
+  while step k runs was swapped out after its last write before k and
+  before k starts, and is swapped back after k ends and before its next
+  access. With the link moving ``bandwidth`` bytes a second, the tensors
+  whose out-window is at most rho long fit their outs into the rho seconds
+  before k only if their bytes are at most ``bandwidth * rho``; likewise the
+  ins after k. Relaxing each tensor to a fraction, the most bytes absent at
+  step k (``A(k)``) is at most the smallest of three maxima: over the out
+  side's nested constraints, over the in side's, and ``bandwidth * T / 2``.
+  The out side's maximum has the closed form of a nested (laminar) family:
+
+      OutCap(k) = min over rho in {0} + {r_i}: bandwidth * rho + sum of s_i with r_i > rho
+
+  (the min-cut of the bipartite flow from tensors to link time). The pool
+  peak of any swap-only plan is at least ``max_k (F(k) - A(k))``, F the
+  planned-order footprint, unswappable bytes and scratch included.
+
+Both are per job's own time axis; for several jobs sharing one link each
+pool grid point gathers every job's resident tensors into one sum, with one
+link. This module plans nothing; benchmarks/baseline_suite.py reports a
+plan's MSR as a share of both.
+"""
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from tensile_tf.scheduler.access_sequence import TensorAccessSequence
+from tensile_tf.scheduler.peak_analysis import JobFootprint, PoolTimeline
+from tensile_tf.scheduler.planner import PlannerJob
+
+
+@dataclass
+class LinkBound:
+    """What the link allows: peaks in bytes (predicted vanilla = free-running)."""
+
+    vanilla_peak_bytes: int
+    bandwidth_bound_peak_bytes: int      # vanilla peak - bandwidth * T / 2
+    deadline_bound_peak_bytes: int       # max over the pool grid of F - A
+    bound_step: dict[str, str]           # job -> the step where the deadline bound binds
+
+    def msr(self, peak: int) -> float:
+        return (self.vanilla_peak_bytes - peak) / self.vanilla_peak_bytes
+
+    @property
+    def bandwidth_bound_msr(self) -> float:
+        return self.msr(self.bandwidth_bound_peak_bytes)
+
+    @property
+    def deadline_bound_msr(self) -> float:
+        return self.msr(self.deadline_bound_peak_bytes)
+
+
+def nested_capacity(window_s: np.ndarray, size: np.ndarray, bandwidth: float) -> float:
+    """The most bytes of tensors (fractions allowed) whose transfers fit, when a
+    tensor with window w must move within the w seconds next to one shared
+    instant: min over rho in {0, w_i} of bandwidth * rho + bytes with w > rho."""
+    if len(size) == 0:
+        return 0.0
+    order = np.argsort(window_s, kind="stable")
+    w, s = window_s[order], size[order].astype(np.float64)
+    beyond = s.sum() - np.cumsum(s)            # bytes with window > w[k] (ties: counted as <=)
+    # ties: for rho = w[k], every tensor with window <= w[k] is inside; take the last of each tie run
+    last_of_run = np.append(w[1:] != w[:-1], True)
+    cuts = bandwidth * w[last_of_run] + beyond[last_of_run]
+    return float(min(s.sum(), cuts.min()))
+
+
+def _windows(tas: TensorAccessSequence, k: int, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For the resident swappable tensors ``idx`` of step k not accessed at k:
+    (their indices, out-window seconds before k starts, in-window seconds after k ends)."""
+    n, T = tas.n, tas.period_s
+    keep, outs, ins = [], [], []
+    k_start, k_end = tas.start_u(k), tas.end_u(k)
+    for i in idx.tolist():
+        A = tas.acc[i]
+        pos = bisect_right(A, k)
+        if pos and A[pos - 1] == k:
+            continue                              # read or written by step k itself
+        nxt = A[pos] if pos < len(A) else (A[0] + n if tas.persistent[i] else None)
+        if nxt is None:
+            continue
+        w = tas.last_write_le(i, k)
+        out_from = tas.end_u(w) if w is not None else k_start - T   # never written: any time in the last period
+        keep.append(i)
+        outs.append(max(0.0, k_start - out_from))
+        ins.append(max(0.0, tas.start_u(nxt) - k_end))
+    return np.asarray(keep, dtype=np.int64), np.asarray(outs), np.asarray(ins)
+
+
+def swap_link_bound(jobs: Sequence[PlannerJob], bandwidth_bytes_per_s: float, *,
+                    horizon_iterations: float = 2.0) -> LinkBound:
+    """Both link bounds for these jobs planned together (module docstring)."""
+    seqs = [TensorAccessSequence(pj.graph, pj.latencies) for pj in jobs]
+    fps = [JobFootprint(s) for s in seqs]
+    timeline = PoolTimeline(seqs, [pj.start_offset_s for pj in jobs], horizon_iterations)
+    vanilla = int(timeline.pool_footprint([f.free_running for f in fps]).max())
+    pool = timeline.pool_footprint([f.base for f in fps])
+    period = max(s.period_s for s in seqs)
+    half_link = bandwidth_bytes_per_s * period / 2
+    best, where = 0, {}
+    seen: set[tuple[int, ...]] = set()
+    for g in np.argsort(-pool, kind="stable").tolist():
+        if pool[g] <= best:
+            break                                  # A >= 0: no later point can bind higher
+        steps = tuple(int(idx[g]) for idx in timeline.idx)
+        if steps in seen:
+            continue
+        seen.add(steps)
+        sizes, outs, ins = [], [], []
+        for s, f, k in zip(seqs, fps, steps):
+            if k >= s.n:
+                continue
+            res = f.resident_at(k)
+            i, o, w = _windows(s, k, res[s.swappable[res]])
+            sizes.append(s.size[i])
+            outs.append(o)
+            ins.append(w)
+        size = np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int64)
+        o, w = (np.concatenate(x) if x else np.zeros(0) for x in (outs, ins))
+        absent = min(nested_capacity(o, size, bandwidth_bytes_per_s),
+                     nested_capacity(w, size, bandwidth_bytes_per_s), half_link)
+        low = int(pool[g] - absent)
+        if low > best:
+            best = low
+            where = {s.job: s.step_names[k] for s, k in zip(seqs, steps) if k < s.n}
+    return LinkBound(vanilla, int(max(vanilla - half_link, 0)), best, where)
