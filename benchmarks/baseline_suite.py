@@ -21,8 +21,26 @@ bytes the link can move out and back within the vanilla step
 (bandwidth x step / 2), as an MSR ceiling for swap-only plans
 (bound / VMP); ``of bound`` is MSR as a share of it.
 
+``tensile-swap`` is TENSILE without recomputation, the plan the link bounds
+speak of. The capped-link rows also give the **deadline-aware link bound**
+(tensile_tf/scheduler/link_bound.py, from the run's own capture): the lowest
+peak any swap-only plan could reach when each tensor's out- and in-transfer
+must fit between its last write, the peak and its next access.
+
+``--largest-batch``: the largest batch each method trains in a fixed pool,
+the measured vanilla peak at ``--batch`` (the base batch). For each batch of
+``--batch-factors`` x base, ascending: a vanilla run (the time ratio's
+reference) and each method planned for ``--pool-margin`` x the pool; the
+method trains that batch when its measured peak is at most the pool, and
+stops at the first batch it does not. Batch multiplier = largest batch /
+base, unconstrained and among batches at time ratio <= 1.5. The runs use a
+large pool and compare the measured peak with the fixed one (a real pool of
+that size would refuse the vanilla probe step that captures the job).
+
     PYTHONPATH=. python benchmarks/baseline_suite.py --models transformer,resnet50 --jobs 1 \\
         [--strategies tensile,vdnn,capuchin] [--budget-frac 0.5] [--cap-mib-s 110] [--json OUT]
+    PYTHONPATH=. python benchmarks/baseline_suite.py --largest-batch --models transformer \\
+        --strategies tensile,capuchin,vdnn --links unlimited [--batch-factors 1.5,2,3,4]
 """
 from __future__ import annotations
 
@@ -43,36 +61,108 @@ from plan_execution_bench import capped_link, compare, run, vanilla_runs  # noqa
 GRAPPLER = {"grappler-heuristics": "RECOMPUTATION_HEURISTICS", "grappler-manual": "MANUAL"}
 
 
+def run_method(strategy: str, model: str, shape: str, k: int, steps: int, *, budget_frac: float,
+               bandwidth: float, batch: int, budget_bytes: int = 0) -> dict:
+    """One configuration under one method (module docstring), in its own process."""
+    if strategy in GRAPPLER or strategy == "recompute-grad":
+        return run(model, shape, k, steps, planned=False, budget_frac=0, bandwidth=0, batch=batch,
+                   grappler_memory=GRAPPLER.get(strategy, ""),
+                   recompute_segments=0 if strategy == "recompute-grad" else -1)
+    return run(model, shape, k, steps, planned=True, budget_frac=budget_frac, bandwidth=bandwidth,
+               strategy="tensile" if strategy == "tensile-swap" else strategy, batch=batch,
+               budget_bytes=budget_bytes, no_recompute=strategy == "tensile-swap")
+
+
+def largest_batch(a, cap: float) -> list[dict]:
+    """--largest-batch (module docstring): per model and method, each batch tried and the multipliers."""
+    rows = []
+    factors = [float(x) for x in a.batch_factors.split(",")]
+    for name, model, shape, k, base in vanilla_runs(a.models, a.jobs, a.steps, batch=a.batch):
+        pool = max(base["peaks"][1:])
+        print(f"{name} x{k}: pool = vanilla peak at batch {a.batch} = {pool / 2**20:.1f} MiB", flush=True)
+        vanilla_at = {a.batch: base}
+        for link in a.links.split(","):
+            bw = 0.0 if link == "unlimited" else cap
+            for strategy in a.strategies.split(","):
+                if bw and (strategy in GRAPPLER or strategy == "recompute-grad"):
+                    continue
+                best = {"any": a.batch, "eor_1.5": a.batch}
+                for f in factors:
+                    b = int(round(a.batch * f))
+                    if b not in vanilla_at:
+                        vanilla_at[b] = run(model, shape, k, a.steps, planned=False, budget_frac=0, bandwidth=0, batch=b)
+                    van = vanilla_at[b]
+                    got = run_method(strategy, model, shape, k, a.steps, budget_frac=0, bandwidth=bw, batch=b,
+                                     budget_bytes=int(pool * a.pool_margin))
+                    if "error" in got or "error" in van:
+                        print(f"{name} x{k} {link} {strategy} batch {b}: failed: {(got.get('error') or van.get('error'))[-300:]}",
+                              flush=True)
+                        break
+                    row = {"model": name, "jobs": k, "link": link, "strategy": strategy, "batch": b,
+                           "pool_MiB": pool / 2**20, **compare(van, got)}
+                    row["fits"] = max(got["peaks"][1:]) <= pool
+                    rows.append(row)
+                    print(f"{name:12s} x{k} {link:9s} {strategy:14s} batch {b:4d}: peak {row['emp_MiB']:7.1f} of "
+                          f"{pool / 2**20:.1f} MiB {'fits' if row['fits'] else 'does not fit'}  EOR {row['eor']:5.2f}  "
+                          f"swap {row['swapped_MiB_per_step']:7.1f} MiB/step recomp {row['recomputed_ops']:4d}  "
+                          f"bit-for-bit {'yes' if row['bit_for_bit'] else 'NO'}", flush=True)
+                    if not row["fits"]:
+                        break
+                    best["any"] = b
+                    if row["eor"] <= 1.5:
+                        best["eor_1.5"] = b
+                summary = {"model": name, "jobs": k, "link": link, "strategy": strategy, "summary": True,
+                           "base_batch": a.batch, "largest_batch": best["any"], "largest_batch_eor_1.5": best["eor_1.5"],
+                           "multiplier": best["any"] / a.batch, "multiplier_eor_1.5": best["eor_1.5"] / a.batch}
+                rows.append(summary)
+                print(f"{name:12s} x{k} {link:9s} {strategy:14s} largest batch {best['any']} "
+                      f"({summary['multiplier']:.2f}x), at EOR <= 1.5: {best['eor_1.5']} "
+                      f"({summary['multiplier_eor_1.5']:.2f}x)", flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="transformer,resnet50")
     ap.add_argument("--jobs", default="1")
-    ap.add_argument("--strategies", default="tensile,vdnn,capuchin,grappler-heuristics,grappler-manual,recompute-grad")
+    ap.add_argument("--strategies", default="tensile,tensile-swap,vdnn,capuchin,grappler-heuristics,grappler-manual,"
+                                            "recompute-grad")
     ap.add_argument("--budget-frac", type=float, default=0.5)
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--links", default="unlimited,capped")
     ap.add_argument("--cap-mib-s", type=float, default=None,
                     help="the capped link in MiB/s (default: from this CPU's matmul rate, as plan_execution_bench)")
+    ap.add_argument("--largest-batch", action="store_true", help="the batch-multiplier runs (module docstring)")
+    ap.add_argument("--batch-factors", default="1.5,2,3,4,6,8")
+    ap.add_argument("--pool-margin", type=float, default=0.85,
+                    help="--largest-batch: plan for this fraction of the fixed pool (0.85: the fragmentation reserve the runtime's coordinator keeps)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     cap = capped_link(a.cap_mib_s)
+    if a.largest_batch:
+        rows = largest_batch(a, cap)
+    else:
+        rows = compare_methods(a, cap)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+def compare_methods(a, cap: float) -> list[dict]:
+    """Per model, jobs, link and method at the base batch: one row each (module docstring)."""
     rows = []
-    for name, model, shape, k, vanilla in vanilla_runs(a.models, a.jobs, a.steps):
+    for name, model, shape, k, vanilla in vanilla_runs(a.models, a.jobs, a.steps, batch=a.batch):
         vmp = max(vanilla["peaks"][1:])
         vanilla_step = statistics.median(vanilla["step_s"][1:])
         for link in a.links.split(","):
             bw = 0.0 if link == "unlimited" else cap
             bound = None if bw == 0 else min(1.0, bw * vanilla_step / 2 / vmp)
             for strategy in a.strategies.split(","):
-                if strategy in GRAPPLER or strategy == "recompute-grad":
-                    if bw:
-                        continue   # recomputation only: the link plays no part
-                    planned = run(model, shape, k, a.steps, planned=False, budget_frac=0, bandwidth=0,
-                                  grappler_memory=GRAPPLER.get(strategy, ""),
-                                  recompute_segments=0 if strategy == "recompute-grad" else -1)
-                else:
-                    planned = run(model, shape, k, a.steps, planned=True, budget_frac=a.budget_frac,
-                                  bandwidth=bw, strategy=strategy)
+                if bw and (strategy in GRAPPLER or strategy == "recompute-grad"):
+                    continue   # recomputation only: the link plays no part
+                planned = run_method(strategy, model, shape, k, a.steps, budget_frac=a.budget_frac, bandwidth=bw,
+                                     batch=a.batch)
                 if "error" in planned:
                     print(f"{name} x{k} {link} {strategy}: failed: {planned['error']}", flush=True)
                     continue
@@ -80,20 +170,21 @@ def main() -> None:
                        "link_MiB_s": None if bw == 0 else bw / 2**20, "link_bound_msr": bound,
                        **compare(vanilla, planned)}
                 row["share_of_bound"] = row["msr"] / bound if bound else None
+                dl = row["deadline_bound_msr"]
+                row["share_of_deadline_bound"] = row["msr"] / dl if dl else None
                 rows.append(row)
-                print(f"{name:12s} x{k} {link:9s} {strategy:9s} VMP {row['vmp_MiB']:7.1f} EMP {row['emp_MiB']:7.1f} "
+                print(f"{name:12s} x{k} {link:9s} {strategy:14s} VMP {row['vmp_MiB']:7.1f} EMP {row['emp_MiB']:7.1f} "
                       f"MSR {row['msr']:6.1%} "
                       + (f"(pred {row['predicted_msr']:6.1%})" if row["predicted_msr"] is not None else "(no plan)     ")
                       + f"  EOR {row['eor']:5.2f}  "
                       f"CBR {row['cbr']:5.2f}  swap {row['swapped_MiB_per_step']:6.1f} MiB/step  "
                       f"recomp {row['recomputed_ops']:3d}  late {row['late_swap_ins']:3d}  "
                       + (f"bound {bound:6.1%} of bound {row['share_of_bound']:6.1%}  " if bound else "")
+                      + (f"deadline bound {dl:6.1%} of it {row['share_of_deadline_bound']:6.1%}  " if dl else "")
                       + f"bit-for-bit {'yes' if row['bit_for_bit'] else 'NO'}"
                       + ("" if row["bit_for_bit"] else f" (largest loss difference {row['max_loss_difference']:.3g})"),
                       flush=True)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    return rows
 
 
 if __name__ == "__main__":

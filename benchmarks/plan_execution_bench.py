@@ -75,14 +75,16 @@ def capped_link(cap_mib_s: float | None) -> float:
 
 def run(model: str, shape: str, jobs: int, steps: int, *, planned: bool, budget_frac: float,
         bandwidth: float, strategy: str = "tensile", batch: int = 16, grappler_memory: str = "",
-        recompute_segments: int = -1) -> dict:
+        recompute_segments: int = -1, budget_bytes: int = 0, no_recompute: bool = False) -> dict:
     cmd = [sys.executable, REFERENCE, "--model", model, "--input-shape", shape, "--batch", str(batch),
            "--steps", str(steps), "--jobs", str(jobs), "--recompute-segments", str(recompute_segments)]
     if grappler_memory:
         cmd += ["--grappler-memory", grappler_memory]
     if planned:
         cmd += ["--planned", "--budget-frac", str(budget_frac), "--bandwidth", str(bandwidth),
-                "--strategy", strategy]
+                "--strategy", strategy, "--budget-bytes", str(budget_bytes)]
+        if no_recompute:
+            cmd.append("--no-recompute")
     env = dict(os.environ, PYTHONPATH=ROOT, TENSILE_POOL_BYTES="8GiB", TF_CPP_MIN_LOG_LEVEL="2")
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
@@ -91,14 +93,14 @@ def run(model: str, shape: str, jobs: int, steps: int, *, planned: bool, budget_
     return json.loads(lines[-1])
 
 
-def vanilla_runs(models: str, jobs: str, steps: int):
+def vanilla_runs(models: str, jobs: str, steps: int, batch: int = 16):
     """(name, model, input shape, jobs, its vanilla run) per configuration of
     the comma-separated ``models`` and ``jobs``; a failed vanilla run is
     printed and skipped."""
     for name in models.split(","):
         model, shape = MODELS[name]
         for k in (int(x) for x in jobs.split(",")):
-            vanilla = run(model, shape, k, steps, planned=False, budget_frac=0, bandwidth=0)
+            vanilla = run(model, shape, k, steps, planned=False, budget_frac=0, bandwidth=0, batch=batch)
             if "error" in vanilla:
                 print(f"{name} x{k}: vanilla run failed: {vanilla['error']}", flush=True)
                 continue
@@ -121,6 +123,7 @@ def compare(vanilla: dict, planned: dict) -> dict:
         "vmp_MiB": vmp / 2**20, "emp_MiB": emp / 2**20, "msr": msr, "eor": eor, "cbr": msr / eor,
         "vanilla_step_ms": vtc * 1e3, "planned_step_ms": etc * 1e3,
         "predicted_msr": 1 - plan["pool_planned_peak"] / plan["pool_vanilla_peak"] if plan else None,
+        "deadline_bound_msr": plan["link_bound"]["deadline_bound_msr"] if plan and "link_bound" in plan else None,
         "budget_met": plan["budget_met"] if plan else None, "planning_s": planned.get("planning_s"),
         "swapped_MiB_per_step": sum(r["swapped_bytes_per_step"] for r in reports) / 2**20,
         "recomputed_ops": sum(r["recomputed_ops"] for r in reports),

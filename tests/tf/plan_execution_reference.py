@@ -180,6 +180,10 @@ if args.planned:
     plan, steps = plan_captured(captured, pool_bytes=budget, enable_recompute=not args.no_recompute,
                                 bandwidth_bytes_per_s=args.bandwidth or None,
                                 coincident_peaks=args.coincident_peaks, strategy=args.strategy)
+    if args.bandwidth:   # the swap link's ceilings for this capture (tensile_tf.scheduler.link_bound)
+        from tensile_tf.scheduler.link_bound import swap_link_bound
+
+        bound = swap_link_bound([c.planner_job for c in captured], args.bandwidth)
     for j in jobs:
         with j["stream"].eager_scope():
             steps[j["name"]].evict()  # the first planned step starts as every later one
@@ -189,6 +193,11 @@ if args.planned:
                    "iteration_s": max(jp.iteration_s for jp in plan.jobs.values()),
                    "swapped_bytes_per_iteration": sum(jp.swapped_bytes_per_iteration for jp in plan.jobs.values()),
                    "budget": budget, "budget_met": plan.budget_met, "stop_reason": plan.stop_reason}
+    if args.bandwidth:
+        out["plan"]["link_bound"] = {"vanilla_peak": bound.vanilla_peak_bytes,
+                                     "bandwidth_bound_peak": bound.bandwidth_bound_peak_bytes,
+                                     "deadline_bound_peak": bound.deadline_bound_peak_bytes,
+                                     "deadline_bound_msr": bound.deadline_bound_msr, "binds_at": bound.bound_step}
     for j in jobs:
         jp = plan.jobs[j["name"]]
         j["run"] = j["step"] if args.capture_only else steps[j["name"]]
