@@ -156,7 +156,12 @@ if args.planned:
     from tensile_tf.scheduler import Planner
     to_plan = [JobToPlan(j["name"], j["step"], j["batches"][0], j["opt"]) for j in jobs]
     t0 = time.perf_counter()
-    captured = [capture_cold(job) if args.cold else capture_for_planning(job) for job in to_plan]
+    captured = []
+    for job, j in zip(to_plan, jobs):
+        # in the job's scope, as the runtime captures (tensile_tf/runtime/planning.py): the variables the
+        # capture restores stay the job's, so Note [Data held beside the step] sees what the job holds
+        with j["stream"].eager_scope():
+            captured.append(capture_cold(job) if args.cold else capture_for_planning(job))
     budget = None
     if args.budget_frac:  # of the predicted vanilla pool peak (a plan with no events)
         vanilla = Planner([c.planner_job for c in captured], max_iterations=0,
@@ -229,7 +234,8 @@ for i in range(args.steps):
     t0 = time.perf_counter()
     step_starts.append(time.monotonic_ns())
     if len(jobs) == 1:
-        jobs[0].setdefault("losses", []).append(jobs[0]["run"](*jobs[0]["batches"][i % 3]))
+        with jobs[0]["stream"].eager_scope():
+            jobs[0].setdefault("losses", []).append(jobs[0]["run"](*jobs[0]["batches"][i % 3]))
     else:
         def one(j):
             with j["stream"].eager_scope():
