@@ -101,10 +101,13 @@ def largest_batch(a, cap: float) -> list[dict]:
                     row = {"model": name, "jobs": k, "link": link, "strategy": strategy, "batch": b,
                            "pool_MiB": pool / 2**20, **compare(van, got)}
                     row["fits"] = max(got["peaks"][1:]) <= pool
+                    floor = (got.get("plan") or {}).get("working_set_floor")
+                    row["working_set_floor_MiB"] = floor / 2**20 if floor else None
                     rows.append(row)
                     print(f"{name:12s} x{k} {link:9s} {strategy:14s} batch {b:4d}: peak {row['emp_MiB']:7.1f} of "
                           f"{pool / 2**20:.1f} MiB {'fits' if row['fits'] else 'does not fit'}  EOR {row['eor']:5.2f}  "
-                          f"swap {row['swapped_MiB_per_step']:7.1f} MiB/step recomp {row['recomputed_ops']:4d}  "
+                          + (f"floor {floor / 2**20:6.1f} MiB  " if floor else "")
+                          + f"swap {row['swapped_MiB_per_step']:7.1f} MiB/step recomp {row['recomputed_ops']:4d}  "
                           f"bit-for-bit {'yes' if row['bit_for_bit'] else 'NO'}", flush=True)
                     if not row["fits"]:
                         break

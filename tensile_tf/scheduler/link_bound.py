@@ -1,4 +1,5 @@
-"""The swap link's ceiling: the lowest pool peak any swap-only plan could reach.
+"""The swap link's ceiling, the lowest pool peak any swap-only plan could reach,
+and the floor under every plan.
 
 Issue 19 asks every capped-link MSR to be read as a share of the physical
 limit. Two limits, both upper bounds on what swapping alone can take off the
@@ -26,7 +27,13 @@ peak (recomputation can pass them):
   peak of any swap-only plan is at least ``max_k (F(k) - A(k))``, F the
   planned-order footprint, unswappable bytes and scratch included.
 
-Both are per job's own time axis; for several jobs sharing one link each
+And one floor under every plan, swaps and recomputation on any link
+(``working_set_floor``): at each step a job holds at least what the step
+reads and writes, its scratch, and every tensor no plan moves. A batch whose
+floor is above the pool trains under no method; the batch-multiplier runs
+report it beside each method's measured peak.
+
+The bounds are per job's own time axis; for several jobs sharing one link each
 pool grid point gathers every job's resident tensors into one sum, with one
 link. This module plans nothing; benchmarks/baseline_suite.py reports a
 plan's MSR as a share of both.
@@ -139,3 +146,37 @@ def swap_link_bound(jobs: Sequence[PlannerJob], bandwidth_bytes_per_s: float, *,
             best = low
             where = {s.job: s.step_names[k] for s, k in zip(seqs, steps) if k < s.n}
     return LinkBound(vanilla, int(max(vanilla - half_link, 0)), best, where)
+
+
+def working_set_floor(jobs: Sequence[PlannerJob]) -> int:
+    """The lowest pool peak any plan (swaps and recomputation, any link)
+    could reach: at every step a job holds at least what the step reads and
+    writes (a view's owner counts for the view), its scratch, and every
+    tensor no plan moves (model inputs, graph constants, what is held beside
+    the step) while it lives. Summed over the jobs on the pool's time grid.
+    A batch whose floor is above the pool trains under no method."""
+    seqs = [TensorAccessSequence(pj.graph, pj.latencies) for pj in jobs]
+    timeline = PoolTimeline(seqs, [pj.start_offset_s for pj in jobs], 1.0)
+    floors = []
+    for s in seqs:
+        n = s.n
+        touched = np.zeros(n, dtype=np.int64)
+        owner = {t: s.tindex[info.view_of] for t, info in s.graph.tensors.items() if info.view_of in s.tindex}
+        for i, steps in enumerate(s.acc):
+            held = s.tindex.get(owner.get(s.tensor_names[i], ""), i)   # a view's access holds its owner's buffer
+            for k in set(steps):
+                if 0 <= k < n:
+                    touched[k] += int(s.size[held]) if held != i else int(s.size[i])
+        fixed = np.zeros(n + 1, dtype=np.int64)
+        stay = ~s.swappable & (s.last >= 0)
+        np.add.at(fixed, s.first[stay], s.size[stay])
+        np.add.at(fixed, s.last[stay] + 1, -s.size[stay])
+        resident_fixed = np.cumsum(fixed[:-1])
+        # a fixed tensor the step also touches counts once
+        both = np.zeros(n, dtype=np.int64)
+        for i in np.flatnonzero(stay).tolist():
+            for k in set(s.acc[i]):
+                if 0 <= k < n:
+                    both[k] += int(s.size[i])
+        floors.append(touched + resident_fixed - both + s.temp)
+    return int(timeline.pool_footprint(floors).max())

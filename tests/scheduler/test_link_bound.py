@@ -3,13 +3,14 @@ planner's bottleneck restarts (Note [Bottleneck first] in planner.py).
 
 Hand-worked: the nested-capacity cut on three tensors, and a job whose only
 swap candidate must come back within one short op, so the deadline-aware
-bound is far below bandwidth x period. Properties: no swap-only plan goes
-below the deadline-aware bound; restarts never raise a plan's peak."""
+bound is far below bandwidth x period; the working-set floor of that job.
+Properties: no swap-only plan goes below the deadline-aware bound, no plan
+below the floor; restarts never raise a plan's peak."""
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 
 from tensile_tf.scheduler import GraphBuilder, LatencyTable, Planner, PlannerJob
-from tensile_tf.scheduler.link_bound import nested_capacity, swap_link_bound
+from tensile_tf.scheduler.link_bound import nested_capacity, swap_link_bound, working_set_floor
 from tests.scheduler.test_planner_properties import check_invariants, scenarios
 
 
@@ -59,6 +60,19 @@ def test_deadline_bound_counts_only_what_can_come_back_in_time():
     assert planner.plan().pool_planned_peak_bytes == 402
     fast = Planner([job], pool_bytes=1, bandwidth_bytes_per_s=1e6, enable_recompute=False).plan()
     assert fast.pool_planned_peak_bytes == 302
+
+
+def test_working_set_floor_is_the_largest_step_with_what_no_plan_moves():
+    # make_a: x + a = 101 | idle1: x + i1 = 2 | peak: x + i2 + big = 302 | use_a: x + a + s + out = 103
+    assert working_set_floor([short_return_graph()]) == 302
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_no_plan_goes_below_the_working_set_floor(scn):
+    jobs, _, _ = scn
+    plan = Planner(jobs, pool_bytes=1, bandwidth_bytes_per_s=1e12).plan()   # swaps and recomputation, any link
+    assert plan.pool_planned_peak_bytes >= working_set_floor(jobs)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -198,6 +198,10 @@ if args.planned:
                    "iteration_s": max(jp.iteration_s for jp in plan.jobs.values()),
                    "swapped_bytes_per_iteration": sum(jp.swapped_bytes_per_iteration for jp in plan.jobs.values()),
                    "budget": budget, "budget_met": plan.budget_met, "stop_reason": plan.stop_reason}
+    from tensile_tf.scheduler.link_bound import working_set_floor
+
+    # the lowest peak any plan could reach (a step's own tensors, scratch and what no plan moves)
+    out["plan"]["working_set_floor"] = working_set_floor([c.planner_job for c in captured])
     if args.bandwidth:
         out["plan"]["link_bound"] = {"vanilla_peak": bound.vanilla_peak_bytes,
                                      "bandwidth_bound_peak": bound.bandwidth_bound_peak_bytes,
