@@ -163,14 +163,29 @@ class TensorAccessSequence:
         # Note [Views] in job_graph: a view has no bytes; its owner stays until
         # the view's last access, and an absence of the owner frees nothing
         # while a view is live (``view_spans``: owner -> inclusive step ranges).
+        # Note [View takes the buffer]: the view that outlives its activation
+        # owner and every other view holds the buffer alone after that, so from
+        # then on the bytes are the view's (``handed_over``: view -> owner).
         self.view_spans: dict[int, list[tuple[int, int]]] = {}
+        self.handed_over: dict[int, int] = {}
+        views_of: dict[int, list[int]] = {}
         for i, info in enumerate(infos):
             owner = ti.get(info.view_of) if info.view_of else None
             if owner is not None:
                 self.size[i] = 0
-                last[owner] = max(last[owner], last[i])
                 if last[i] >= 0:
-                    self.view_spans.setdefault(owner, []).append((int(first[i]), int(last[i])))
+                    views_of.setdefault(owner, []).append(i)
+        for owner, views in views_of.items():
+            heir = max(views, key=lambda v: (last[v], v))
+            held_until = max([last[owner], *(last[v] for v in views if v != heir)])
+            if self.kind[owner] == "activation" and last[heir] > held_until and last[owner] >= 0:
+                self.handed_over[heir] = owner
+                self.size[heir] = infos[owner].size_bytes
+                first[heir] = held_until + 1
+                views = [v for v in views if v != heir]
+            for v in views:
+                last[owner] = max(last[owner], last[v])
+                self.view_spans.setdefault(owner, []).append((int(first[v]), int(last[v])))
         self.first, self.last = first, last
         self._start_l = self.start.tolist()
         self._end_l = self.end.tolist()

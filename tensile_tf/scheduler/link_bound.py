@@ -87,12 +87,13 @@ def nested_capacity(window_s: np.ndarray, size: np.ndarray, bandwidth: float) ->
     return float(min(s.sum(), cuts.min()))
 
 
-def _windows(tas: TensorAccessSequence, k: int, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _windows(tas: TensorAccessSequence, k: int, idx: np.ndarray, k_start: float,
+             k_end: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For the resident swappable tensors ``idx`` of step k not accessed at k:
-    (their indices, out-window seconds before k starts, in-window seconds after k ends)."""
+    (their indices, out-window seconds before ``k_start``, in-window seconds
+    after ``k_end``), both instants within step k (the pool grid segment)."""
     n, T = tas.n, tas.period_s
     keep, outs, ins = [], [], []
-    k_start, k_end = tas.start_u(k), tas.end_u(k)
     for i in idx.tolist():
         A = tas.acc[i]
         pos = bisect_right(A, k)
@@ -128,12 +129,18 @@ def swap_link_bound(jobs: Sequence[PlannerJob], bandwidth_bytes_per_s: float, *,
         if steps in seen:
             continue
         seen.add(steps)
+        # the segment's ends, in each job's local time: every job's outs end before the
+        # segment starts and its ins begin after it ends, whichever step each job runs
+        seg = (float(timeline.grid[g]), float(timeline.grid[g + 1]) if g + 1 < len(timeline.grid) else None)
         sizes, outs, ins = [], [], []
-        for s, f, k in zip(seqs, fps, steps):
+        for s, f, k, off in zip(seqs, fps, steps, timeline.offsets):
             if k >= s.n:
                 continue
+            t0 = s.start_u(k) + (seg[0] - off - s.start_u(k)) % s.period_s
+            t0 = min(max(t0, s.start_u(k)), s.end_u(k))
+            t1 = s.end_u(k) if seg[1] is None else min(s.end_u(k), t0 + seg[1] - seg[0])
             res = f.resident_at(k)
-            i, o, w = _windows(s, k, res[s.swappable[res]])
+            i, o, w = _windows(s, k, res[s.swappable[res]], t0, t1)
             sizes.append(s.size[i])
             outs.append(o)
             ins.append(w)

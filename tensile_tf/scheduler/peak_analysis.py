@@ -119,8 +119,12 @@ class JobFootprint:
 
     def _freed_by_absence(self, i: int, a: int, b: int) -> np.ndarray:
         """1 for the steps of [a, b) where tensor i's absence frees its
-        buffer, 0 where a view of it holds the buffer (Note [Views])."""
+        buffer, 0 where a view of it holds the buffer (Note [Views]) or, for a
+        view that takes its owner's buffer, before it does (Note [View takes
+        the buffer] in access_sequence)."""
         freed = np.ones(b - a, dtype=np.int64)
+        if i in self.tas.handed_over:
+            freed[:max(0, min(b, int(self.tas.first[i])) - a)] = 0
         for first, last in self.tas.view_spans.get(i, ()):
             lo, hi = max(first, a), min(last + 1, b)
             if hi > lo:

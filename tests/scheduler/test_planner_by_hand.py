@@ -188,8 +188,32 @@ def test_paired_peaks_count_every_floor_and_two_peaks():
 
 
 def test_a_view_has_no_bytes_and_keeps_its_owner_until_its_last_access():
-    # Note [Views]: r = reshape(h) shares h's buffer. h's last reader is
-    # `reshape`; r's is `late`, so h's buffer lives until `late`.
+    # Note [Views]: r = reshape(h) shares h's buffer. h's last own reader is
+    # `use_h`, after r's (`early`), so h's buffer lives until `use_h`.
+    b = GraphBuilder("views")
+    b.op("make_h", outputs={"h": 100})
+    b.op("reshape", inputs=["h"], outputs={"r": 100})
+    b.op("early", inputs=["r"], outputs={"e": 1})
+    b.op("other", outputs={"o": 10})
+    b.op("use_h", inputs=["h", "o"], outputs={"y": 1})
+    g = b.build()
+    g.tensors["r"].view_of = "h"
+    tas = TensorAccessSequence(g, UNIT)
+    fp = JobFootprint(tas)
+    assert fp.base.tolist() == [100, 100, 101, 110, 111]
+    assert not tas.swappable[tas.tindex["r"]] and not tas.handed_over
+    # r is live at step 2 (`early`): an absence of h there frees nothing
+    ranges = fp.add_absence(tas.tindex["h"], 2, 3)
+    assert fp.F.tolist() == fp.base.tolist()
+    fp.remove_absence(tas.tindex["h"], ranges)
+    # step 3 (`other`): no view is live, the absence frees h's 100 bytes
+    fp.add_absence(tas.tindex["h"], 3, 4)
+    assert fp.F.tolist() == [100, 100, 101, 10, 111]
+
+
+def test_a_view_that_outlives_its_owner_takes_the_buffer():
+    # Note [View takes the buffer]: h's last own reader is `reshape`; r's is
+    # `late`. From step 2 the buffer is r's, so r is what a plan can swap.
     b = GraphBuilder("views")
     b.op("make_h", outputs={"h": 100})
     b.op("reshape", inputs=["h"], outputs={"r": 100})
@@ -200,10 +224,14 @@ def test_a_view_has_no_bytes_and_keeps_its_owner_until_its_last_access():
     g.tensors["r"].view_of = "h"
     tas = TensorAccessSequence(g, UNIT)
     fp = JobFootprint(tas)
+    h, r = tas.tindex["h"], tas.tindex["r"]
     assert fp.base.tolist() == [100, 100, 110, 111]
-    assert not tas.swappable[tas.tindex["r"]]
-    # h away over steps 2-3: r still holds its buffer there, so nothing is freed
-    ranges = fp.add_absence(tas.tindex["h"], 2, 3)
-    assert fp.F.tolist() == [100, 100, 110, 111]
-    fp.remove_absence(tas.tindex["h"], ranges)
-    assert fp.F.tolist() == fp.base.tolist()
+    assert tas.handed_over == {r: h} and tas.swappable[r] and int(tas.size[r]) == 100
+    assert (tas.first[h], tas.last[h], tas.first[r], tas.last[r]) == (0, 1, 2, 3)
+    # r away over step 2 frees the buffer there
+    fp.add_absence(r, 2, 3)
+    assert fp.F.tolist() == [100, 100, 10, 111]
+    # an absence reaching back before the handover frees nothing while h still holds it
+    fp2 = JobFootprint(tas)
+    fp2.add_absence(r, 1, 3)
+    assert fp2.F.tolist() == [100, 100, 10, 111]
