@@ -214,6 +214,9 @@ if args.planned:
                                   "report": {k: v for k, v in steps[j["name"]].report.to_dict().items()
                                              if k not in ("skipped", "restore_needed")},
                                   "skipped": len(steps[j["name"]].report.skipped),
+                                  # Note [View takes the buffer]: swaps of a view that outlived its owner
+                                  "view_swaps": sum(1 for e in jp.swap_outs
+                                                    if captured[0].graph.tensors[e.tensor].view_of),
                                   "cross_iteration_slot_swaps": sum(
                                       1 for e in jp.swap_ins if e.cross_iteration and e.tensor.startswith("var:")
                                       and ("momentum" in e.tensor or "velocity" in e.tensor))}
