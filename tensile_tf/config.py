@@ -77,6 +77,9 @@ class OptimizerSpec(_Strict):
 
 
 #: Data kinds read from the user's files, and what their ``path`` is.
+#: Synthetic input batches a job holds in the pool: the one its step reads and the prefetched next
+#: one; the rest stay in host memory (Note [Input data on the host] in tensile_tf/jobs.py).
+DEVICE_BATCHES = 2
 FILE_KINDS = {"npz": "the .npz file", "npy": "the .npy file of examples",
               "tfrecord": "a TFRecord file or a glob of them", "image_dir": "a directory with one subdirectory per class"}
 #: Data kinds whose examples are read once and split (``validation_split``).
@@ -107,7 +110,8 @@ class DataSpec(_Strict):
     kind: Literal["synthetic", "function", "npz", "npy", "tfrecord", "image_dir", "digits"] = "synthetic"
     function: StrictStr | None = None
     args: dict[str, Any] = Field(default_factory=dict)
-    num_batches: StrictInt = Field(4, ge=1, description="distinct synthetic batches cycled through")
+    num_batches: StrictInt = Field(4, ge=1, description="distinct synthetic batches cycled through, held in host "
+                                   "memory; the pool holds the step's batch and the next (DEVICE_BATCHES)")
     path: StrictStr | None = Field(None, description="npz: the file; npy: the examples' file; tfrecord: a file "
                                    "or glob; image_dir: the directory of class subdirectories")
     labels_path: StrictStr | None = Field(None, description="npy: the labels' file")

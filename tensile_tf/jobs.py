@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tensile_tf.config import EXAMPLE_KINDS, JobSpec
+from tensile_tf.config import DEVICE_BATCHES, EXAMPLE_KINDS, JobSpec
 
 
 class JobBuildError(RuntimeError):
@@ -161,13 +161,46 @@ def _make_loss(spec: JobSpec):
         raise JobBuildError(f"job {spec.name!r}: loss {spec.loss!r}: {e}") from None
 
 
-def synthetic_batches(spec: JobSpec, input_shape: Sequence[int], classes: int) -> list[tuple]:
-    """spec.data.num_batches fixed random (x, y) batches, reproducible from the seed.
+class HostBatches:
+    """A job's input batches held in host memory, copied into the pool one at
+    a time, as a GPU job keeps its data on the host and copies each batch to
+    the device.
 
-    Each batch is made in host memory, then copied into the pool, one at a
-    time; before each, the machine's free memory is checked, so a batch
-    larger than the machine rejects the job instead of the kernel killing
-    the process (tensile_tf.validation.host_batch_problem)."""
+    Note [Input data on the host]. A YAML job's synthetic data used to be
+    ``data.num_batches`` (default 4) batches in the pool for the job's whole
+    life: the planner counted them (Note [Data held beside the step] in
+    tensile_tf/execution.py) but no plan could move them, and four jobs held
+    sixteen. Now the arrays stay in host memory and each call returns the next
+    batch as tensors made on the calling thread (the job's stream), with the
+    one after it already made, a one-batch prefetch: the pool holds the batch
+    a step reads and the next (``DEVICE_BATCHES``), whatever
+    ``data.num_batches`` says. The values and their order are the same as
+    before, so training computes the same thing.
+    """
+
+    def __init__(self, host: Sequence[tuple[np.ndarray, ...]], device_batches: int = DEVICE_BATCHES):
+        if not host:
+            raise ValueError("HostBatches needs at least one batch")
+        self.host = list(host)
+        self.device_batches = max(1, device_batches)
+        self._next = 0
+        self._ready: list[tuple] = []
+
+    def __call__(self) -> tuple:
+        while len(self._ready) < self.device_batches:
+            arrays = self.host[self._next % len(self.host)]
+            self._next += 1
+            self._ready.append(tuple(tf.constant(a) for a in arrays))
+        return self._ready.pop(0)
+
+
+def synthetic_batches(spec: JobSpec, input_shape: Sequence[int], classes: int) -> HostBatches:
+    """spec.data.num_batches fixed random (x, y) batches, reproducible from the
+    seed, held on the host (Note [Input data on the host]).
+
+    Each batch is made in host memory; before each, the machine's free memory
+    is checked, so a batch larger than the machine rejects the job instead of
+    the kernel killing the process (tensile_tf.validation.host_batch_problem)."""
     from tensile_tf.validation import host_batch_problem
 
     rng = np.random.default_rng(spec.seed)
@@ -178,8 +211,8 @@ def synthetic_batches(spec: JobSpec, input_shape: Sequence[int], classes: int) -
             raise JobDoesNotFit(f"job {spec.name!r}: `batch_size:` {problem.message()}")
         x = rng.standard_normal((spec.batch_size, *input_shape), dtype=np.float32)
         y = rng.integers(0, classes, spec.batch_size).astype(np.int32)
-        out.append((tf.constant(x), tf.constant(y)))
-    return out
+        out.append((x, y))
+    return HostBatches(out)
 
 
 def supervised_train_step(model, optimizer, loss_fn) -> Callable:
