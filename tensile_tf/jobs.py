@@ -190,7 +190,9 @@ class HostBatches:
         while len(self._ready) < self.device_batches:
             arrays = self.host[self._next % len(self.host)]
             self._next += 1
-            self._ready.append(tuple(tf.constant(a) for a in arrays))
+            # DeepCopy: a tensor made from a page-aligned numpy array may share its memory instead
+            # of being copied into the pool; a device batch is a copy, as a GPU job's is
+            self._ready.append(tuple(tf.raw_ops.DeepCopy(x=tf.constant(a)) for a in arrays))
         return self._ready.pop(0)
 
 
