@@ -94,6 +94,7 @@ class _PolicyPlanner(Planner):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.bottleneck_restarts = 0   # Note [Bottleneck first] is TENSILE's, not the baseline's policy
+        self.keep_plans_without_gain = True   # Note [Never above unplanned]: a policy's plan is what is measured
 
     def _loop(self) -> None:
         self.iterations = 1

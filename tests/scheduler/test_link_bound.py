@@ -10,6 +10,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 
 from tensile_tf.scheduler import GraphBuilder, LatencyTable, Planner, PlannerJob
+from tensile_tf.scheduler.planner import NO_GAIN
 from tensile_tf.scheduler.link_bound import nested_capacity, swap_link_bound, working_set_floor
 from tests.scheduler.test_planner_properties import check_invariants, scenarios
 
@@ -129,3 +130,21 @@ def test_a_restart_serving_the_last_peak_first_lowers_it():
     assert plan.pool_planned_peak_bytes < once.pool_planned_peak_bytes
     assert planner.bottlenecks     # the restart that won served a remembered step first
     check_invariants(planner, plan)
+
+
+def test_a_plan_that_peaks_no_lower_than_the_unplanned_steps_is_not_applied():
+    # Note [Never above unplanned]: `peak` runs beside other ops when free (observed
+    # concurrent_bytes -150: the executor frees an input sooner), so the unplanned step peaks
+    # at 252 while plan order holds 402; on a 100 B/s link the planner takes off only what
+    # comes back in time, still above 252
+    job = short_return_graph()
+    job.graph.op("peak").concurrent_bytes = -150
+    kept = Planner([job], pool_bytes=200, bandwidth_bytes_per_s=100.0)
+    kept.keep_plans_without_gain = True
+    worse = kept.plan()
+    assert worse.pool_vanilla_peak_bytes == 252 and worse.pool_planned_peak_bytes > 252
+    assert any(jp.swap_outs or jp.recomputes for jp in worse.jobs.values())
+    plan = Planner([job], pool_bytes=200, bandwidth_bytes_per_s=100.0).plan()
+    assert plan.stop_reason == NO_GAIN
+    assert not any(jp.swap_outs or jp.swap_ins or jp.recomputes for jp in plan.jobs.values())
+    assert plan.pool_planned_peak_bytes == plan.pool_vanilla_peak_bytes == 252
