@@ -174,7 +174,7 @@ def compare_methods(a, cap: float) -> list[dict]:
                        **compare(vanilla, planned)}
                 row["share_of_bound"] = row["msr"] / bound if bound else None
                 dl = row["deadline_bound_msr"]
-                row["share_of_deadline_bound"] = row["msr"] / dl if dl else None
+                row["share_of_deadline_bound"] = row["msr"] / dl if dl and dl > 0 else None   # <= 0: no swap plan helps
                 rows.append(row)
                 print(f"{name:12s} x{k} {link:9s} {strategy:14s} VMP {row['vmp_MiB']:7.1f} EMP {row['emp_MiB']:7.1f} "
                       f"MSR {row['msr']:6.1%} "
@@ -183,7 +183,8 @@ def compare_methods(a, cap: float) -> list[dict]:
                       f"CBR {row['cbr']:5.2f}  swap {row['swapped_MiB_per_step']:6.1f} MiB/step  "
                       f"recomp {row['recomputed_ops']:3d}  late {row['late_swap_ins']:3d}  "
                       + (f"bound {bound:6.1%} of bound {row['share_of_bound']:6.1%}  " if bound else "")
-                      + (f"deadline bound {dl:6.1%} of it {row['share_of_deadline_bound']:6.1%}  " if dl else "")
+                      + (f"deadline bound {dl:6.1%} " if dl is not None else "")
+                      + (f"of it {row['share_of_deadline_bound']:6.1%}  " if row["share_of_deadline_bound"] else "")
                       + f"bit-for-bit {'yes' if row['bit_for_bit'] else 'NO'}"
                       + ("" if row["bit_for_bit"] else f" (largest loss difference {row['max_loss_difference']:.3g})"),
                       flush=True)
