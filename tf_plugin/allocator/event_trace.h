@@ -5,11 +5,26 @@
 //
 // Not thread safe: the pool records under its own lock.
 // No TensorFlow in this file.
+//
+// Note [Event timestamps]. A steady_clock read costs ~32 ns on the 2-core VM
+// (`__vdso_clock_gettime` was 15% of the allocate/free profile; two reads per
+// allocate/free pair, benchmarks/RESULTS.md "Allocate/free pair cost"). On
+// x86-64 with an invariant TSC (CPUID 0x80000007 EDX bit 8: constant rate,
+// never stops) an event records the raw `__rdtsc()` instead, a few ns, and
+// Snapshot() converts ticks to steady-clock nanoseconds with the rate
+// measured between the trace's anchor (taken at construction and at each
+// Clear) and the snapshot: the same clock as Python's time.monotonic_ns(),
+// so event times still compare with times taken outside the pool. Without
+// an invariant TSC, events read the steady clock as before.
 #ifndef TF_PLUGIN_ALLOCATOR_EVENT_TRACE_H_
 #define TF_PLUGIN_ALLOCATOR_EVENT_TRACE_H_
 
 #include <chrono>
 #include <cstdint>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <x86intrin.h>
+#endif
 #include <cstring>
 #include <string>
 #include <string_view>
@@ -54,9 +69,37 @@ inline int64_t SteadyNowNs() {
       .count();
 }
 
+// Note [Event timestamps]: whether this CPU's TSC runs at a constant rate
+// and never stops.
+inline bool InvariantTsc() {
+#if defined(__x86_64__)
+  unsigned int eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid_max(0x80000000u, nullptr) < 0x80000007u) return false;
+  __cpuid(0x80000007u, eax, ebx, ecx, edx);
+  return (edx >> 8) & 1u;
+#else
+  return false;
+#endif
+}
+
+// An event's raw timestamp: TSC ticks where invariant, else steady-clock ns.
+inline int64_t RawEventTime(bool tsc) {
+#if defined(__x86_64__)
+  if (tsc) return static_cast<int64_t>(__rdtsc());
+#endif
+  (void)tsc;
+  return SteadyNowNs();
+}
+
 class EventTrace {
  public:
-  explicit EventTrace(size_t capacity) : events_(capacity) {}
+  explicit EventTrace(size_t capacity)
+      : events_(capacity), tsc_(InvariantTsc()) {
+    Anchor();
+  }
+
+  // Note [Event timestamps]: "tsc" or "steady_clock".
+  const char* clock() const { return tsc_ ? "tsc" : "steady_clock"; }
 
   bool enabled() const { return !events_.empty() && enabled_; }
   void set_enabled(bool enabled) { enabled_ = enabled; }
@@ -65,7 +108,7 @@ class EventTrace {
               int64_t offset, int64_t pool_current, std::string_view op) {
     if (!enabled()) return;
     PoolEvent& e = events_[next_ % events_.size()];
-    e.time_ns = SteadyNowNs();
+    e.time_ns = RawEventTime(tsc_);   // converted in Snapshot()
     e.kind = kind;
     e.stream = stream;
     e.bytes = bytes;
@@ -86,7 +129,7 @@ class EventTrace {
     ++next_;
   }
 
-  // Events oldest first.
+  // Events oldest first, times in steady-clock nanoseconds.
   std::vector<PoolEvent> Snapshot() const {
     std::vector<PoolEvent> out;
     if (events_.empty()) return out;
@@ -95,10 +138,27 @@ class EventTrace {
     for (uint64_t i = next_ - n; i < next_; ++i) {
       out.push_back(events_[i % events_.size()]);
     }
+    if (tsc_) {  // Note [Event timestamps]: ticks -> ns at the rate since the anchor
+      const int64_t now_ns = SteadyNowNs();
+      const int64_t now_ticks = RawEventTime(true);
+      const double ns_per_tick =
+          now_ticks > anchor_ticks_
+              ? static_cast<double>(now_ns - anchor_ns_) /
+                    static_cast<double>(now_ticks - anchor_ticks_)
+              : 0.0;
+      for (PoolEvent& e : out) {
+        e.time_ns = anchor_ns_ + static_cast<int64_t>(
+                                     static_cast<double>(e.time_ns - anchor_ticks_) *
+                                     ns_per_tick);
+      }
+    }
     return out;
   }
 
-  void Clear() { next_ = 0; }
+  void Clear() {
+    next_ = 0;
+    Anchor();
+  }
   uint64_t recorded() const { return next_; }
   uint64_t dropped() const {
     return next_ > events_.size() ? next_ - events_.size() : 0;
@@ -106,9 +166,17 @@ class EventTrace {
   size_t capacity() const { return events_.size(); }
 
  private:
+  void Anchor() {
+    anchor_ns_ = SteadyNowNs();
+    anchor_ticks_ = RawEventTime(tsc_);
+  }
+
   std::vector<PoolEvent> events_;
   uint64_t next_ = 0;  // total events recorded so far
   bool enabled_ = true;
+  bool tsc_ = false;          // Note [Event timestamps]
+  int64_t anchor_ns_ = 0;     // steady clock at the anchor
+  int64_t anchor_ticks_ = 0;  // raw event time at the anchor
 };
 
 }  // namespace tensile

@@ -105,6 +105,7 @@ StreamAwarePool::ChunkHandle StreamAwarePool::NewChunk() {
     return h;
   }
   chunks_.emplace_back();
+  free_position_.emplace_back();
   return static_cast<ChunkHandle>(chunks_.size() - 1);
 }
 
@@ -126,7 +127,7 @@ void StreamAwarePool::InsertFree(ChunkHandle h, StreamId owner) {
   c.requested = 0;
   c.owner = owner;
   FreeChunkSet& set = SetFor(owner);
-  set.by_size.insert(h);
+  free_position_[h] = set.by_size.insert(h).first;   // Note [Erase by position]
   set.bytes += c.size;
   if (owner != kSyncedOwner) unsynced_bytes_ += c.size;
 }
@@ -134,7 +135,7 @@ void StreamAwarePool::InsertFree(ChunkHandle h, StreamId owner) {
 void StreamAwarePool::RemoveFree(ChunkHandle h) {
   Chunk& c = chunks_[h];
   FreeChunkSet& set = SetFor(c.owner);
-  set.by_size.erase(h);
+  set.by_size.erase(free_position_[h]);   // Note [Erase by position]
   set.bytes -= c.size;
   if (c.owner != kSyncedOwner) unsynced_bytes_ -= c.size;
 }
@@ -531,6 +532,8 @@ std::string StreamAwarePool::CheckInvariants() const {
           c.owner == kSyncedOwner ? synced_ : *unsynced_[c.owner];
       if (set.by_size.count(h) != 1) {
         err << "free chunk at " << c.offset << " missing from its set; ";
+      } else if (set.by_size.find(h) != free_position_[h]) {  // Note [Erase by position]
+        err << "free chunk at " << c.offset << " has a stale set position; ";
       }
       if (c.owner == kSyncedOwner) {
         synced += c.size;

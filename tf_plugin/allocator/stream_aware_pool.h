@@ -225,6 +225,7 @@ class StreamAwarePool {
     std::set<ChunkHandle, BySizeThenOffset> by_size;
     int64_t bytes = 0;
   };
+  using FreePosition = std::set<ChunkHandle, BySizeThenOffset>::iterator;
 
   // All private methods require mu_ held.
   FreeChunkSet& SetFor(StreamId owner);
@@ -253,6 +254,12 @@ class StreamAwarePool {
 
   mutable std::mutex mu_;
   std::vector<Chunk> chunks_;
+  // Note [Erase by position]: where each free chunk sits in its FreeChunkSet
+  // (by handle; valid while the chunk is free). RemoveFree erased by key,
+  // an equal_range whose comparator reads chunks_ twice per tree level, 9%
+  // of the allocate/free profile, although the position was known when the
+  // chunk was inserted.
+  std::vector<FreePosition> free_position_;
   std::vector<ChunkHandle> free_handles_;
   // Live chunk lookup by address: index (offset / kMinChunkBytes) holds
   // handle + 1 (0 = none). Allocated with calloc so untouched pages cost
