@@ -190,8 +190,9 @@ if args.planned:
 
         bound = swap_link_bound([c.planner_job for c in captured], args.bandwidth)
     for j in jobs:
-        with j["stream"].eager_scope():
-            steps[j["name"]].evict()  # the first planned step starts as every later one
+        if plan.jobs[j["name"]].changes_step or args.empty_plan:
+            with j["stream"].eager_scope():
+                steps[j["name"]].evict()  # the first planned step starts as every later one
     out["planning_s"] = time.perf_counter() - t0
     out["plan"] = {"strategy": args.strategy, "pool_vanilla_peak": plan.pool_vanilla_peak_bytes,
                    "pool_planned_peak": plan.pool_planned_peak_bytes,
@@ -207,16 +208,18 @@ if args.planned:
                                      "bandwidth_bound_peak": bound.bandwidth_bound_peak_bytes,
                                      "deadline_bound_peak": bound.deadline_bound_peak_bytes,
                                      "deadline_bound_msr": bound.deadline_bound_msr, "binds_at": bound.bound_step}
+    graph_of = {c.job.name: c.graph for c in captured}
     for j in jobs:
         jp = plan.jobs[j["name"]]
-        j["run"] = j["step"] if args.capture_only else steps[j["name"]]
+        # a plan that changes nothing is not applied, as the runtime does (tensile_tf/runtime/planning.py)
+        j["run"] = steps[j["name"]] if (jp.changes_step or args.empty_plan) and not args.capture_only else j["step"]
         out["jobs"][j["name"]] = {"plan_vanilla_peak": jp.vanilla_peak_bytes, "plan_planned_peak": jp.planned_peak_bytes,
                                   "report": {k: v for k, v in steps[j["name"]].report.to_dict().items()
                                              if k not in ("skipped", "restore_needed")},
                                   "skipped": len(steps[j["name"]].report.skipped),
                                   # Note [View takes the buffer]: swaps of a view that outlived its owner
                                   "view_swaps": sum(1 for e in jp.swap_outs
-                                                    if captured[0].graph.tensors[e.tensor].view_of),
+                                                    if graph_of[j["name"]].tensors[e.tensor].view_of),
                                   "cross_iteration_slot_swaps": sum(
                                       1 for e in jp.swap_ins if e.cross_iteration and e.tensor.startswith("var:")
                                       and ("momentum" in e.tensor or "velocity" in e.tensor))}
@@ -259,7 +262,7 @@ if args.trace_json:
         json.dump({"streams": {j["name"]: j["stream"].stream for j in jobs}, "events": pool.trace(),
                    "transfers": swap.swap_channel_log(), "step_starts_ns": step_starts}, f)
 for j in jobs:
-    if args.planned and not args.capture_only:
+    if j["run"] is not j["step"]:
         with j["stream"].eager_scope():
             j["run"].restore()
     weights = j["model"].weights + list(j["opt"].variables)
