@@ -173,7 +173,7 @@ def working_set_floor(jobs: Sequence[PlannerJob]) -> int:
             held = s.tindex.get(owner.get(s.tensor_names[i], ""), i)   # a view's access holds its owner's buffer
             for k in set(steps):
                 if 0 <= k < n:
-                    touched[k] += int(s.size[held]) if held != i else int(s.size[i])
+                    touched[k] += int(s.size[held])
         fixed = np.zeros(n + 1, dtype=np.int64)
         stay = ~s.swappable & (s.last >= 0)
         np.add.at(fixed, s.first[stay], s.size[stay])
