@@ -112,6 +112,7 @@ class JobState:
     cold_planned: bool = False    # planned before its step ever ran (Note [Cold-start planning])
     probe_plan_peak_bytes: int | None = None   # a cold-planned job: the predicted peak of the plan its probe ran
     arrived_at_s: float | None = None   # when the job arrived (``arrive_at_s``; 0: at the start)
+    waits: list = field(default_factory=list)   # why it was not started yet: {"at_s", "why"}, each change once
     weights_digest: str | None = None    # sha256 of the final variables (record_weights=True)
     end_notified: bool = field(default=False, repr=False)  # on_end called
     # Runtime objects, dropped at teardown.
@@ -130,6 +131,11 @@ class JobState:
     validation: list = field(default_factory=list)   # datasets.ValidationRecord, oldest first
     model_path: str | None = None       # the trained model, saved in Keras' format (relative to the output dir)
     checkpoints: list[str] = field(default_factory=list)   # models saved every checkpoint_every steps (same folder)
+
+    def wait(self, at_s: float, why: str) -> None:
+        """Records why the job is not started (once per change of reason)."""
+        if not self.waits or self.waits[-1]["why"] != why:
+            self.waits.append({"at_s": round(at_s, 6), "why": why})
 
     @property
     def name(self) -> str:
@@ -191,6 +197,7 @@ class JobRecord:
     step_peak_bytes: list[int]
     step_seconds: list[float]          # each step's wall time (step 0 includes one-time tracing work)
     arrived_at_s: float | None
+    waits: list[dict]                  # why it was not started when it arrived: {"at_s", "why"}, oldest first
     admitted_at_s: float | None
     ended_at_s: float | None
     weights_digest: str | None
@@ -212,7 +219,7 @@ class JobRecord:
             leaked_bytes=s.leaked_bytes, final_loss=finite_or_none(s.last_loss),
             losses=[finite_or_none(r.loss) for r in s.records], step_peak_bytes=[r.peak_bytes for r in s.records],
             step_seconds=[round(r.duration_s, 6) for r in s.records],
-            arrived_at_s=s.arrived_at_s, admitted_at_s=s.admitted_at_s, ended_at_s=s.ended_at_s, weights_digest=s.weights_digest,
+            arrived_at_s=s.arrived_at_s, waits=list(s.waits), admitted_at_s=s.admitted_at_s, ended_at_s=s.ended_at_s, weights_digest=s.weights_digest,
             validation=list(s.validation), model_path=s.model_path,
             checkpoints=list(s.checkpoints), plan=s.plan, plan_error=s.plan_error)
 

@@ -356,6 +356,8 @@ class JobHost:
         for state in list(waiting):
             active = self._running()
             if not self.admission.has_room(len(active)):
+                for queued in waiting:
+                    self._wait(queued, f"{len(active)} jobs run, the concurrency limit")
                 return
             if not state.measured:
                 # Probing runs a step. With nothing running, nothing can be
@@ -377,6 +379,8 @@ class JobHost:
             if not self.admission.fits(state, active, self._held_outside_jobs()):
                 if self._threads:
                     self._plan_arrival(state, waiting, active)
+                else:
+                    self._wait(state, "its measured needs do not fit the pool left to jobs")
                 continue
             waiting.remove(state)
             if state.train is None and not self.lifecycle.build(state):
@@ -398,8 +402,15 @@ class JobHost:
     def _plan_arrival(self, state: JobState, waiting: deque, active: list[JobState]) -> None:
         """Note [Joint re-plan on arrival] in replanning.py: ``state`` does not
         fit beside ``active``; plan it together with them, once per event."""
-        if self.replanner is None or self.pipeline is not None or state.name in self._joint_tried \
-                or not Replanner.replannable(active):
+        if state.name in self._joint_tried:
+            return
+        later = "; waits for a running job to end"
+        if self.replanner is None or self.pipeline is not None:
+            self._wait(state, "does not fit beside the running jobs and re-planning is off" + later)
+            return
+        if not Replanner.replannable(active):
+            self._wait(state, "does not fit beside the running jobs, and none of them runs a plan "
+                       "a joint re-plan could tighten" + later)
             return
         self._joint_tried.add(state.name)
         with self._gate.closed([s.name for s in active], self._stop):
@@ -407,12 +418,17 @@ class JobHost:
             if self.stopping or (state.train is None and not self.lifecycle.build(state)):
                 if state.status not in (JobStatus.queued, JobStatus.pending):   # failed or rejected building
                     waiting.remove(state)
+                elif not self.stopping:
+                    self._wait(state, "building it for a joint plan ran out of the pool memory "
+                               "the running jobs leave" + later)
                 self._report(state)
                 self._notify_end(state)
                 return
             record = None
             if self.planning.capture_cold(state):
                 record = self.replanner.on_arrival(state, active, self._outside_replan_need(active))
+            else:
+                self._wait(state, f"could not be captured for a joint plan ({state.plan_error})" + later)
         if record is not None:
             record.paused_s = time.perf_counter() - paused_from
             self._note_replan(record)
@@ -420,6 +436,8 @@ class JobHost:
             state.awaiting_switches = True
             self._start_jointly_planned(state, waiting, active)
             return
+        if record is not None:
+            self._wait(state, f"the joint plan with the running jobs failed ({record.error})" + later)
         state.captured = None   # planned later, from a real capture, when it is admitted
         if state.job.rebuildable:
             self.lifecycle.teardown(state)
@@ -500,6 +518,14 @@ class JobHost:
         jobs = Replanner.replannable(running)
         if any(s.name == request.job for s in jobs):
             self._note_replan(self.replanner.replan(jobs, request.reason, self._outside_replan_need(running)))
+
+    def _wait(self, state: JobState, why: str) -> None:
+        """Records (and shows, once per reason) why ``state`` is not started."""
+        before = len(state.waits)
+        state.wait(self.clock.now(), why)
+        note = getattr(self.progress, "note", None)
+        if note is not None and len(state.waits) > before:
+            note(f"{state.name} waits: {why}")
 
     def _note_replan(self, record) -> None:
         note = getattr(self.progress, "note", None)

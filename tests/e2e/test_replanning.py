@@ -189,12 +189,13 @@ def test_an_arrival_is_planned_together_with_the_running_job_and_trains_bit_for_
     assert compare["all_match"], proc.stdout[-3000:]
     planned = json.loads((out / "planned" / "results.json").read_text())
     jobs = {j["name"]: j for j in planned["jobs"]}
-    why = {"replans": planned["planner"]["replans"], "plans": planned["planner"]["plans"],
-           "jobs": {n: (j["status"], j["plan_error"], j["plan"] and j["plan"]["source"], j["arrived_at_s"],
-                        j["admitted_at_s"], j["ended_at_s"]) for n, j in jobs.items()}}
+    why = {"jobs": {n: (j["status"], j["waits"], j["plan_error"], j["plan"] and j["plan"]["source"],
+                        j["arrived_at_s"], j["admitted_at_s"], j["ended_at_s"]) for n, j in jobs.items()},
+           "replans": planned["planner"]["replans"]}
     found = [r for r in planned["planner"]["replans"] if r["reason"] == "arrival of late"]
     assert len(found) == 1, why
     (arrival,) = found
+    assert jobs["late"]["waits"] == [], why   # planned on arrival: it waited only for the switch
     assert arrival["error"] is None and arrival["newcomer"] == "late", arrival
     assert arrival["budget_bytes"] == int(130 * 2**20 * 0.75)   # COLD_START_HEADROOM: `late` was captured cold
     (job,) = arrival["jobs"]
@@ -222,3 +223,6 @@ def test_without_the_controller_an_arrival_waits_for_the_running_job(tmp_path):
     jobs = {j["name"]: j for j in results["jobs"]}
     assert results["planner"]["replans"] == [] and results["most_jobs_running"] == 1
     assert jobs["late"]["admitted_at_s"] >= jobs["long"]["ended_at_s"]
+    (wait,) = jobs["late"]["waits"]   # why it waited, once, in results.json and on the console
+    assert "re-planning is off" in wait["why"] and jobs["late"]["arrived_at_s"] <= wait["at_s"], jobs["late"]["waits"]
+    assert "late waits: does not fit beside the running jobs and re-planning is off" in proc.stdout
