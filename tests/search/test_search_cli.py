@@ -176,8 +176,13 @@ def test_killed_search_resumes_without_losing_finished_trials(tmp_path):
     for t in interrupted:
         assert t["state"] == "FAIL" and ("is gone" in t["interrupted"] or "killed as it asked" in t["interrupted"])
         retry = [r for r in results["trials"] if r["retry_of"] == t["number"]]
-        assert len(retry) == 1 and retry[0]["params"] == t["params"] and retry[0]["state"] == "COMPLETE", \
-            (t, retry, explain(resumed))
+        assert len(retry) == 1 and retry[0]["state"] == "COMPLETE", (t, retry, explain(resumed))
+        # the same parameters again; a worker killed as it asked for the trial
+        # (seen once under load) left none, and the retry samples its own
+        if t["params"] or "killed as it asked" not in t["interrupted"]:
+            assert retry[0]["params"] == t["params"], (t, retry)
+        else:
+            assert retry[0]["params"], retry
     counted = [t for t in results["trials"] if not t["interrupted"]]
     assert len(counted) == 7 and all(t["state"] == "COMPLETE" for t in counted)
     assert sorted(results["worker"]["requeued"]) == sorted(running)

@@ -153,3 +153,22 @@ def test_a_packing_oom_retry_starts_after_the_others_and_runs_alone():
     held.told = TrialState.COMPLETE
     nxt = driver.job_source()
     assert nxt is not None and nxt is not held.job
+
+
+def test_a_trial_asked_by_a_killed_worker_is_failed_and_retried_with_fresh_parameters():
+    # Note [Interrupted trials]: a worker killed between asking for a trial and
+    # writing its worker attribute leaves a RUNNING trial without parameters
+    # (seen once in test_killed_search_resumes_without_losing_finished_trials
+    # under load); the only worker of the study fails it and queues a retry
+    # that samples its own parameters.
+    from tensile_tf.search.storage import INTERRUPTED_ATTR, RETRY_ATTR, recover_interrupted_trials
+
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    orphan = study.ask()                       # RUNNING, no params, no worker attr
+    assert recover_interrupted_trials(study, exclusive=False) == []   # someone else's trial, maybe
+    assert recover_interrupted_trials(study, exclusive=True) == [orphan.number]
+    failed = study.trials[orphan.number]
+    assert failed.state == TrialState.FAIL and "killed as it asked" in failed.user_attrs[INTERRUPTED_ATTR]
+    retry = study.ask()
+    assert retry.user_attrs[RETRY_ATTR] == orphan.number
+    assert 0.0 <= retry.suggest_float("lr", 0.0, 1.0) <= 1.0 and retry.params   # sampled, not copied
