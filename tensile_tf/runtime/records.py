@@ -112,7 +112,7 @@ class JobState:
     cold_planned: bool = False    # planned before its step ever ran (Note [Cold-start planning])
     probe_plan_peak_bytes: int | None = None   # a cold-planned job: the predicted peak of the plan its probe ran
     arrived_at_s: float | None = None   # when the job arrived (``arrive_at_s``; 0: at the start)
-    waits: list = field(default_factory=list)   # why it was not started yet: {"at_s", "why"}, each change once
+    waits: list[dict] = field(default_factory=list)   # why it was not started yet: {"at_s", "why"}, each change once
     weights_digest: str | None = None    # sha256 of the final variables (record_weights=True)
     end_notified: bool = field(default=False, repr=False)  # on_end called
     # Runtime objects, dropped at teardown.
@@ -132,10 +132,13 @@ class JobState:
     model_path: str | None = None       # the trained model, saved in Keras' format (relative to the output dir)
     checkpoints: list[str] = field(default_factory=list)   # models saved every checkpoint_every steps (same folder)
 
-    def wait(self, at_s: float, why: str) -> None:
-        """Records why the job is not started (once per change of reason)."""
-        if not self.waits or self.waits[-1]["why"] != why:
-            self.waits.append({"at_s": round(at_s, 6), "why": why})
+    def wait(self, at_s: float, why: str) -> bool:
+        """Records why the job is not started, once per change of reason.
+        True if this is a new reason."""
+        if self.waits and self.waits[-1]["why"] == why:
+            return False
+        self.waits.append({"at_s": round(at_s, 6), "why": why})
+        return True
 
     @property
     def name(self) -> str:

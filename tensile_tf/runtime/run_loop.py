@@ -521,10 +521,8 @@ class JobHost:
 
     def _wait(self, state: JobState, why: str) -> None:
         """Records (and shows, once per reason) why ``state`` is not started."""
-        before = len(state.waits)
-        state.wait(self.clock.now(), why)
         note = getattr(self.progress, "note", None)
-        if note is not None and len(state.waits) > before:
+        if state.wait(self.clock.now(), why) and note is not None:
             note(f"{state.name} waits: {why}")
 
     def _note_replan(self, record) -> None:

@@ -36,8 +36,8 @@ report it beside each method's measured peak.
 The link bounds are per job's own time axis; for several jobs sharing one
 link each pool grid point gathers every job's resident tensors into one sum,
 with one link. The floor holds whatever the jobs' alignment (Note [Floor
-whatever the alignment]). This module plans nothing; benchmarks/baseline_suite.py reports a
-plan's MSR as a share of both.
+whatever the alignment]). This module plans nothing;
+benchmarks/baseline_suite.py reports a plan's MSR as a share of both.
 """
 from __future__ import annotations
 

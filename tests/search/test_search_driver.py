@@ -10,7 +10,7 @@ from optuna.trial import TrialState
 
 from tensile_tf.runtime import JobHost
 from tensile_tf.search import run_search
-from tensile_tf.search.storage import JOB_ATTR
+from tensile_tf.search.storage import INTERRUPTED_ATTR, JOB_ATTR, RETRY_ATTR, recover_interrupted_trials
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -161,8 +161,6 @@ def test_a_trial_asked_by_a_killed_worker_is_failed_and_retried_with_fresh_param
     # (seen once in test_killed_search_resumes_without_losing_finished_trials
     # under load); the only worker of the study fails it and queues a retry
     # that samples its own parameters.
-    from tensile_tf.search.storage import INTERRUPTED_ATTR, RETRY_ATTR, recover_interrupted_trials
-
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     orphan = study.ask()                       # RUNNING, no params, no worker attr
     assert recover_interrupted_trials(study, exclusive=False) == []   # someone else's trial, maybe
