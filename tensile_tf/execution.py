@@ -281,10 +281,23 @@ def executor_order(graph: JobGraph, step_fn, args: Sequence) -> JobGraph:
     gdef = step_fn.get_concrete_function(*args).graph.as_graph_def()
     nodes = list(gdef.node)
     index = {n.name: k for k, n in enumerate(nodes)}
+    by_name = {n.name: n for n in nodes}
+
+    def source(i: str) -> str:
+        """The node an input comes from, through the IdentityN nodes the
+        rewrite bypasses (Note [No gradient barrier] in tensile_tf.rewrite)."""
+        for _ in range(64):
+            name, _, out = i.lstrip("^").partition(":")
+            n = by_name.get(name)
+            if i.startswith("^") or n is None or n.op != "IdentityN" or any(x.startswith("^") for x in n.input):
+                return name
+            i = n.input[int(out) if out else 0]
+        return i.lstrip("^").split(":")[0]
+
     preds: list[set[int]] = []
     succ: list[list[int]] = [[] for _ in nodes]
     for k, n in enumerate(nodes):
-        srcs = {index[i.lstrip("^").split(":")[0]] for i in n.input if i.lstrip("^").split(":")[0] in index}
+        srcs = {index[source(i)] for i in n.input if source(i) in index}
         preds.append(srcs)
         for j in srcs:
             succ[j].append(k)

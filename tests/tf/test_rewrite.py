@@ -107,8 +107,9 @@ def test_a_variable_read_before_its_gap_is_read_again_after_the_swap_in():
     from tf_plugin import swap
 
     rng = np.random.default_rng(0)
-    w1 = tf.Variable(rng.standard_normal((64, 1024)).astype(np.float32) * 0.05, name="w1")
-    w2 = tf.Variable(rng.standard_normal((1024, 1024)).astype(np.float32) * 0.05, name="w2")   # 4 MiB
+    # initial values made by a TF op, so the buffers are the pool's (TF may wrap a NumPy array's memory)
+    w1 = tf.Variable(tf.constant(rng.standard_normal((64, 1024)).astype(np.float32)) * 0.05, name="w1")
+    w2 = tf.Variable(tf.constant(rng.standard_normal((1024, 1024)).astype(np.float32)) * 0.05, name="w2")  # 4 MiB
 
     @tf.function(jit_compile=False, autograph=False)
     def step(x):
@@ -193,3 +194,44 @@ def test_a_read_with_a_write_before_its_reader_keeps_its_old_value():
     planned_out = planned(x).numpy()
     w.assign(start)
     assert planned_out.tobytes() == step(x).numpy().tobytes()
+
+
+def test_optimizer_updates_run_as_their_gradients_exist_not_after_all_of_them():
+    """Note [No gradient barrier]: Keras 3's Adam passes every gradient
+    through one IdentityN. Plan order goes through it, so the first update
+    comes before the last gradient op, and the rewritten step has no
+    IdentityN left; it trains bit for bit."""
+    import keras
+
+    from tensile_tf.execution import executor_order
+    from tensile_tf.jobs import supervised_train_step
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dense(16, activation="relu"), keras.layers.Dense(4)])
+    opt = keras.optimizers.Adam(1e-2)
+    step = tf.function(supervised_train_step(model, opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True)),
+                       jit_compile=False)
+    rng = np.random.default_rng(0)
+    args = (tf.constant(rng.standard_normal((32, 8)).astype(np.float32)),
+            tf.constant(rng.integers(0, 4, 32).astype(np.int32)))
+    step(*args)   # builds the optimizer's slots
+    traced = step.get_concrete_function(*args).graph.as_graph_def()
+    assert any(n.op == "IdentityN" for n in traced.node)   # the barrier this test is about
+    graph = executor_order(capture_job_graph("adam", step, args, optimizer=opt), step, args)
+    kinds = [o.op_type for o in graph.ops]
+    first_update = min(k for k, o in enumerate(graph.ops)   # of a slot or a parameter, not the step counter
+                       if any(graph.tensors[t].kind in ("slot", "parameter") for t in o.updates))
+    last_gradient = max(k for k, o in enumerate(graph.ops)   # the first layer's weight gradient
+                        if o.name.startswith("gradient_tape/") and o.op_type == "MatMul")
+    assert first_update < last_gradient, (graph.ops[first_update].name, graph.ops[last_gradient].name, kinds[:5])
+
+    start = [v.numpy() for v in model.weights + list(opt.variables)]
+    planned = apply_plan(step, args, JobPlan("adam", order_only=True), graph)
+    assert not any(n.op == "IdentityN" for n in planned.graph_def.node)
+    losses = [planned(*args).numpy().tobytes() for _ in range(2)]
+    after = [v.numpy() for v in model.weights + list(opt.variables)]
+    for v, value in zip(model.weights + list(opt.variables), start):
+        v.assign(value)
+    assert [step(*args).numpy().tobytes() for _ in range(2)] == losses
+    assert all(np.array_equal(v.numpy(), a) for v, a in zip(model.weights + list(opt.variables), after))
