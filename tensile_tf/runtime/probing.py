@@ -116,10 +116,8 @@ class JobLifecycle:
         ``hold``: keep a measured job built, admission to follow once the
         start's jobs are planned together (or, for a job built and planned
         already on arrival, once it is measured)."""
-        if state.train is None:
-            if not self.build(state):
-                return ProbeOutcome.queued if state.status == JobStatus.queued else ProbeOutcome.ended
-            self._tune_split(state)
+        if state.train is None and not self.build(state):
+            return ProbeOutcome.queued if state.status == JobStatus.queued else ProbeOutcome.ended
         stream = state.job_stream
         # The stream is new (built just now), so its peak is this build's and
         # this probe's: no pool-wide reset needed (it would hide others' peaks).
@@ -157,41 +155,6 @@ class JobLifecycle:
         if state.job.rebuildable:
             self.teardown(state)
         return ProbeOutcome.queued
-
-    def _tune_split(self, state: JobState) -> None:
-        """Note [Split size tuning] in tensile_tf/runtime/nodegroup.py: runs
-        the job's step once alone with each candidate split's barriers
-        (variables restored after each) and keeps the split that peaked
-        lowest. A candidate that fails (out of memory beside other jobs, say)
-        is left out; a job planned on arrival keeps the split it was planned
-        with."""
-        pipe = self.pipeline
-        if pipe is None or not pipe.tunes_split or state.planned_step is not None:
-            return
-        from tensile_tf.capture import snapshot_variables
-
-        base, candidates = pipe.split_candidates(state.stream)
-        steps = {base: state.step_fn}
-        peaks: dict[int, int | None] = {}
-        registered_before = custom_gradient_names()
-        stream = state.job_stream
-        restore = snapshot_variables(state.step_fn.get_concrete_function(*state.first_batch).graph)
-        for split in candidates:
-            try:
-                with stream.eager_scope():
-                    if split not in steps:
-                        transform = pipe.graph_transform(state.name, state.stream, split=split)
-                        steps[split] = stream.step_function(state.train.step_fn, graph_transform=transform)
-                    before = stream.stats()["current"]
-                    stream.reset_peak()
-                    steps[split](*state.first_batch)
-                    peaks[split] = stream.stats()["peak"] - before
-            except Exception:  # noqa: BLE001 - a candidate that fails is not chosen; the probe tells the rest
-                peaks[split] = None
-            finally:
-                restore()
-        state.custom_gradients |= custom_gradient_names() - registered_before
-        state.step_fn = steps[pipe.choose_split(state.name, state.stream, base, peaks)]
 
     def _probe_step(self, state: JobState) -> JobStatus | None:
         """Runs the first step (with a cold-start plan, if the vanilla step
