@@ -80,7 +80,7 @@ from typing import Any, Sequence
 import tf_plugin
 from tensile_tf.memory import traced_op_matches
 from tensile_tf.capture import capture_job_graph, measure_op_latencies, snapshot_variables
-from tensile_tf.rewrite import PlannedStep, apply_plan
+from tensile_tf.rewrite import PlannedStep, apply_plan, bypassed_identity_n
 from tensile_tf.scheduler import DEFAULT_BANDWIDTH_BYTES_PER_S, Plan, Planner, PlannerJob
 from tensile_tf.scheduler.concurrency import observed_concurrency_bytes
 from tensile_tf.scheduler.latency_predictor import cold_start_latency
@@ -278,20 +278,21 @@ def executor_order(graph: JobGraph, step_fn, args: Sequence) -> JobGraph:
     gradient piles up). Variable reads and other trivial ops run just before
     their first consumer: a read run early keeps an alias of the variable's
     buffer alive, and the optimizer's in-place update must then copy it."""
-    gdef = step_fn.get_concrete_function(*args).graph.as_graph_def()
+    fg = step_fn.get_concrete_function(*args).graph
+    gdef = fg.as_graph_def()
     nodes = list(gdef.node)
     index = {n.name: k for k, n in enumerate(nodes)}
     by_name = {n.name: n for n in nodes}
+    bypassed = bypassed_identity_n(nodes, {t.op.name for t in fg.outputs})
 
     def source(i: str) -> str:
         """The node an input comes from, through the IdentityN nodes the
         rewrite bypasses (Note [No gradient barrier] in tensile_tf.rewrite)."""
         for _ in range(64):
             name, _, out = i.lstrip("^").partition(":")
-            n = by_name.get(name)
-            if i.startswith("^") or n is None or n.op != "IdentityN" or any(x.startswith("^") for x in n.input):
+            if i.startswith("^") or name not in bypassed:
                 return name
-            i = n.input[int(out) if out else 0]
+            i = by_name[name].input[int(out) if out else 0]
         return i.lstrip("^").split(":")[0]
 
     preds: list[set[int]] = []

@@ -133,6 +133,17 @@ class RewriteReport:
         return dict(self.__dict__)
 
 
+def bypassed_identity_n(nodes: Sequence[Any], outputs: set[str]) -> set[str]:
+    """The IdentityN nodes of a GraphDef that the rewrite removes (Note [No
+    gradient barrier]): all but those the step returns (``outputs``: node
+    names), those with control inputs and those something waits on as a
+    whole (a control edge from them). ``executor_order`` orders through
+    exactly these, so plan order and the rewritten step agree."""
+    waited_on = {i[1:] for n in nodes for i in n.input if i.startswith("^")}
+    return {n.name for n in nodes if n.op == "IdentityN" and n.name not in outputs and n.name not in waited_on
+            and not any(i.startswith("^") for i in n.input)}
+
+
 def _split_input(s: str) -> tuple[str, int, bool]:
     """'node:1' -> ('node', 1, False); '^node' -> ('node', 0, True)."""
     if s.startswith("^"):
@@ -368,14 +379,10 @@ class _Rewriter:
     def _bypass_identity_n(self) -> int:
         """Note [No gradient barrier]: consumers of an IdentityN read its
         inputs directly and the IdentityN goes. Returns how many went."""
-        keep = {t.op.name for t in self.fg.outputs}
         gone = []
-        for name, n in list(self.edit.nodes.items()):
-            if n.op != "IdentityN" or name in keep or any(i.startswith("^") for i in n.input):
-                continue
+        for name in sorted(bypassed_identity_n(self.edit.gdef.node, {t.op.name for t in self.fg.outputs})):
+            n = self.edit.nodes[name]
             consumers = self.edit.succ.get(name, set())
-            if any(_split_input(i) == (name, 0, True) for c in consumers for i in self.edit.nodes[c].input):
-                continue   # something waits for the whole IdentityN: leave it
             data = list(n.input)
             for c in list(consumers):
                 for k, i in enumerate(self.edit.nodes[c].input):

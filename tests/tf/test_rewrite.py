@@ -139,15 +139,12 @@ def test_a_variable_read_before_its_gap_is_read_again_after_the_swap_in():
     reads_again = [n for n in planned.graph_def.node if any(i.split(":")[0] == again[0].name for i in n.input)]
     assert len(again) == 1 and [n.op for n in reads_again] == ["MatMul"], [n.name for n in reads_again]
 
-    pool = tf_plugin.device_pool()
-    pool.clear_trace()
+    pool = tf_plugin.device_pool()   # its event trace is on by default (capture reads it): left on
     pool.set_trace_enabled(True)
-    try:
-        planned_loss = planned(x).numpy()
-        swap.drain_swap_channel()
-        trace = pool.trace()
-    finally:
-        pool.set_trace_enabled(False)
+    pool.clear_trace()
+    planned_loss = planned(x).numpy()
+    swap.drain_swap_channel()
+    trace = pool.trace()
     planned_weights = [v.numpy() for v in (w1, w2)]
     # the old buffer (allocated before the step) is freed before the swap-in allocates w2 again
     swap_in = next(k for k, ev in enumerate(trace) if ev["kind"] == "alloc" and "var_swap_in" in ev["op"])
