@@ -298,7 +298,7 @@ def executor_order(graph: JobGraph, step_fn, args: Sequence) -> JobGraph:
     preds: list[set[int]] = []
     succ: list[list[int]] = [[] for _ in nodes]
     for k, n in enumerate(nodes):
-        srcs = {index[source(i)] for i in n.input if source(i) in index}
+        srcs = {index[name] for name in map(source, n.input) if name in index}
         preds.append(srcs)
         for j in srcs:
             succ[j].append(k)

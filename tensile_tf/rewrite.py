@@ -354,7 +354,7 @@ class _Rewriter:
         self.check_lateness = check_lateness
         self.edit = _GraphEdit(self.fg.as_graph_def())
         self.pos = {o.name: k for k, o in enumerate(graph.ops)}
-        self.bypassed_identity_n = self._bypass_identity_n()
+        self._bypass_identity_n()
         if enforce_order:
             self._chain()
         self.report = RewriteReport(job_plan.name)
@@ -376,9 +376,9 @@ class _Rewriter:
                 if not ctrl and self.edit.nodes.get(src) is not None and self.edit.nodes[src].op == "Placeholder":
                     self.resource_nodes[src].append(n.name)
 
-    def _bypass_identity_n(self) -> int:
+    def _bypass_identity_n(self) -> None:
         """Note [No gradient barrier]: consumers of an IdentityN read its
-        inputs directly and the IdentityN goes. Returns how many went."""
+        inputs directly and the IdentityN goes."""
         gone = []
         for name in sorted(bypassed_identity_n(self.edit.gdef.node, {t.op.name for t in self.fg.outputs})):
             n = self.edit.nodes[name]
@@ -392,7 +392,6 @@ class _Rewriter:
             gone.append(name)
         if gone:
             self.edit.remove_nodes(set(gone))
-        return len(gone)
 
     def _chain(self) -> None:
         """Note [Plan order]: a control edge from each op to the next in plan order."""
