@@ -27,6 +27,7 @@ class PoolMachine(RuleBasedStateMachine):
     def allocate(self, stream, nbytes):
         sid = self.streams[stream]
         syncs_before = self.pool.stats()["num_syncs"]
+        expected = self._best_fit_without_sync(nbytes, sid)
         try:
             off = self.pool.allocate(nbytes, sid)
         except PoolOutOfMemory:
@@ -41,6 +42,11 @@ class PoolMachine(RuleBasedStateMachine):
         synced_now = self.pool.stats()["num_syncs"] > syncs_before
         if synced_now:
             self.freed_by.clear()
+            assert expected is None, "synced although a chunk fitted without a sync"
+        else:
+            # Placement (policy 4): the best fit, by (size, offset), across the stream's own
+            # unsynced chunks and the synced ones, own chunk on equal size.
+            assert off == expected, f"placed at {off}, best fit is {expected}"
         # Never hand a chunk freed by another stream before a sync.
         for freed_off, by in self.freed_by.items():
             if by != sid:
@@ -50,6 +56,16 @@ class PoolMachine(RuleBasedStateMachine):
         self.pool.fill(off, rounded, fill)
         self.allocs[off] = (sid, rounded, fill)
         return off
+
+    def _best_fit_without_sync(self, nbytes, sid):
+        """Offset policy 4 of stream_aware_pool.h picks without a sync, or None."""
+        rounded = max(1, -(-nbytes // MIN_CHUNK_BYTES)) * MIN_CHUNK_BYTES
+        free = [c for c in self.pool.chunks() if not c["in_use"] and c["size"] >= rounded]
+        own = min(((c["size"], c["offset"]) for c in free if c["owner"] == sid), default=None)
+        synced = min(((c["size"], c["offset"]) for c in free if c["owner"] == SYNCED), default=None)
+        if synced is not None and (own is None or synced[0] < own[0]):
+            return synced[1]
+        return None if own is None else own[1]
 
     @rule(off=consumes(live))
     def free(self, off):

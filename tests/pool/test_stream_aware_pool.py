@@ -66,6 +66,32 @@ def test_best_fit_spans_own_unsynced_and_synced_chunks():
     pool.check_invariants()
 
 
+def test_best_fit_across_size_bins():
+    """Note [Size-binned free sets] (free_chunk_set.h): free chunks of 5, 7, 8, 9, 9 and 16
+    units (bins 5, 7, 8, 8, 8 and 12: four bins per power of two) separated by live chunks.
+    Each request gets the smallest chunk that fits, the lowest offset on equal size, whether
+    that chunk sits in the request's own bin or in a later one."""
+    unit = MIN_CHUNK_BYTES
+    pool, (a, _) = make_pool(capacity=1024 * unit)
+    holes = {}
+    for units in (16, 9, 5, 8, 9, 7):  # allocated in this order: offsets increase
+        holes.setdefault(units, []).append(pool.allocate(units * unit, a))
+        pool.allocate(unit, a)  # a live separator
+    for offs in holes.values():
+        for off in offs:
+            pool.deallocate(off)
+    pool.sync_and_coalesce()  # all synced; separators keep the holes apart
+    assert pool.allocate(6 * unit, a) == holes[7][0]       # bin 6 empty: next bin's first
+    assert pool.allocate(9 * unit, a) == holes[9][0]       # bin 8 holds 8, 9, 9: lowest 9
+    assert pool.allocate(9 * unit, a) == holes[9][1]
+    assert pool.allocate(10 * unit, a) == holes[16][0]     # bins 9-11 empty
+    assert pool.allocate(3 * unit, a) == holes[5][0]       # splits the 5 (bin 5 >= bin 3)
+    assert pool.allocate(8 * unit, a) == holes[8][0]
+    assert pool.allocate(2 * unit, a) == holes[5][0] + 3 * unit  # the 5's remainder
+    assert pool.stats()["num_syncs"] == 1
+    pool.check_invariants()
+
+
 def test_equal_fit_prefers_the_streams_own_unsynced_chunk():
     pool, (a, _) = make_pool(capacity=24 * KiB)
     x = pool.allocate(8 * KiB, a)

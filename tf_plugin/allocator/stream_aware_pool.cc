@@ -60,7 +60,7 @@ StreamAwarePool::StreamAwarePool(std::string name, size_t capacity,
     : name_(std::move(name)),
       backend_(std::move(backend)),
       capacity_(capacity / kMinChunkBytes * kMinChunkBytes),
-      synced_(&chunks_),
+      synced_(kMinChunkBytes),
       trace_(trace_capacity) {
   if (capacity_ == 0) {
     throw std::invalid_argument("pool '" + name_ + "': capacity " +
@@ -84,7 +84,7 @@ StreamAwarePool::StreamAwarePool(std::string name, size_t capacity,
   }
   stream_counters_.resize(1);
   stream_names_.push_back("default");
-  unsynced_.push_back(std::make_unique<FreeChunkSet>(&chunks_));
+  unsynced_.push_back(std::make_unique<FreeChunkSet>(kMinChunkBytes));
 
   ChunkHandle h = NewChunk();
   chunks_[h].offset = 0;
@@ -105,20 +105,12 @@ StreamAwarePool::ChunkHandle StreamAwarePool::NewChunk() {
     return h;
   }
   chunks_.emplace_back();
-  free_position_.emplace_back();
   return static_cast<ChunkHandle>(chunks_.size() - 1);
 }
 
-StreamAwarePool::FreeChunkSet& StreamAwarePool::SetFor(StreamId owner) {
+FreeChunkSet& StreamAwarePool::SetFor(StreamId owner) {
   if (owner == kSyncedOwner) return synced_;
   return *unsynced_[owner];
-}
-
-StreamAwarePool::ChunkHandle StreamAwarePool::BestFit(const FreeChunkSet& set,
-                                                      size_t bytes) const {
-  if (set.bytes < static_cast<int64_t>(bytes)) return kNoChunk;
-  auto it = set.by_size.lower_bound(SizeProbe{bytes});
-  return it == set.by_size.end() ? kNoChunk : *it;
 }
 
 void StreamAwarePool::InsertFree(ChunkHandle h, StreamId owner) {
@@ -127,16 +119,14 @@ void StreamAwarePool::InsertFree(ChunkHandle h, StreamId owner) {
   c.requested = 0;
   c.owner = owner;
   FreeChunkSet& set = SetFor(owner);
-  free_position_[h] = set.by_size.insert(h).first;   // Note [Erase by position]
-  set.bytes += c.size;
+  set.Insert(c.size, c.offset, h);
   if (owner != kSyncedOwner) unsynced_bytes_ += c.size;
 }
 
 void StreamAwarePool::RemoveFree(ChunkHandle h) {
   Chunk& c = chunks_[h];
   FreeChunkSet& set = SetFor(c.owner);
-  set.by_size.erase(free_position_[h]);   // Note [Erase by position]
-  set.bytes -= c.size;
+  set.Erase(c.size, c.offset);
   if (c.owner != kSyncedOwner) unsynced_bytes_ -= c.size;
 }
 
@@ -215,8 +205,8 @@ void* StreamAwarePool::AllocateImpl(size_t bytes, StreamId stream,
     // 1-2. The stream's own unsynced chunks and the synced chunks: both are
     //      safe without a sync, so take the best fit across the two (own
     //      chunk on equal size). See Note [Best fit across own and synced].
-    ChunkHandle h = BestFit(*unsynced_[stream], rounded);
-    const ChunkHandle synced = BestFit(synced_, rounded);
+    ChunkHandle h = unsynced_[stream]->BestFit(rounded);
+    const ChunkHandle synced = synced_.BestFit(rounded);
     if (synced != kNoChunk &&
         (h == kNoChunk || chunks_[synced].size < chunks_[h].size)) {
       h = synced;
@@ -226,7 +216,7 @@ void* StreamAwarePool::AllocateImpl(size_t bytes, StreamId stream,
     //    unsynced chunks sit next to synced ones.
     if (h == kNoChunk && unsynced_bytes_ > 0) {
       SyncAndCoalesceLocked(/*forced_by_allocate=*/true);
-      h = BestFit(synced_, rounded);
+      h = synced_.BestFit(rounded);
     }
     if (h != kNoChunk) return Carve(h, rounded, bytes, stream, op);
   }
@@ -301,13 +291,9 @@ void StreamAwarePool::SyncAndCoalesceLocked(bool forced_by_allocate) {
                 counters_.current, forced_by_allocate ? "allocate" : "explicit");
   // Every free chunk becomes synced; then one pass in address order merges
   // runs of free neighbours.
-  for (auto& set : unsynced_) {
-    set->by_size.clear();
-    set->bytes = 0;
-  }
+  for (auto& set : unsynced_) set->Clear();
   unsynced_bytes_ = 0;
-  synced_.by_size.clear();
-  synced_.bytes = 0;
+  synced_.Clear();
   // Handle 0 is the chunk at offset 0 forever: Merge only retires the later
   // of two neighbours.
   for (ChunkHandle h = 0; h != kNoChunk; h = chunks_[h].next) {
@@ -338,7 +324,7 @@ StreamId StreamAwarePool::RegisterStream(const std::string& name) {
   }
   stream_names_.push_back(name.empty() ? "stream-" + std::to_string(s) : name);
   stream_counters_.emplace_back();
-  unsynced_.push_back(std::make_unique<FreeChunkSet>(&chunks_));
+  unsynced_.push_back(std::make_unique<FreeChunkSet>(kMinChunkBytes));
   return s;
 }
 
@@ -350,8 +336,7 @@ void StreamAwarePool::ReleaseStream(StreamId stream) {
   }
   // The job is gone, so nothing can still be using its freed chunks.
   FreeChunkSet& set = *unsynced_[stream];
-  std::vector<ChunkHandle> handles(set.by_size.begin(), set.by_size.end());
-  for (ChunkHandle h : handles) {
+  for (ChunkHandle h : set.Handles()) {
     RemoveFree(h);
     InsertFree(h, kSyncedOwner);
   }
@@ -382,14 +367,9 @@ int64_t StreamAwarePool::AllocationId(const void* ptr) const {
 }
 
 int64_t StreamAwarePool::LargestFreeChunkLocked() const {
-  int64_t largest = 0;
-  if (!synced_.by_size.empty()) {
-    largest = chunks_[*synced_.by_size.rbegin()].size;
-  }
+  int64_t largest = static_cast<int64_t>(synced_.LargestSize());
   for (const auto& set : unsynced_) {
-    if (!set->by_size.empty()) {
-      largest = std::max<int64_t>(largest, chunks_[*set->by_size.rbegin()].size);
-    }
+    largest = std::max<int64_t>(largest, static_cast<int64_t>(set->LargestSize()));
   }
   return largest;
 }
@@ -403,12 +383,12 @@ PoolStats StreamAwarePool::Stats() const {
   s.counters = counters_;
   s.requested_current = requested_current_;
   s.free_bytes = s.capacity - counters_.current;
-  s.synced_free_bytes = synced_.bytes;
+  s.synced_free_bytes = synced_.bytes();
   s.unsynced_free_bytes = unsynced_bytes_;
   s.largest_free_chunk = LargestFreeChunkLocked();
-  s.num_free_chunks = static_cast<int64_t>(synced_.by_size.size());
+  s.num_free_chunks = static_cast<int64_t>(synced_.size());
   for (const auto& set : unsynced_) {
-    s.num_free_chunks += static_cast<int64_t>(set->by_size.size());
+    s.num_free_chunks += static_cast<int64_t>(set->size());
   }
   s.num_live_chunks = static_cast<int64_t>(chunks_.size() -
                                            free_handles_.size()) -
@@ -435,7 +415,7 @@ std::vector<StreamStats> StreamAwarePool::AllStreamStats() const {
     st.name = stream_names_[s].empty() ? "released-" + std::to_string(s)
                                        : stream_names_[s];
     st.counters = m;
-    st.unsynced_free_bytes = unsynced_[s]->bytes;
+    st.unsynced_free_bytes = unsynced_[s]->bytes();
     out.push_back(std::move(st));
   }
   return out;
@@ -488,8 +468,8 @@ std::string StreamAwarePool::DescribeOom(size_t bytes, StreamId stream,
                      stream < static_cast<StreamId>(stream_names_.size()) &&
                      !stream_names_[stream].empty();
   const std::string job = known ? stream_names_[stream] : "default";
-  size_t free_chunks = synced_.by_size.size();
-  for (const auto& set : unsynced_) free_chunks += set->by_size.size();
+  size_t free_chunks = synced_.size();
+  for (const auto& set : unsynced_) free_chunks += set->size();
   std::ostringstream msg;
   msg << "pool '" << name_ << "' out of memory: job '" << job << "' op '"
       << (op.empty() ? "<unknown>" : std::string(op)) << "' asked "
@@ -509,6 +489,7 @@ std::string StreamAwarePool::CheckInvariants() const {
   ChunkHandle h = 0;
   size_t expect_offset = 0;
   int64_t live = 0, synced = 0, unsynced = 0;
+  size_t free_chunks = 0;
   std::vector<int64_t> per_stream(unsynced_.size(), 0);
   ChunkHandle prev = kNoChunk;
   for (; h != kNoChunk; prev = h, h = chunks_[h].next) {
@@ -530,10 +511,9 @@ std::string StreamAwarePool::CheckInvariants() const {
     } else {
       const FreeChunkSet& set =
           c.owner == kSyncedOwner ? synced_ : *unsynced_[c.owner];
-      if (set.by_size.count(h) != 1) {
+      ++free_chunks;
+      if (set.Find(c.size, c.offset) != h) {
         err << "free chunk at " << c.offset << " missing from its set; ";
-      } else if (set.by_size.find(h) != free_position_[h]) {  // Note [Erase by position]
-        err << "free chunk at " << c.offset << " has a stale set position; ";
       }
       if (c.owner == kSyncedOwner) {
         synced += c.size;
@@ -559,10 +539,16 @@ std::string StreamAwarePool::CheckInvariants() const {
   if (live + synced + unsynced != static_cast<int64_t>(capacity_)) {
     err << "bytes not conserved; ";
   }
-  if (synced != synced_.bytes) err << "synced byte count drifted; ";
+  size_t set_entries = synced_.size();
+  for (const auto& set : unsynced_) set_entries += set->size();
+  if (set_entries != free_chunks) {
+    err << "free sets hold " << set_entries << " entries for " << free_chunks
+        << " free chunks (stale entries); ";
+  }
+  if (synced != synced_.bytes()) err << "synced byte count drifted; ";
   if (unsynced != unsynced_bytes_) err << "unsynced byte count drifted; ";
   for (size_t s = 0; s < unsynced_.size(); ++s) {
-    if (per_stream[s] != unsynced_[s]->bytes) {
+    if (per_stream[s] != unsynced_[s]->bytes()) {
       err << "stream " << s << " unsynced byte count drifted; ";
     }
   }

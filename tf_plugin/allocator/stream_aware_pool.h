@@ -9,8 +9,9 @@
 //     request that does not fit fails (the caller turns that into an OOM).
 //  2. Every chunk's offset and size are multiples of kMinChunkBytes.
 //  3. Free chunks live in exactly one FreeChunkSet: the unsynced set of the
-//     stream that freed them, or the one synced set. At start the whole
-//     arena is one synced free chunk.
+//     stream that freed them, or the one synced set (free_chunk_set.h: size
+//     bins of sorted vectors, Note [Size-binned free sets]). At start the
+//     whole arena is one synced free chunk.
 //  4. Allocate(bytes, stream) takes the best fit (smallest chunk that fits,
 //     lowest offset on ties) from the chunks it may use without a sync: the
 //     stream's own unsynced set and the synced set together (its own chunk
@@ -51,12 +52,12 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "tf_plugin/allocator/event_trace.h"
+#include "tf_plugin/allocator/free_chunk_set.h"
 #include "tf_plugin/allocator/pool_backend.h"
 
 namespace tensile {
@@ -195,42 +196,9 @@ class StreamAwarePool {
     ChunkHandle next = kNoChunk;
   };
 
-  // A lookup key that sorts before every chunk of at least `size` bytes.
-  struct SizeProbe {
-    size_t size;
-  };
-  // Orders free chunks by (size, offset): lower_bound(SizeProbe{n}) is the
-  // best fit for n bytes.
-  struct BySizeThenOffset {
-    using is_transparent = void;
-    const std::vector<Chunk>* chunks;
-    bool operator()(ChunkHandle a, ChunkHandle b) const {
-      const Chunk& ca = (*chunks)[a];
-      const Chunk& cb = (*chunks)[b];
-      if (ca.size != cb.size) return ca.size < cb.size;
-      return ca.offset < cb.offset;
-    }
-    bool operator()(ChunkHandle a, SizeProbe p) const {
-      return (*chunks)[a].size < p.size;
-    }
-    bool operator()(SizeProbe p, ChunkHandle b) const {
-      return p.size <= (*chunks)[b].size;
-    }
-  };
-  // A set of free chunks that can be handed out together: one stream's
-  // unsynced chunks, or the synced chunks.
-  struct FreeChunkSet {
-    explicit FreeChunkSet(const std::vector<Chunk>* chunks)
-        : by_size(BySizeThenOffset{chunks}) {}
-    std::set<ChunkHandle, BySizeThenOffset> by_size;
-    int64_t bytes = 0;
-  };
-  using FreePosition = std::set<ChunkHandle, BySizeThenOffset>::iterator;
 
   // All private methods require mu_ held.
   FreeChunkSet& SetFor(StreamId owner);
-  // Best-fit chunk of at least `bytes` in `set`, or kNoChunk.
-  ChunkHandle BestFit(const FreeChunkSet& set, size_t bytes) const;
   void InsertFree(ChunkHandle h, StreamId owner);
   void RemoveFree(ChunkHandle h);
   // Hands `bytes` of free chunk h to `stream`, splitting off the rest.
@@ -254,12 +222,6 @@ class StreamAwarePool {
 
   mutable std::mutex mu_;
   std::vector<Chunk> chunks_;
-  // Note [Erase by position]: where each free chunk sits in its FreeChunkSet
-  // (by handle; valid while the chunk is free). RemoveFree erased by key,
-  // an equal_range whose comparator reads chunks_ twice per tree level, 9%
-  // of the allocate/free profile, although the position was known when the
-  // chunk was inserted.
-  std::vector<FreePosition> free_position_;
   std::vector<ChunkHandle> free_handles_;
   // Live chunk lookup by address: index (offset / kMinChunkBytes) holds
   // handle + 1 (0 = none). Allocated with calloc so untouched pages cost
