@@ -47,6 +47,7 @@ POOL_HEADERS = [
     REPO / "tf_plugin/allocator/stream_aware_pool.h",
     REPO / "tf_plugin/allocator/device_pool.h",
     REPO / "tf_plugin/allocator/event_trace.h",
+    REPO / "tf_plugin/allocator/free_chunk_set.h",
     REPO / "tf_plugin/allocator/pool_backend.h",
 ]
 ALLOCATORS = [
