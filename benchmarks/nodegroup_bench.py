@@ -27,9 +27,9 @@ does not fit beside the others is queued and retried when one ends, so two
 jobs that each need almost the whole pool finish one after the other. Until
 the eighth session such a trial counted as a success: 2 Transformer jobs at
 batch 56 in 64 MiB (each alone needs 62.4 of the 64 MiB) "passed" when the
-second started after the first ended. Now the child reports the most jobs
-whose admitted -> ended intervals overlap, and a trial of N jobs succeeds
-only when that is N.
+second started after the first ended. Now the child reports the run's
+``most_jobs_running`` (results.json), and a trial of N jobs succeeds only
+when that is N.
 
     PYTHONPATH=. python benchmarks/nodegroup_bench.py --model transformer --pool 160MiB --jobs 2 4 \\
         [--split 4MiB 16MiB auto] [--json out.json]
@@ -69,10 +69,8 @@ for i in range({jobs}):
         input_shape={shape!r}, batch_size={batch}, steps={steps}, seed=i, data={{"num_batches": {num_batches}}},
         optimizer={{"name": {opt!r}, "learning_rate": 0.001}}))))
 r = host.run()
-# Note [Concurrent trials]: the most jobs training at one time (admitted -> ended intervals).
-spans = [(s.admitted_at_s, s.ended_at_s) for s in r.jobs if s.admitted_at_s is not None and s.ended_at_s is not None]
-together = max((sum(1 for a, e in spans if a <= t < e) for t, _ in spans), default=0)
-print(json.dumps({{"finished": all(s.status.value == "finished" for s in r.jobs), "together": together,
+# Note [Concurrent trials]: the most jobs the host had training at one time.
+print(json.dumps({{"finished": all(s.status.value == "finished" for s in r.jobs), "together": r.most_jobs_running,
                   "peak": r.pool.peak, "errors": [(s.error or "")[:200] for s in r.jobs if s.error]}}))
 """
 
