@@ -213,7 +213,7 @@ class PlanPeaks(str, Enum):
 
     timeline = "timeline"      # their time-aligned footprints
     coincident = "coincident"  # the sum of their peaks (Note [Coincident peaks])
-    paired = "paired"          # every floor plus the two largest peaks (Note [Paired peaks])
+    paired = "paired"          # every floor plus the largest peak (Note [Paired peaks])
 
 
 class RunSpec(_Strict):
@@ -231,8 +231,8 @@ class RunSpec(_Strict):
     plan_peaks: PlanPeaks | None = Field(
         None, description="planner: 'timeline' plans for the jobs' time-aligned footprints from their "
         "start_offset_s and predicted step times; 'coincident' for the sum of the jobs' peaks (the seed's "
-        "MP = sum MP_j), as if every job peaked at once; 'paired' for every job's floor plus the two "
-        "largest peaks, as the node-group pipeline runs them (default: 'paired' with pipeline: nodegroup, "
+        "MP = sum MP_j), as if every job peaked at once; 'paired' for every job's floor plus the "
+        "largest peak, as the node-group pipeline staggers them (default: 'paired' with pipeline: nodegroup, "
         "else 'timeline')")
     replan: StrictBool = Field(
         True, description="planner: re-plan the running jobs together while they run, when a job ends "

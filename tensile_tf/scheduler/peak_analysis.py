@@ -25,12 +25,19 @@ current pair run, and the pipeline lays the jobs out so that each one runs its
 allocating groups and then at once its freeing groups; a job that is not in
 the running pair holds about its floor (its footprint between iterations:
 parameters, slots, inputs). ``PoolTimeline(coincident_peaks=True,
-peaking_jobs=2)`` plans for that: the pool peak is the sum of every job's
-floor plus the two largest peaks above a floor, each job analysed at its own
-peak step (the others at their floor step). With two jobs it equals the
-coincident rule; with four it stops asking each job to fit a quarter of what
-the floors leave, which no swap plan can reach (benchmarks/RESULTS.md, the
-4-job hybrid).
+peaking_jobs=k)`` plans for that: the pool peak is the sum of every job's
+floor plus the k largest peaks above a floor, each job analysed at its own
+peak step (the others at their floor step). The host plans node-group jobs
+with k = PAIRED_PEAKING_JOBS = 1, what the pipeline measured: pool peaks of
+the node-group jobs without a plan, against the sole job's floor P and peak
+(benchmarks/RESULTS.md, Issue 20, eighth session):
+small CNN x2 at batch 48, 104.6 MiB for 2 x 5.5 + 94.9 - 5.5 = 105.0 (one
+peak) where two peaks would be 189.8; x4 at batch 40, 112.1 for ~112 (one
+peak); the Transformer x4 at batch 36, 61.2 for ~58-61. Until then k was 2,
+which with two jobs is the coincident rule: the hybrid planned two small CNN
+jobs at batch 48 for 201 MiB against a 90 MiB budget, found "no swap or
+recomputation succeeded", applied eleven small swaps per job, and both jobs
+failed where the pipeline alone trained batch 50.
 
 Note [Free-running steps]. A planned step runs its ops one after another in
 plan order (Note [Plan order] in tensile_tf/rewrite.py); an unplanned step
@@ -164,6 +171,10 @@ class JobFootprint:
     def peak(self) -> int:
         return int(self.F.max()) if self.tas.n else 0
 
+
+
+#: Note [Paired peaks]: how many jobs' peaks above their floors meet under the node-group pipeline.
+PAIRED_PEAKING_JOBS = 1
 
 class PoolTimeline:
     """The global time axis of all jobs (Algorithm 1's time_axis, merged across jobs).

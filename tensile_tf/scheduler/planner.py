@@ -119,7 +119,7 @@ class Planner:
         self.bottleneck_restarts = bottleneck_restarts   # Note [Bottleneck first]
         self.bottlenecks: list[dict[int, int]] = []       # job -> step, served first in this order
         self.keep_plans_without_gain = False               # Note [Never above unplanned]
-        self.peak_model = "coincident" if coincident_peaks else ("paired" if peaking_jobs else "timeline")
+        self.peak_model = ("paired" if peaking_jobs else "coincident") if coincident_peaks else "timeline"
         self.jobs: list[JobState] = []
         self.order: list[SwapDecision] = []
         self.iterations = 0
