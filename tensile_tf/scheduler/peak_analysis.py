@@ -32,10 +32,10 @@ with k = PAIRED_PEAKING_JOBS = 1, what the pipeline measured: pool peaks of
 the node-group jobs without a plan, against the sole job's floor P and peak
 (benchmarks/RESULTS.md, Issue 20, eighth session):
 small CNN x2 at batch 48, 104.6 MiB for 2 x 5.5 + 94.9 - 5.5 = 105.0 (one
-peak) where two peaks would be 189.8; x4 at batch 40, 112.1 for ~112 (one
-peak); the Transformer x4 at batch 36, 61.2 for ~58-61. Until then k was 2,
-which with two jobs is the coincident rule: the hybrid planned two small CNN
-jobs at batch 48 for 201 MiB against a 90 MiB budget, found "no swap or
+peak) where two peaks would be about 195; x4 at batch 40, 112.1 for ~112
+(one peak); the Transformer x4 at batch 36, 61.2 for ~58-61. Until then k was
+2, which with two jobs is the coincident rule: the hybrid planned two small
+CNN jobs at batch 48 for 191.9 MiB against a 90 MiB budget, found "no swap or
 recomputation succeeded", applied eleven small swaps per job, and both jobs
 failed where the pipeline alone trained batch 50.
 
