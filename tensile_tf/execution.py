@@ -412,10 +412,13 @@ def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
                   delta_scale: float = 1.0, horizon_iterations: float = 2.0,
                   coincident_peaks: bool = False,
                   peaking_jobs: int | None = None,
+                  unplanned_peaking_jobs: int | None = None,
                   strategy: str = "tensile") -> tuple[Plan, dict[str, PlannedStep]]:
     """Plans captured jobs together and rewrites each one's step.
     ``peaking_jobs``: with ``coincident_peaks``, how many jobs' peaks meet
-    (Note [Paired peaks] in tensile_tf.scheduler.peak_analysis).
+    (Note [Paired peaks] in tensile_tf.scheduler.peak_analysis);
+    ``unplanned_peaking_jobs``: how many meet while no job runs a plan (whether
+    the unplanned steps fit; default ``peaking_jobs``).
     ``strategy``: the planner's policy, TENSILE's Algorithm 3 or a baseline
     on the same sequences, link and swap ops (``scheduler.baselines.STRATEGIES``)."""
     from tensile_tf.scheduler.baselines import STRATEGIES
@@ -425,7 +428,8 @@ def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
     plan = STRATEGIES[strategy]([c.planner_job for c in captured], pool_bytes=pool_bytes,
                    bandwidth_bytes_per_s=bandwidth_bytes_per_s or DEFAULT_BANDWIDTH_BYTES_PER_S,
                    horizon_iterations=horizon_iterations, enable_recompute=enable_recompute,
-                   coincident_peaks=coincident_peaks, peaking_jobs=peaking_jobs).plan()
+                   coincident_peaks=coincident_peaks, peaking_jobs=peaking_jobs,
+                   unplanned_peaking_jobs=unplanned_peaking_jobs).plan()
     steps = {c.job.name: apply_plan(c.job.step_fn, c.job.example_args, plan.jobs[c.job.name], c.graph,
                                     delta_scale=delta_scale)
              for c in captured}

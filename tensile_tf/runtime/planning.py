@@ -52,7 +52,7 @@ from tensile_tf.runtime.admission import POOL_HEADROOM
 from tensile_tf.runtime.failures import summarize_error
 from tensile_tf.runtime.records import JobState, PlanRecord
 from tensile_tf.scheduler import Plan
-from tensile_tf.scheduler.peak_analysis import PAIRED_PEAKING_JOBS
+from tensile_tf.scheduler.peak_analysis import PAIRED_PEAKING_JOBS, UNPLANNED_PAIRED_PEAKING_JOBS
 
 # A cold-start plan (Note [Cold-start planning]) times its swaps by guessed
 # latencies: the deep MLP of tests/e2e/test_planner_run.py measured up to 20%
@@ -178,7 +178,8 @@ class JobPlanning:
         peaks = self.settings.plan_peaks
         return plan_captured(list(captured), pool_bytes=budget, bandwidth_bytes_per_s=self.settings.swap_bandwidth,
                              coincident_peaks=peaks != PlanPeaks.timeline,
-                             peaking_jobs=PAIRED_PEAKING_JOBS if peaks == PlanPeaks.paired else None)
+                             peaking_jobs=PAIRED_PEAKING_JOBS if peaks == PlanPeaks.paired else None,
+                             unplanned_peaking_jobs=UNPLANNED_PAIRED_PEAKING_JOBS if peaks == PlanPeaks.paired else None)
 
     def plan(self, states: list[JobState], budget: int, *, saved_plan_allowed: bool = False) -> Plan | None:
         """TENSILE over ``states`` for ``budget`` pool bytes; each job's step

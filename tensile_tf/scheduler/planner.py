@@ -92,6 +92,7 @@ class Planner:
                  horizon_iterations: float = 2.0, stop_at_budget: bool = True,
                  enable_recompute: bool = True, max_chain: int = 4, max_iterations: int = 100_000,
                  coincident_peaks: bool = False, peaking_jobs: int | None = None,
+                 unplanned_peaking_jobs: int | None = None,
                  bottleneck_restarts: int = 3):
         if not jobs:
             raise ValueError("planner: no jobs to plan")
@@ -116,6 +117,8 @@ class Planner:
         self.max_iterations = max_iterations
         self.coincident_peaks = coincident_peaks  # Note [Coincident peaks] in peak_analysis
         self.peaking_jobs = peaking_jobs          # Note [Paired peaks] in peak_analysis
+        # Note [Paired peaks]: the peaks that meet when no job runs a plan (None: peaking_jobs)
+        self.unplanned_peaking_jobs = unplanned_peaking_jobs
         self.bottleneck_restarts = bottleneck_restarts   # Note [Bottleneck first]
         self.bottlenecks: list[dict[int, int]] = []       # job -> step, served first in this order
         self.keep_plans_without_gain = False               # Note [Never above unplanned]
@@ -125,6 +128,7 @@ class Planner:
         self.iterations = 0
         self.stop_reason = ""
         self._vanilla_pool_peak = 0
+        self._unplanned_pool_peak = 0
         self._sum_job_peaks = 0
 
     # -- state -----------------------------------------------------------------
@@ -141,9 +145,19 @@ class Planner:
                                       tas, fp, tas, fp.vanilla_peak))
         self.order = []
         self._new_timeline()
-        vt = self.timeline
-        self._vanilla_pool_peak = vt.pool_peak([js.fp.free_running for js in self.jobs])
+        self._set_vanilla_pool_peaks([js.tas for js in self.jobs], [js.fp.free_running for js in self.jobs])
         self._sum_job_peaks = sum(js.vanilla_peak for js in self.jobs)
+
+    def _set_vanilla_pool_peaks(self, tases, free_running) -> None:
+        """The unplanned steps' predicted pool peak (MSR's reference), and the
+        one that decides whether they fit unplanned (Note [Paired peaks])."""
+        offsets = [js.offset_s for js in self.jobs]
+        peaks = {}
+        for k in {self.peaking_jobs, self.unplanned_peaking_jobs or self.peaking_jobs}:
+            peaks[k] = PoolTimeline(tases, offsets, self.horizon_iterations, coincident_peaks=self.coincident_peaks,
+                                    peaking_jobs=k).pool_peak(free_running)
+        self._vanilla_pool_peak = peaks[self.peaking_jobs]
+        self._unplanned_pool_peak = peaks[self.unplanned_peaking_jobs or self.peaking_jobs]
 
     def _new_timeline(self) -> None:
         self.timeline = PoolTimeline([js.tas for js in self.jobs], [js.offset_s for js in self.jobs],
@@ -258,10 +272,8 @@ class Planner:
                 if js.j in retime:
                     js.vanilla_tas = js.vanilla_tas.retimed(js.latencies)
                     js.vanilla_peak = JobFootprint(js.vanilla_tas).vanilla_peak
-            vt = PoolTimeline([js.vanilla_tas for js in self.jobs], [js.offset_s for js in self.jobs],
-                              self.horizon_iterations, coincident_peaks=self.coincident_peaks,
-                              peaking_jobs=self.peaking_jobs)
-            self._vanilla_pool_peak = vt.pool_peak([JobFootprint(js.vanilla_tas).free_running for js in self.jobs])
+            self._set_vanilla_pool_peaks([js.vanilla_tas for js in self.jobs],
+                                         [JobFootprint(js.vanilla_tas).free_running for js in self.jobs])
         self._rebuild(retime=retime)
         self._loop()
         return self._make_plan_with_gain(t0)
@@ -274,7 +286,7 @@ class Planner:
         history: list[int] = []
         it = 0
         self.stop_reason = "no swap or recomputation succeeded"
-        if budget is not None and self.stop_at_budget and self._vanilla_pool_peak <= budget:
+        if budget is not None and self.stop_at_budget and self._unplanned_pool_peak <= budget:
             self.stop_reason = UNPLANNED_FITS   # Note [Free-running steps]: nothing to plan
             swap_ok = rec_ok = False
         while swap_ok or rec_ok:

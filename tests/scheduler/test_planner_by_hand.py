@@ -5,6 +5,7 @@ import pytest
 
 from tensile_tf.scheduler import (GraphBuilder, JobFootprint, JobGraph, LatencyTable, Plan, Planner, PlannerJob,
                                   TensorAccessSequence, UniformLatency)
+from tensile_tf.scheduler.planner import UNPLANNED_FITS
 from tests.scheduler.graphs import FIG1_STEP_BYTES, fig1_graph, recompute_graph
 
 UNIT = UniformLatency(1.0)
@@ -185,6 +186,26 @@ def test_paired_peaks_count_every_floor_and_two_peaks():
     assert met.budget_met and met.pool_planned_peak_bytes <= budget
     assert not Planner(jobs, bandwidth_bytes_per_s=1000.0, pool_bytes=budget, enable_recompute=False,
                        coincident_peaks=True).plan().budget_met
+
+
+def test_unplanned_pipeline_jobs_that_fit_with_one_peak_get_no_plan():
+    """Note [Paired peaks]: whether node-group jobs need a plan is judged with one
+    peak above the floors (UNPLANNED_PAIRED_PEAKING_JOBS), what a plan makes room
+    for with two (PAIRED_PEAKING_JOBS). Two jobs, a budget between the two."""
+    from tensile_tf.scheduler.peak_analysis import PAIRED_PEAKING_JOBS, UNPLANNED_PAIRED_PEAKING_JOBS
+
+    floor, top = min(FIG1_STEP_BYTES), max(FIG1_STEP_BYTES)
+    jobs = [PlannerJob(fig1_graph(name), UNIT) for name in "AB"]
+    budget = 2 * floor + (top - floor) + 10     # one peak fits, two do not
+    kw = dict(bandwidth_bytes_per_s=1000.0, pool_bytes=budget, enable_recompute=False, coincident_peaks=True,
+              peaking_jobs=PAIRED_PEAKING_JOBS)
+    pipeline = Planner(jobs, unplanned_peaking_jobs=UNPLANNED_PAIRED_PEAKING_JOBS, **kw).plan()
+    assert pipeline.stop_reason == UNPLANNED_FITS and pipeline.peak_model == "paired"
+    assert not any(jp.swap_outs or jp.recomputes for jp in pipeline.jobs.values())
+    assert pipeline.pool_vanilla_peak_bytes == 2 * top   # MSR's reference stays the planning model's
+    # Judged with two peaks, the same jobs are planned: swaps are booked.
+    planned = Planner(jobs, **kw).plan()
+    assert planned.stop_reason != UNPLANNED_FITS and any(jp.swap_outs for jp in planned.jobs.values())
 
 
 def test_a_view_has_no_bytes_and_keeps_its_owner_until_its_last_access():
