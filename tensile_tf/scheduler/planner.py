@@ -395,7 +395,10 @@ class Planner:
             jp.swap_ins.sort(key=lambda e: e.start_s)
             jp.swapped_bytes_per_iteration = moved
             jobs[js.name] = jp
-        return Plan(jobs=jobs, pool_vanilla_peak_bytes=self._vanilla_pool_peak, pool_planned_peak_bytes=pool_peak,
+        vanilla_peak = self._vanilla_pool_peak
+        if self.stop_reason == UNPLANNED_FITS:   # Note [Paired peaks]: judged, and predicted, with the unplanned k
+            vanilla_peak = pool_peak = self._unplanned_pool_peak
+        return Plan(jobs=jobs, pool_vanilla_peak_bytes=vanilla_peak, pool_planned_peak_bytes=pool_peak,
                     pool_bytes=self.pool_bytes, bandwidth_bytes_per_s=self.bandwidth,
                     horizon_s=self.timeline.horizon_s, sum_of_job_peaks_bytes=self._sum_job_peaks,
                     iterations=self.iterations, planning_s=seconds, stop_reason=self.stop_reason,
