@@ -31,9 +31,9 @@ peak step (the others at their floor step). Two k's, both measured
 (benchmarks/RESULTS.md, Issue 20, eighth session):
 - Whether the unplanned steps fit the budget: k = UNPLANNED_PAIRED_PEAKING_JOBS
   = 1. Unplanned node-group jobs peak at every floor plus one job's peak:
-  small CNN x2 at batch 48, 104.6 MiB for 2 x 5.5 + 94.9 - 5.5 = 105.0 (two
-  peaks: about 195); x4 at batch 40, 112.1 for ~112; Transformer x4 at batch
-  36, 61.2 for ~58-61. With k = 2 for this test too (two jobs: the coincident
+  small CNN x2 at batch 48, 104.6 MiB for 2 x 5.5 + (94.9 - 5.5) = 100.4
+  (two peaks: about 195); x4 at batch 40, 112.1 for about 108; Transformer x4
+  at batch 36, 61.2 for about 58. With k = 2 for this test too (two jobs: the coincident
   rule), the hybrid planned two small CNN jobs at batch 48 for 191.9 MiB
   against a 90 MiB budget, applied eleven small swaps per job ("no swap or
   recomputation succeeded") and both failed where the pipeline alone
