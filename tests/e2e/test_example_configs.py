@@ -45,6 +45,10 @@ def test_example_config_runs_shortened(tmp_path, name, steps, updates):
         # the point of the quickstart: the pool holds three of the four, so one waits for another to end
         waited = [j for j in jobs if j["admitted_at_s"] >= min(o["ended_at_s"] for o in jobs if o is not j)]
         assert waited, [(j["name"], j["admitted_at_s"], j["ended_at_s"]) for j in jobs]
+        # and the summary says how many trained at once (what results.json records)
+        most = results["most_jobs_running"]
+        words = " ".join(proc.stdout.split())   # rich may wrap the table's title
+        assert 1 <= most < len(jobs) and f"at most {most} of {len(jobs)} jobs at once" in words, proc.stdout[-2000:]
     elif name == "digits.yaml":
         assert all(j["validation"][-1]["metrics"]["accuracy"] > 0.3 for j in jobs), jobs
     elif name == "arrivals.yaml":
