@@ -176,10 +176,11 @@ class JobPlanning:
         """``execution.plan_captured`` with the run's settings (peak model,
         link): the start's plan, a later job's and every re-plan alike."""
         peaks = self.settings.plan_peaks
+        paired = peaks == PlanPeaks.paired   # Note [Paired peaks]
         return plan_captured(list(captured), pool_bytes=budget, bandwidth_bytes_per_s=self.settings.swap_bandwidth,
                              coincident_peaks=peaks != PlanPeaks.timeline,
-                             peaking_jobs=PAIRED_PEAKING_JOBS if peaks == PlanPeaks.paired else None,
-                             unplanned_peaking_jobs=UNPLANNED_PAIRED_PEAKING_JOBS if peaks == PlanPeaks.paired else None)
+                             peaking_jobs=PAIRED_PEAKING_JOBS if paired else None,
+                             unplanned_peaking_jobs=UNPLANNED_PAIRED_PEAKING_JOBS if paired else None)
 
     def plan(self, states: list[JobState], budget: int, *, saved_plan_allowed: bool = False) -> Plan | None:
         """TENSILE over ``states`` for ``budget`` pool bytes; each job's step

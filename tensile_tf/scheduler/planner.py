@@ -117,8 +117,8 @@ class Planner:
         self.max_iterations = max_iterations
         self.coincident_peaks = coincident_peaks  # Note [Coincident peaks] in peak_analysis
         self.peaking_jobs = peaking_jobs          # Note [Paired peaks] in peak_analysis
-        # Note [Paired peaks]: the peaks that meet when no job runs a plan (None: peaking_jobs)
-        self.unplanned_peaking_jobs = unplanned_peaking_jobs
+        # Note [Paired peaks]: the peaks that meet while no job runs a plan
+        self.unplanned_peaking_jobs = unplanned_peaking_jobs if unplanned_peaking_jobs is not None else peaking_jobs
         self.bottleneck_restarts = bottleneck_restarts   # Note [Bottleneck first]
         self.bottlenecks: list[dict[int, int]] = []       # job -> step, served first in this order
         self.keep_plans_without_gain = False               # Note [Never above unplanned]
@@ -153,11 +153,11 @@ class Planner:
         one that decides whether they fit unplanned (Note [Paired peaks])."""
         offsets = [js.offset_s for js in self.jobs]
         peaks = {}
-        for k in {self.peaking_jobs, self.unplanned_peaking_jobs or self.peaking_jobs}:
+        for k in {self.peaking_jobs, self.unplanned_peaking_jobs}:
             peaks[k] = PoolTimeline(tases, offsets, self.horizon_iterations, coincident_peaks=self.coincident_peaks,
                                     peaking_jobs=k).pool_peak(free_running)
         self._vanilla_pool_peak = peaks[self.peaking_jobs]
-        self._unplanned_pool_peak = peaks[self.unplanned_peaking_jobs or self.peaking_jobs]
+        self._unplanned_pool_peak = peaks[self.unplanned_peaking_jobs]
 
     def _new_timeline(self) -> None:
         self.timeline = PoolTimeline([js.tas for js in self.jobs], [js.offset_s for js in self.jobs],

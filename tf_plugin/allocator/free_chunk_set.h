@@ -83,14 +83,10 @@ class FreeChunkSet {
   // Removes the chunk at (size, offset); false if the set does not hold it.
   bool Erase(size_t size, size_t offset) {
     const int b = SizeBin(size >> unit_shift_);
-    std::vector<Entry>& bin = bins_[b];
-    auto it = std::lower_bound(bin.begin(), bin.end(),
-                               Entry{size, offset, kNone}, Before);
-    if (it == bin.end() || it->size != size || it->offset != offset) {
-      return false;
-    }
-    bin.erase(it);
-    if (bin.empty()) occupied_[b / 64] &= ~(uint64_t{1} << (b % 64));
+    const ptrdiff_t at = Locate(b, size, offset);
+    if (at < 0) return false;
+    bins_[b].erase(bins_[b].begin() + at);
+    if (bins_[b].empty()) occupied_[b / 64] &= ~(uint64_t{1} << (b % 64));
     bytes_ -= static_cast<int64_t>(size);
     --count_;
     return true;
@@ -112,12 +108,9 @@ class FreeChunkSet {
 
   // The handle stored for (size, offset), or kNone.
   Handle Find(size_t size, size_t offset) const {
-    const std::vector<Entry>& bin = bins_[SizeBin(size >> unit_shift_)];
-    auto it = std::lower_bound(bin.begin(), bin.end(),
-                               Entry{size, offset, kNone}, Before);
-    return it != bin.end() && it->size == size && it->offset == offset
-               ? it->handle
-               : kNone;
+    const int b = SizeBin(size >> unit_shift_);
+    const ptrdiff_t at = Locate(b, size, offset);
+    return at < 0 ? kNone : bins_[b][at].handle;
   }
 
   // Size of the largest chunk, 0 when empty.
@@ -164,6 +157,13 @@ class FreeChunkSet {
 
   static bool Before(const Entry& a, const Entry& b) {
     return a.size != b.size ? a.size < b.size : a.offset < b.offset;
+  }
+
+  // Where (size, offset) sits in bin b, or -1.
+  ptrdiff_t Locate(int b, size_t size, size_t offset) const {
+    const std::vector<Entry>& bin = bins_[b];
+    auto it = std::lower_bound(bin.begin(), bin.end(), Entry{size, offset, kNone}, Before);
+    return it != bin.end() && it->size == size && it->offset == offset ? it - bin.begin() : -1;
   }
 
   // First non-empty bin at or above `from`, or -1.
