@@ -172,10 +172,8 @@ class PoolAdapterSubject : public Subject {
     const auto& annotation =
         tsl::profiler::ScopedMemoryDebugAnnotation::CurrentAnnotation();
     tensile::StreamId s = tensile::StreamForStep(annotation.pending_step_id);
-    const tensile::Placement placement = tensile::PlacementFor(
-        s != tensile::kDefaultStream, annotation.pending_op_name);
     if (s == tensile::kDefaultStream) s = stream;  // recorded attribution
-    return pool_.Allocate(bytes, s, annotation.pending_op_name, placement);
+    return pool_.Allocate(bytes, s, annotation.pending_op_name);
   }
   void Free(void* p, std::string_view) override {
     const auto& annotation =

@@ -17,15 +17,19 @@ trace's explicit syncs) and varies only where a request is placed:
   (policy 4; Note [Best fit across own and synced]);
 - best-fit-across+high-end: the same, but requests of 1 MiB or more are
   carved from the high end of their chunk (large and small apart);
-- long-lived-top: best-fit-across, except that the allocations the TF
-  adapter calls long lived (the trace's ``long_lived``: eager ops outside a
-  train step; Note [Which allocations are long lived] in device_pool.h) take
-  the highest fitting chunk and are cut from its top (policy 4b: what the
-  pool does since the ninth session);
-- oracle-lifetime-top (a bound, not a policy): the same, but "long lived"
-  read from the future: every allocation that outlives LONG_EVENTS events of
-  the trace. No pool can know this; it shows what lifetime segregation could
-  reach at best.
+- eager-top: best-fit-across, except that allocations of eager ops (op names
+  without a "/" scope: TensorFlow names an eager op by its type; variables,
+  their initializers, optimizer slots) take the highest fitting chunk and
+  are cut from its top, so long-lived buffers stack down from the arena's
+  end. Prototyped in the pool twice (5a3f494, and 6d7bc1e where the TF
+  adapter classified by step binding) and not adopted: replays of recorded
+  traces moved both ways (benchmarks/RESULTS.md, "Fragmentation, ninth
+  session"). The name rule is approximate: ops of a small tf.function can be
+  unscoped too;
+- oracle-lifetime-top (a bound, not a policy): like eager-top, but "long
+  lived" read from the future: every allocation that outlives LONG_EVENTS
+  events of the trace. No pool can know this; it shows what lifetime
+  segregation could reach at best.
 
 Note [Robust arena]. The smallest arena that serves a trace is not
 monotone: an arena 1% larger can fail where a smaller one served, because a
@@ -54,7 +58,7 @@ import sys
 MIN_CHUNK = 256
 LARGE = 1 << 20
 SYNCED = -1
-POLICIES = ("seed-order", "best-fit-across", "best-fit-across+high-end", "long-lived-top",
+POLICIES = ("seed-order", "best-fit-across", "best-fit-across+high-end", "eager-top",
             "oracle-lifetime-top")
 LONG_EVENTS = 5000          # oracle-lifetime-top: "long lived" = outlives this many trace events
 GRID_STEP, GRID_TOP = 0.01, 1.5   # Note [Robust arena]
@@ -107,7 +111,7 @@ class ReplayPool:
 
     def allocate(self, nbytes: int, stream: int, long_lived: bool = False) -> int | None:
         n = max(1, -(-nbytes // MIN_CHUNK)) * MIN_CHUNK
-        if long_lived and self.policy.endswith("-top"):  # policy 4b
+        if long_lived and self.policy.endswith("-top"):  # highest fit, cut from its top
             fit = self._highest_fit(self._free_chunks(stream) + self._free_chunks(SYNCED), n)
             if fit is None:
                 self.sync()
@@ -179,10 +183,8 @@ def long_lived_flags(trace: list[dict], policy: str) -> list[bool]:
     if policy == "oracle-lifetime-top":
         life = lifetimes(trace)
         return [life.get(i, 0) > LONG_EVENTS for i in range(len(trace))]
-    if policy == "long-lived-top":
-        if not any("long_lived" in e for e in trace if e["kind"] == "alloc"):
-            raise SystemExit("this trace has no long_lived flags: record it again with this version's pool")
-        return [bool(e.get("long_lived")) for e in trace]
+    if policy == "eager-top":
+        return [e["kind"] == "alloc" and bool(e["op"]) and "/" not in e["op"] for e in trace]
     return [False] * len(trace)
 
 

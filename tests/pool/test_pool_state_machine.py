@@ -23,14 +23,13 @@ class PoolMachine(RuleBasedStateMachine):
         self.freed_by = {}  # offset of a freed chunk -> stream, until the next sync
         self.next_fill = 1
 
-    @rule(target=live, stream=st.integers(0, STREAMS - 1), nbytes=st.integers(0, 12 * 1024),
-          long_lived=st.booleans())
-    def allocate(self, stream, nbytes, long_lived):
+    @rule(target=live, stream=st.integers(0, STREAMS - 1), nbytes=st.integers(0, 12 * 1024))
+    def allocate(self, stream, nbytes):
         sid = self.streams[stream]
         syncs_before = self.pool.stats()["num_syncs"]
-        expected = (self._highest_fit_without_sync if long_lived else self._best_fit_without_sync)(nbytes, sid)
+        expected = self._best_fit_without_sync(nbytes, sid)
         try:
-            off = self.pool.allocate(nbytes, sid, long_lived=long_lived)
+            off = self.pool.allocate(nbytes, sid)
         except PoolOutOfMemory:
             s = self.pool.stats()
             if s["num_syncs"] > syncs_before:  # the failed search synced first
@@ -46,9 +45,8 @@ class PoolMachine(RuleBasedStateMachine):
             assert expected is None, "synced although a chunk fitted without a sync"
         else:
             # Placement (policy 4): the best fit, by (size, offset), across the stream's own
-            # unsynced chunks and the synced ones, own chunk on equal size. Policy 4b (long
-            # lived): the top of the highest fitting chunk of the same two sets.
-            assert off == expected, f"placed at {off}, policy {'4b' if long_lived else '4'} says {expected}"
+            # unsynced chunks and the synced ones, own chunk on equal size.
+            assert off == expected, f"placed at {off}, best fit is {expected}"
         # Never hand a chunk freed by another stream before a sync.
         for freed_off, by in self.freed_by.items():
             if by != sid:
@@ -68,16 +66,6 @@ class PoolMachine(RuleBasedStateMachine):
         if synced is not None and (own is None or synced[0] < own[0]):
             return synced[1]
         return None if own is None else own[1]
-
-    def _highest_fit_without_sync(self, nbytes, sid):
-        """Offset policy 4b of stream_aware_pool.h picks without a sync, or None."""
-        rounded = max(1, -(-nbytes // MIN_CHUNK_BYTES)) * MIN_CHUNK_BYTES
-        free = [c for c in self.pool.chunks()
-                if not c["in_use"] and c["size"] >= rounded and c["owner"] in (sid, SYNCED)]
-        if not free:
-            return None
-        top = max(free, key=lambda c: c["offset"])
-        return top["offset"] + top["size"] - rounded if top["size"] - rounded >= MIN_CHUNK_BYTES else top["offset"]
 
     @rule(off=consumes(live))
     def free(self, off):

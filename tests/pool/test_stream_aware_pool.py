@@ -92,36 +92,6 @@ def test_best_fit_across_size_bins():
     pool.check_invariants()
 
 
-def test_long_lived_allocations_stack_down_from_the_arena_top():
-    """Policy 4b (Note [Long-lived allocations at the top]): a long-lived request takes the
-    fitting chunk with the highest offset and is cut from its top; best fit still packs
-    temporaries from the bottom, so the free bytes between the two stay in one piece."""
-    pool, (a, b) = make_pool(capacity=64 * KiB)
-    var1 = pool.allocate(4 * KiB, a, long_lived=True)
-    var2 = pool.allocate(2 * KiB, b, long_lived=True)
-    tmp = pool.allocate(8 * KiB, a)
-    assert (var1, var2, tmp) == (60 * KiB, 58 * KiB, 0)
-    assert pool.chunks()[1] == dict(offset=8 * KiB, size=50 * KiB, requested=0, in_use=False, owner=SYNCED)
-    # A copy-on-write update frees the old variable: its hole is a's own unsynced chunk and
-    # the highest fit, so the next long-lived request of a lands there, at its top.
-    pool.deallocate(var1)
-    assert pool.allocate(1 * KiB, a, long_lived=True) == 63 * KiB
-    # Stream b may not take a's unsynced hole before a sync: its highest fit is synced.
-    assert pool.allocate(1 * KiB, b, long_lived=True) == 57 * KiB
-    events = [e for e in pool.trace() if e["kind"] == "alloc"]
-    assert [e["long_lived"] for e in events] == [True, True, False, True, True]
-    pool.check_invariants()
-
-
-def test_long_lived_request_syncs_only_when_nothing_safe_fits():
-    pool, (a, b) = make_pool(capacity=16 * KiB)
-    x = pool.allocate(8 * KiB, a)
-    pool.allocate(8 * KiB, a)
-    pool.deallocate(x)  # a's unsynced 8 KiB is the only free memory
-    assert pool.allocate(4 * KiB, b, long_lived=True) == 4 * KiB  # after the sync, its top half
-    assert pool.stats()["num_allocator_syncs"] == 1
-
-
 def test_equal_fit_prefers_the_streams_own_unsynced_chunk():
     pool, (a, _) = make_pool(capacity=24 * KiB)
     x = pool.allocate(8 * KiB, a)

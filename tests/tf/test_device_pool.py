@@ -178,32 +178,3 @@ def test_a_long_op_name_keeps_its_head_and_tail_in_the_trace():
     assert [t for t in traced if tensile_tf.memory.traced_op_matches(t, second)] != []
     assert not any(tensile_tf.memory.traced_op_matches(t, first) and tensile_tf.memory.traced_op_matches(t, second)
                    for t in traced)
-
-
-def test_eager_variables_are_placed_long_lived_and_a_steps_allocations_best_fit():
-    """Note [Which allocations are long lived] (device_pool.h), through real TF kernels: a
-    variable made by an eager op is cut from the arena's top; the step's temporaries, and
-    the copy TensorFlow makes when the step updates a variable whose buffer another tensor
-    still shares, are best fit, far below it."""
-    tensile_tf.memory.device_pool().clear_trace()
-    with tensile_tf.JobStream("long-lived") as job:
-        with job.eager_scope():
-            v = tf.Variable(tf.ones([256, 256]))
-
-        def step(x):
-            before = v.read_value()  # still referenced when the update runs: TF must copy v
-            v.assign_sub(tf.matmul(x, x) * 1e-3)
-            return before, tf.reduce_sum(tf.matmul(x, x))
-
-        f = job.step_function(step)
-        f(tf.ones([256, 256]))
-        events = [e for e in tensile_tf.pool_trace() if e["kind"] == "alloc" and e["stream"] == job.stream]
-        big = 256 * 256 * 4
-        long_lived = [e for e in events if e["long_lived"] and e["bytes"] >= big]
-        best_fit = [e for e in events if not e["long_lived"] and e["bytes"] >= big]
-        assert long_lived and all("/" not in e["op"] and e["op"] for e in long_lived)  # the eager variable
-        assert any("MatMul" in e["op"] for e in best_fit)
-        assert any("AssignSubVariableOp" in e["op"] for e in best_fit), [(e["op"], e["long_lived"]) for e in events]
-        capacity = tensile_tf.pool_stats()["capacity"]
-        assert min(e["offset"] for e in long_lived) > capacity // 2 > max(e["offset"] for e in best_fit)
-        del v, f

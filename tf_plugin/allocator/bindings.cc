@@ -106,14 +106,12 @@ Streams are jobs; allocate() returns an arena offset.)doc")
       .def(
           "allocate",
           [](StreamAwarePool& p, int64_t nbytes, int stream,
-             const std::string& op, bool long_lived) {
+             const std::string& op) {
             if (nbytes < 0) throw py::value_error("nbytes must be >= 0");
             void* ptr;
             {
               py::gil_scoped_release release;
-              ptr = p.Allocate(static_cast<size_t>(nbytes), stream, op,
-                               long_lived ? tensile::Placement::kLongLived
-                                          : tensile::Placement::kBestFit);
+              ptr = p.Allocate(static_cast<size_t>(nbytes), stream, op);
             }
             if (ptr == nullptr) {
               PyErr_SetString(pool_oom,
@@ -123,10 +121,7 @@ Streams are jobs; allocate() returns an arena offset.)doc")
             return static_cast<int64_t>(static_cast<char*>(ptr) - p.base());
           },
           py::arg("nbytes"), py::arg("stream") = 0, py::arg("op") = "",
-          py::arg("long_lived") = false,
-          "Allocates nbytes for `stream`; returns the arena offset. "
-          "long_lived=True places it as policy 4b of stream_aware_pool.h "
-          "(highest fitting chunk, cut from its top).")
+          "Allocates nbytes for `stream`; returns the arena offset.")
       .def(
           "deallocate",
           [](StreamAwarePool& p, int64_t offset, const std::string& op) {
@@ -174,7 +169,6 @@ Streams are jobs; allocate() returns an arena offset.)doc")
                d["offset"] = e.offset;
                d["pool_current"] = e.pool_current;
                d["op"] = e.op_name();
-               if (e.kind == tensile::PoolEventKind::kAlloc) d["long_lived"] = e.long_lived;
                out.append(d);
              }
              return out;

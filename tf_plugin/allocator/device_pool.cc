@@ -101,17 +101,9 @@ StreamId SetThreadStream(StreamId stream) {
 
 StreamId ThreadStream() { return t_thread_stream; }
 
-Placement PlacementFor(bool in_train_step, std::string_view op) {
-  const bool eager_op = !in_train_step && !op.empty() &&
-                        op.find('/') == std::string_view::npos;
-  return eager_op ? Placement::kLongLived : Placement::kBestFit;
-}
-
-AllocationRoute RouteAllocation(int64_t step_id, std::string_view op) {
-  const StreamId step_stream = StreamForStep(step_id);
-  const bool in_train_step = step_stream != kDefaultStream;
-  return {in_train_step ? step_stream : t_thread_stream,
-          PlacementFor(in_train_step, op)};
+StreamId StreamForAllocation(int64_t step_id) {
+  const StreamId s = StreamForStep(step_id);
+  return s != kDefaultStream ? s : t_thread_stream;
 }
 
 }  // namespace tensile

@@ -10,7 +10,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <string_view>
 
 #include "tf_plugin/allocator/stream_aware_pool.h"
 
@@ -46,38 +45,8 @@ StreamId StreamForStep(int64_t step_id);
 // Returns the previous value.
 StreamId SetThreadStream(StreamId stream);
 StreamId ThreadStream();
-
-// Where an allocation goes: its stream (StreamForStep(step_id), else the
-// calling thread's stream) and its placement (Note [Which allocations are
-// long lived]).
-struct AllocationRoute {
-  StreamId stream = kDefaultStream;
-  Placement placement = Placement::kBestFit;
-};
-AllocationRoute RouteAllocation(int64_t step_id, std::string_view op);
-
-// Note [Which allocations are long lived]
-// The pool cuts long-lived allocations from the arena's top (Note
-// [Long-lived allocations at the top] in stream_aware_pool.h); this decides
-// which those are, from what TensorFlow tells an allocator: the op's name and
-// whether the op runs inside a bound train step. Long lived: an eager op, i.e.
-// an op kernel outside any bound train step whose name has no "/" (eager ops
-// are named by their type: variable creation and initialisation, optimizer
-// slots, restores). Its result usually outlives every step; its temporaries
-// (an initializer's random numbers) are long lived too by this rule, are freed
-// at once, and the variable that follows takes their place at the top.
-// Best fit: everything else, including
-//  * graph ops that run outside a bound step (scoped names: "ConstantFolding/"
-//    constants while a function is instantiated, and thousands of small
-//    "gradient_tape/" temporaries per InceptionV3 run whose step id is not
-//    bound; that those are unbound is not explained yet);
-//  * allocations of no op (tensors made from Python data, freed soon);
-//  * variable updates that copy (TensorFlow copies when another tensor still
-//    shares the variable's buffer). They were placed long lived at first:
-//    Adam copies every step and each copy lives one step, so the two-MLP
-//    trace needed 1.11x for 1.09x without (benchmarks/RESULTS.md,
-//    "Fragmentation, ninth session").
-Placement PlacementFor(bool in_train_step, std::string_view op);
+// StreamForStep(step_id), else the calling thread's stream.
+StreamId StreamForAllocation(int64_t step_id);
 
 // Host fallback (Note [Host fallback for conversions] in tf_pool_allocator.cc):
 // allocations made outside any op kernel that the pool cannot serve.

@@ -59,7 +59,6 @@ struct PoolEvent {
   static constexpr size_t kOpNameHead = 20;
   int64_t time_ns = 0;      // steady clock, nanoseconds
   PoolEventKind kind = PoolEventKind::kAlloc;
-  bool long_lived = false;  // alloc: cut from the top (Placement::kLongLived)
   int32_t stream = 0;       // the job ("stream") the event belongs to
   int64_t bytes = 0;        // chunk bytes (alloc/free), requested bytes (oom)
   int64_t offset = -1;      // arena offset of the chunk; -1 for sync/oom
@@ -111,13 +110,11 @@ class EventTrace {
   void set_enabled(bool enabled) { enabled_ = enabled; }
 
   void Record(PoolEventKind kind, int32_t stream, int64_t bytes,
-              int64_t offset, int64_t pool_current, std::string_view op,
-              bool long_lived = false) {
+              int64_t offset, int64_t pool_current, std::string_view op) {
     if (!enabled()) return;
     PoolEvent& e = events_[slot_];   // Note [Ring index without division]
     e.time_ns = RawEventTime(tsc_);   // converted in Snapshot()
     e.kind = kind;
-    e.long_lived = long_lived;
     e.stream = stream;
     e.bytes = bytes;
     e.offset = offset;

@@ -17,8 +17,6 @@
 //     size: exactly the (size, offset) order of the std::set this replaces,
 //     so placement is unchanged (tests/pool's state machine checks it
 //     against a model of that order).
-//  4. HighestFit(bytes): the fitting chunk with the highest offset, by a
-//     scan of the bins that can hold one (long-lived allocations only).
 //
 // Note [Size-binned free sets]
 // The free sets were `std::set<ChunkHandle>` ordered by a comparator that
@@ -106,27 +104,6 @@ class FreeChunkSet {
     if (it != bin.end()) return it->handle;
     const int next = NextOccupied(b + 1);
     return next < 0 ? kNone : bins_[next].front().handle;
-  }
-
-  // Layout rule 4: the chunk of at least `bytes` with the highest offset, or
-  // kNone. Scans every entry of bytes' bin and the bins above it: linear in
-  // the set's population, which is small in training (Note [Size-binned
-  // free sets]); only long-lived allocations ask (Note [Long-lived
-  // allocations at the top] in stream_aware_pool.h).
-  Handle HighestFit(size_t bytes) const {
-    if (bytes_ < static_cast<int64_t>(bytes)) return kNone;
-    Handle best = kNone;
-    size_t best_offset = 0;
-    for (int b = NextOccupied(SizeBin(bytes >> unit_shift_)); b >= 0;
-         b = NextOccupied(b + 1)) {
-      for (const Entry& e : bins_[b]) {
-        if (e.size >= bytes && (best == kNone || e.offset > best_offset)) {
-          best = e.handle;
-          best_offset = e.offset;
-        }
-      }
-    }
-    return best;
   }
 
   // The handle stored for (size, offset), or kNone.

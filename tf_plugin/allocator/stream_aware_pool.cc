@@ -144,26 +144,10 @@ MemoryCounters& StreamAwarePool::CountersFor(StreamId stream) {
 }
 
 void* StreamAwarePool::Carve(ChunkHandle h, size_t bytes, size_t requested,
-                             StreamId stream, std::string_view op,
-                             Placement placement) {
+                             StreamId stream, std::string_view op) {
   RemoveFree(h);
   const StreamId set_owner = chunks_[h].owner;
-  const bool long_lived = placement == Placement::kLongLived;
-  if (long_lived && chunks_[h].size - bytes >= kMinChunkBytes) {
-    // Policy 4b: the allocation is the chunk's top; the rest stays below.
-    ChunkHandle top = NewChunk();  // may reallocate chunks_
-    Chunk& c = chunks_[h];
-    Chunk& t = chunks_[top];
-    t.size = bytes;
-    t.offset = c.offset + c.size - bytes;
-    t.prev = h;
-    t.next = c.next;
-    if (c.next != kNoChunk) chunks_[c.next].prev = top;
-    c.next = top;
-    c.size -= bytes;
-    InsertFree(h, set_owner);
-    h = top;
-  } else if (chunks_[h].size - bytes >= kMinChunkBytes) {
+  if (chunks_[h].size - bytes >= kMinChunkBytes) {
     ChunkHandle rest = NewChunk();  // may reallocate chunks_
     Chunk& c = chunks_[h];
     Chunk& r = chunks_[rest];
@@ -193,48 +177,22 @@ void* StreamAwarePool::Carve(ChunkHandle h, size_t bytes, size_t requested,
   }
   requested_current_ += static_cast<int64_t>(requested);
   trace_.Record(PoolEventKind::kAlloc, stream, size,
-                static_cast<int64_t>(c.offset), counters_.current, op,
-                long_lived);
+                static_cast<int64_t>(c.offset), counters_.current, op);
   return base_ + c.offset;
 }
 
 void* StreamAwarePool::Allocate(size_t bytes, StreamId stream,
-                                std::string_view op, Placement placement) {
-  return AllocateImpl(bytes, stream, op, placement, /*count_oom=*/true);
+                                std::string_view op) {
+  return AllocateImpl(bytes, stream, op, /*count_oom=*/true);
 }
 
 void* StreamAwarePool::TryAllocate(size_t bytes, StreamId stream,
-                                   std::string_view op, Placement placement) {
-  return AllocateImpl(bytes, stream, op, placement, /*count_oom=*/false);
-}
-
-StreamAwarePool::ChunkHandle StreamAwarePool::FindFit(
-    size_t bytes, StreamId stream, Placement placement) const {
-  const FreeChunkSet& own = *unsynced_[stream];
-  if (placement == Placement::kLongLived) {
-    // 4b. The highest fitting chunk of the two sets.
-    const ChunkHandle h = own.HighestFit(bytes);
-    const ChunkHandle synced = synced_.HighestFit(bytes);
-    if (synced != kNoChunk &&
-        (h == kNoChunk || chunks_[synced].offset > chunks_[h].offset)) {
-      return synced;
-    }
-    return h;
-  }
-  // 4. The best fit across the two sets, own chunk on equal size (Note [Best
-  //    fit across own and synced]).
-  const ChunkHandle h = own.BestFit(bytes);
-  const ChunkHandle synced = synced_.BestFit(bytes);
-  if (synced != kNoChunk &&
-      (h == kNoChunk || chunks_[synced].size < chunks_[h].size)) {
-    return synced;
-  }
-  return h;
+                                   std::string_view op) {
+  return AllocateImpl(bytes, stream, op, /*count_oom=*/false);
 }
 
 void* StreamAwarePool::AllocateImpl(size_t bytes, StreamId stream,
-                                    std::string_view op, Placement placement,
-                                    bool count_oom) {
+                                    std::string_view op, bool count_oom) {
   const size_t rounded =
       std::max<size_t>(1, (bytes + kMinChunkBytes - 1) / kMinChunkBytes) *
       kMinChunkBytes;
@@ -245,16 +203,22 @@ void* StreamAwarePool::AllocateImpl(size_t bytes, StreamId stream,
   }
   if (rounded <= capacity_) {
     // 1-2. The stream's own unsynced chunks and the synced chunks: both are
-    //      safe without a sync (policy 4 or 4b picks among them).
-    ChunkHandle h = FindFit(rounded, stream, placement);
+    //      safe without a sync, so take the best fit across the two (own
+    //      chunk on equal size). See Note [Best fit across own and synced].
+    ChunkHandle h = unsynced_[stream]->BestFit(rounded);
+    const ChunkHandle synced = synced_.BestFit(rounded);
+    if (synced != kNoChunk &&
+        (h == kNoChunk || chunks_[synced].size < chunks_[h].size)) {
+      h = synced;
+    }
     // 3. Other streams' unsynced chunks, which need a sync first. The sync
     //    also coalesces, so it can help even when only this stream's
     //    unsynced chunks sit next to synced ones.
     if (h == kNoChunk && unsynced_bytes_ > 0) {
       SyncAndCoalesceLocked(/*forced_by_allocate=*/true);
-      h = FindFit(rounded, stream, placement);
+      h = synced_.BestFit(rounded);
     }
-    if (h != kNoChunk) return Carve(h, rounded, bytes, stream, op, placement);
+    if (h != kNoChunk) return Carve(h, rounded, bytes, stream, op);
   }
   if (!count_oom) return nullptr;
   counters_.num_ooms += 1;

@@ -19,12 +19,6 @@
 //     from the synced set again, which now also holds every other stream's
 //     former unsynced chunks. A chunk is split when the remainder is at least
 //     kMinChunkBytes; the remainder stays in the set it came from.
-//  4b. A long-lived allocation (Placement::kLongLived) searches the same sets,
-//     and after the same sync, for the fitting chunk with the HIGHEST
-//     offset, and is cut from that chunk's top end; the rest of the chunk
-//     stays below, in its set. Long-lived buffers so stack down from the
-//     arena's end while step temporaries pack up from its start (Note
-//     [Long-lived allocations at the top]).
 //  5. Deallocate puts the chunk in its stream's unsynced set and coalesces it
 //     only with address neighbours in that same set. Coalescing with a synced
 //     neighbour is deferred: it would turn synced bytes into unsynced bytes
@@ -44,24 +38,6 @@
 // a sync) and needs far less headroom. Replaying a recorded small_cnn step
 // (peak 55.3 MiB), the smallest arena that served it fell from 80.9 MiB
 // (seed order) to 64.5 MiB (benchmarks/RESULTS.md, "Fragmentation").
-//
-// Note [Long-lived allocations at the top]
-// A job's variables are made once, outside any train step, and live as long
-// as the job. Best fit puts them wherever a hole fits, so the second job's
-// variables, built while the first job trains, land among the first job's
-// step temporaries, and a large temporary later finds the free bytes cut
-// into pieces. Cutting them from the top keeps them out of the region the
-// steps' temporaries cycle through. Replaying recorded traces
-// (benchmarks/fragmentation_replay.py, Note [Robust arena] there;
-// benchmarks/RESULTS.md, "Fragmentation, ninth session"), the arena from
-// which every larger one serves two InceptionV3 jobs fell from 1.40x the
-// peak bytes to 1.25x, and stayed at 1.09x on a small CNN trace and went
-// from 1.10x to 1.09x on two Adam MLPs. The TF adapter says which
-// allocations are long lived (device_pool.h, Note [Which allocations are
-// long lived]); the pool only places them. Searching for the highest fit
-// scans the free sets (FreeChunkSet::HighestFit); it runs for eager ops, not
-// for a step's temporaries, so the allocate/free pair cost of a step is
-// unchanged.
 //
 // Invariant relied on by the TF adapter and checked by CheckInvariants():
 // a chunk freed by stream A is never handed to stream B != A before a sync.
@@ -91,12 +67,6 @@ using StreamId = int32_t;
 // input conversion) belong to this stream.
 constexpr StreamId kDefaultStream = 0;
 constexpr StreamId kMaxStreams = 1024;
-
-// Where Allocate places a request (policy 4 and 4b).
-enum class Placement : uint8_t {
-  kBestFit = 0,    // smallest fitting chunk, cut from its bottom
-  kLongLived = 1,  // highest fitting chunk, cut from its top
-};
 
 // Byte counters, one vocabulary for the pool and for each stream.
 struct MemoryCounters {
@@ -165,13 +135,11 @@ class StreamAwarePool {
   // Returns a pointer into the arena of at least `bytes` bytes, aligned to
   // kMinChunkBytes, or nullptr when no chunk can be found even after a sync
   // (an OOM: counted and traced; DescribeOom() says why).
-  void* Allocate(size_t bytes, StreamId stream, std::string_view op = {},
-                 Placement placement = Placement::kBestFit);
+  void* Allocate(size_t bytes, StreamId stream, std::string_view op = {});
   // Allocate without counting or tracing a failure: nullptr means "not now"
   // (the TF adapter's bounded wait for frees, Note [Waiting for frees] in
   // tf_pool_allocator.cc, calls Allocate once more when it gives up).
-  void* TryAllocate(size_t bytes, StreamId stream, std::string_view op = {},
-                    Placement placement = Placement::kBestFit);
+  void* TryAllocate(size_t bytes, StreamId stream, std::string_view op = {});
   // Frees a pointer returned by Allocate. The chunk joins the unsynced set of
   // the stream that allocated it. Unknown pointers abort (memory corruption).
   void Deallocate(void* ptr, std::string_view op = {});
@@ -233,15 +201,11 @@ class StreamAwarePool {
   FreeChunkSet& SetFor(StreamId owner);
   void InsertFree(ChunkHandle h, StreamId owner);
   void RemoveFree(ChunkHandle h);
+  // Hands `bytes` of free chunk h to `stream`, splitting off the rest.
   void* AllocateImpl(size_t bytes, StreamId stream, std::string_view op,
-                     Placement placement, bool count_oom);
-  // The chunk policy 4 (kBestFit) or 4b (kLongLived) picks from the stream's
-  // own unsynced set and the synced set, or kNoChunk.
-  ChunkHandle FindFit(size_t bytes, StreamId stream, Placement placement) const;
-  // Hands `bytes` of free chunk h to `stream`, splitting off the rest: the
-  // rest stays above the allocation (kBestFit) or below it (kLongLived).
+                     bool count_oom);
   void* Carve(ChunkHandle h, size_t bytes, size_t requested, StreamId stream,
-              std::string_view op, Placement placement);
+              std::string_view op);
   // Merges free chunk `b` (the next neighbour of `a`) into `a`; neither may
   // be in a FreeChunkSet.
   void Merge(ChunkHandle a, ChunkHandle b);

@@ -136,7 +136,7 @@ class TensilePoolAllocator : public tsl::Allocator {
  private:
   // Note [Waiting for frees]: retries after each free until the deadline.
   void* WaitForFrees(size_t num_bytes, StreamId stream, std::string_view op,
-                     Placement placement, int64_t wait_ms) {
+                     int64_t wait_ms) {
     const auto start = std::chrono::steady_clock::now();
     const auto deadline = start + std::chrono::milliseconds(wait_ms);
     void* p = nullptr;
@@ -148,7 +148,7 @@ class TensilePoolAllocator : public tsl::Allocator {
       if (!g_freed.wait_until(lock, deadline, [&] { return g_free_epoch != seen; })) break;
       seen = g_free_epoch;
       lock.unlock();
-      p = pool_->TryAllocate(num_bytes, stream, op, placement);
+      p = pool_->TryAllocate(num_bytes, stream, op);
       lock.lock();
     }
     g_wait_stats.waiting -= 1;
@@ -175,21 +175,14 @@ class TensilePoolAllocator : public tsl::Allocator {
     }
     const auto& annotation =
         tsl::profiler::ScopedMemoryDebugAnnotation::CurrentAnnotation();
-    // Note [Which allocations are long lived] (device_pool.h)
-    const AllocationRoute route =
-        RouteAllocation(annotation.pending_step_id, annotation.pending_op_name);
-    const StreamId stream = route.stream;
+    const StreamId stream = StreamForAllocation(annotation.pending_step_id);
     const int64_t wait_ms = g_wait_ms.load(std::memory_order_relaxed);
     void* p = nullptr;
     if (wait_ms > 0 && !annotation.pending_op_name.empty() && !t_host_fallback) {
-      p = pool_->TryAllocate(num_bytes, stream, annotation.pending_op_name, route.placement);
-      if (p == nullptr) {
-        p = WaitForFrees(num_bytes, stream, annotation.pending_op_name, route.placement, wait_ms);
-      }
+      p = pool_->TryAllocate(num_bytes, stream, annotation.pending_op_name);
+      if (p == nullptr) p = WaitForFrees(num_bytes, stream, annotation.pending_op_name, wait_ms);
     }
-    if (p == nullptr) {
-      p = pool_->Allocate(num_bytes, stream, annotation.pending_op_name, route.placement);
-    }
+    if (p == nullptr) p = pool_->Allocate(num_bytes, stream, annotation.pending_op_name);
     if (p == nullptr && (annotation.pending_op_name.empty() || t_host_fallback)) {
       LOG(WARNING) << "tensile pool: "
                    << pool_->DescribeOom(num_bytes, stream, "<no op>")
