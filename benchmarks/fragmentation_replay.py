@@ -9,7 +9,9 @@ The ratio smallest-arena / peak-bytes is the headroom a policy needs.
 `record` runs the config's jobs (admission none) in a 1 GiB pool. `replay`
 models StreamAwarePool exactly (256-byte chunks, per-stream unsynced sets,
 coalescing only within a set, sync-and-coalesce when nothing else fits, the
-trace's explicit syncs) and varies only where a request is placed:
+trace's explicit syncs; tests/pool/test_fragmentation_replay_model.py
+checks it offset for offset against the pool's own traces) and varies only
+where a request is placed:
 
 - seed-order: Waterwave Listing 1: best fit in the stream's own unsynced
   chunks first, then in the synced chunks;
@@ -34,8 +36,8 @@ trace's explicit syncs) and varies only where a request is placed:
 Note [Robust arena]. The smallest arena that serves a trace is not
 monotone: an arena 1% larger can fail where a smaller one served, because a
 different free chunk wins a best fit early and the layout diverges (seen on
-every trace here; two InceptionV3 jobs served at 1.21x the peak bytes and
-failed at 1.30x and 1.40x). A bisection finds *a* serving arena, by luck as
+every trace here; for two InceptionV3 jobs a bisection found 1.21x the peak
+bytes while an arena of 1.41x still failed). A bisection finds *a* serving arena, by luck as
 much as by policy. The number to size a pool by is the robust arena: the
 smallest of a 1% grid from which every larger grid arena up to 1.5x serves.
 `replay` prints both.
