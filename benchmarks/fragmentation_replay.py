@@ -37,9 +37,10 @@ Note [Robust arena]. The smallest arena that serves a trace is not
 monotone: an arena 1% larger can fail where a smaller one served, because a
 different free chunk wins a best fit early and the layout diverges (seen on
 every trace here; for two InceptionV3 jobs a bisection found 1.21x the peak
-bytes while an arena of 1.41x still failed). A bisection finds *a* serving arena, by luck as
-much as by policy. The number to size a pool by is the robust arena: the
-smallest of a 1% grid from which every larger grid arena up to 1.5x serves.
+bytes while an arena of 1.41x still failed). A bisection finds *a* serving
+arena, by luck as much as by policy. The number to size a pool by is the
+robust arena: the smallest of a 1% grid from which every larger grid arena
+up to 1.5x serves.
 `replay` prints both.
 
 `record` keeps every event: it sets TENSILE_POOL_TRACE_EVENTS (the ring's
@@ -168,7 +169,7 @@ class ReplayPool:
 
 
 def lifetimes(trace: list[dict]) -> dict[int, int]:
-    """Event index of each allocation -> events until its free (a huge number if never)."""
+    """Event index of each allocation -> events until its free (the trace's length if never)."""
     live, out = {}, {}
     for i, e in enumerate(trace):
         if e["kind"] == "alloc":
