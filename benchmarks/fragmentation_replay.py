@@ -114,23 +114,21 @@ class ReplayPool:
 
     def allocate(self, nbytes: int, stream: int, long_lived: bool = False) -> int | None:
         n = max(1, -(-nbytes // MIN_CHUNK)) * MIN_CHUNK
-        if long_lived and self.policy.endswith("-top"):  # highest fit, cut from its top
-            fit = self._highest_fit(self._free_chunks(stream) + self._free_chunks(SYNCED), n)
-            if fit is None:
-                self.sync()
-                fit = self._highest_fit(self._free_chunks(SYNCED), n)
-            return None if fit is None else self._carve(*fit, n, stream, top=True)
-        if self.policy == "seed-order":
-            fit = self._best_fit(self._free_chunks(stream), n) or self._best_fit(self._free_chunks(SYNCED), n)
+        top = long_lived and self.policy.endswith("-top")  # highest fit, cut from its top
+        own, synced = self._free_chunks(stream), self._free_chunks(SYNCED)
+        if top:
+            fit = self._highest_fit(own + synced, n)
+        elif self.policy == "seed-order":
+            fit = self._best_fit(own, n) or self._best_fit(synced, n)
         else:
             # Policy 4: the best fit of each set; the synced one only when strictly smaller
             # (own chunk on equal size), as StreamAwarePool::FindFit.
-            own, synced = self._best_fit(self._free_chunks(stream), n), self._best_fit(self._free_chunks(SYNCED), n)
-            fit = synced if synced is not None and (own is None or synced[0] < own[0]) else own
+            own_fit, synced_fit = self._best_fit(own, n), self._best_fit(synced, n)
+            fit = synced_fit if synced_fit is not None and (own_fit is None or synced_fit[0] < own_fit[0]) else own_fit
         if fit is None:
             self.sync()
-            fit = self._best_fit(self._free_chunks(SYNCED), n)
-        return None if fit is None else self._carve(*fit, n, stream)
+            fit = (self._highest_fit if top else self._best_fit)(self._free_chunks(SYNCED), n)
+        return None if fit is None else self._carve(*fit, n, stream, top=top)
 
     def _merge(self, a: int, b: int) -> None:
         """Merges free chunk b into its lower neighbour a (both unmarked)."""
@@ -207,6 +205,11 @@ def serves(trace: list[dict], capacity: int, policy: str, flags: list[bool] | No
     return True
 
 
+def grid_arena(peak: int, factor: float) -> int:
+    """The arena of `factor` x `peak` bytes, rounded down to whole chunks."""
+    return int(peak * factor) // MIN_CHUNK * MIN_CHUNK
+
+
 def peak_bytes(trace: list[dict]) -> int:
     current = peak = 0
     for e in trace:
@@ -242,7 +245,7 @@ def robust_arena(trace: list[dict], policy: str) -> float | None:
     robust = None
     for k in range(steps, -1, -1):
         factor = 1.0 + k * GRID_STEP
-        if not serves(trace, int(peak * factor) // MIN_CHUNK * MIN_CHUNK, policy, flags):
+        if not serves(trace, grid_arena(peak, factor), policy, flags):
             break
         robust = factor
     return robust

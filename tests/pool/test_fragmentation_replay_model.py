@@ -68,7 +68,7 @@ def test_the_robust_arena_is_where_every_larger_arena_serves():
     k = round((robust - 1.0) / replay.GRID_STEP)
     for j in range(k, round((replay.GRID_TOP - 1.0) / replay.GRID_STEP) + 1):
         factor = 1.0 + j * replay.GRID_STEP
-        assert replay.serves(live_trace, int(peak * factor) // 256 * 256, "best-fit-across")
+        assert replay.serves(live_trace, replay.grid_arena(peak, factor), "best-fit-across")
     if k > 0:
         factor = 1.0 + (k - 1) * replay.GRID_STEP
-        assert not replay.serves(live_trace, int(peak * factor) // 256 * 256, "best-fit-across")
+        assert not replay.serves(live_trace, replay.grid_arena(peak, factor), "best-fit-across")
