@@ -75,14 +75,15 @@ def capped_link(cap_mib_s: float | None) -> float:
 
 def run(model: str, shape: str, jobs: int, steps: int, *, planned: bool, budget_frac: float,
         bandwidth: float, strategy: str = "tensile", batch: int = 16, grappler_memory: str = "",
-        recompute_segments: int = -1, budget_bytes: int = 0, no_recompute: bool = False) -> dict:
+        recompute_segments: int = -1, budget_bytes: int = 0, no_recompute: bool = False,
+        step_order: str = "plan") -> dict:
     cmd = [sys.executable, REFERENCE, "--model", model, "--input-shape", shape, "--batch", str(batch),
            "--steps", str(steps), "--jobs", str(jobs), "--recompute-segments", str(recompute_segments)]
     if grappler_memory:
         cmd += ["--grappler-memory", grappler_memory]
     if planned:
         cmd += ["--planned", "--budget-frac", str(budget_frac), "--bandwidth", str(bandwidth),
-                "--strategy", strategy, "--budget-bytes", str(budget_bytes)]
+                "--strategy", strategy, "--budget-bytes", str(budget_bytes), "--step-order", step_order]
         if no_recompute:
             cmd.append("--no-recompute")
     env = dict(os.environ, PYTHONPATH=ROOT, TENSILE_POOL_BYTES="8GiB", TF_CPP_MIN_LOG_LEVEL="2")

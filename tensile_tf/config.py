@@ -216,6 +216,13 @@ class PlanPeaks(str, Enum):
     paired = "paired"          # every floor plus the largest peak (Note [Paired peaks])
 
 
+class PlanOrder(str, Enum):
+    """How a planned step runs its ops (Note [Free-order plans] in tensile_tf.scheduler.peak_analysis)."""
+
+    plan = "plan"              # chained in plan order: peaks where predicted, no inter-op parallelism
+    free = "free"              # on the executor's threads, planned with their observed concurrency
+
+
 class RunSpec(_Strict):
     concurrency: StrictInt | None = Field(None, ge=1, description="most jobs running at once")
     out_dir: StrictStr = "runs/latest"
@@ -234,6 +241,11 @@ class RunSpec(_Strict):
         "MP = sum MP_j), as if every job peaked at once; 'paired' for every job's floor plus the "
         "largest peak, as the node-group pipeline staggers them (default: 'paired' with pipeline: nodegroup, "
         "else 'timeline')")
+    plan_order: PlanOrder = Field(
+        PlanOrder.plan, description="planner: 'plan' runs a planned step's ops one after another in plan order "
+        "(the peak lands where predicted); 'free' leaves them to TensorFlow's inter-op threads and plans for "
+        "the concurrency seen in the unplanned steps (faster where the model has parallel branches, e.g. "
+        "Inception; the prediction is looser)")
     replan: StrictBool = Field(
         True, description="planner: re-plan the running jobs together while they run, when a job ends "
         "or its op latencies drift (Note [Re-planning on events]); false keeps each job's first plan")

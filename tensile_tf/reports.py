@@ -132,7 +132,8 @@ def format_plan_summary(plan) -> str:
         rows.append(f"{jp.name:<20} {human_bytes(jp.vanilla_peak_bytes):>13} {human_bytes(jp.planned_peak_bytes):>13} "
                     f"{jp.msr:>6.1%} {len(jp.swap_ins):>6} {len(jp.recomputes):>6} "
                     f"{jp.iteration_s:>9.4f} {jp.planned_iteration_s - jp.iteration_s:>9.4f}"
-                    + ("  (in plan order, no swaps)" if jp.order_only else ""))
+                    + ("  (in plan order, no swaps)" if jp.order_only else "")
+                    + ("  (ops free of plan order)" if jp.step_order == "free" and jp.changes_step else ""))
     pool_row = _POOL_ROW[PlanPeaks(plan.peak_model)]
     rows.append(f"{pool_row:<20} {human_bytes(plan.pool_vanilla_peak_bytes):>13} "
                 f"{human_bytes(plan.pool_planned_peak_bytes):>13} {plan.msr:>6.1%}")

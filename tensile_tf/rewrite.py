@@ -32,9 +32,11 @@ release points only match the prediction in the plan's order. So, as
 TENSILE's Executor "executes each operator node in the graph by topological
 order" (§III-B), the rewrite chains the graph's ops with control edges in plan
 order (``enforce_order``). Each op still uses intra-op threads; inter-op
-parallelism between graph ops is given up (on this 2-core machine it buys
-little). ``tensile_tf.execution.executor_order`` picks that order close to
-the one TF's executor would pick anyway.
+parallelism between graph ops is given up: little on a chain model, about a
+third of InceptionV3's step on this 2-core machine, so a plan can instead
+leave its ops free and be planned for that (Note [Free-order plans] in
+tensile_tf/scheduler/peak_analysis.py). ``tensile_tf.execution.executor_order``
+picks the order close to the one TF's executor would pick anyway.
 
 Every added control edge is checked for cycles first; an anchor that would
 close a cycle is dropped (counted in the report) and correctness still holds
@@ -125,6 +127,7 @@ class RewriteReport:
     recomputed_ops: int = 0
     swapped_bytes_per_step: int = 0       # planned bytes over the link per step (out + in)
     rewired_edges: int = 0
+    order_edges: int = 0                  # control edges chaining the ops in plan order (Note [Plan order])
     dropped_anchors: int = 0              # control edges left out because they would close a cycle
     restore_needed: list[str] = field(default_factory=list)   # variables kept on the host between steps
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (event, reason)
@@ -399,8 +402,8 @@ class _Rewriter:
         for o in self.graph.ops:
             if o.name not in self.edit.nodes:
                 continue
-            if prev is not None:
-                self.edit.add_control(prev, o.name, check=False)
+            if prev is not None and self.edit.add_control(prev, o.name, check=False):
+                self.report.order_edges += 1
             prev = o.name
 
     # -- helpers -------------------------------------------------------------
@@ -754,9 +757,12 @@ def _import_as_function(gdef, cf, name: str) -> Callable:
 
 
 def apply_plan(step_fn, example_args: Sequence, job_plan: JobPlan, graph: JobGraph, *,
-               delta_scale: float = 1.0, check_lateness: bool = True, enforce_order: bool = True) -> PlannedStep:
+               delta_scale: float = 1.0, check_lateness: bool = True,
+               enforce_order: bool | None = None) -> PlannedStep:
     """Rewrites ``step_fn`` (a tf.function, traced with ``example_args``) so it
     executes ``job_plan``; ``graph`` is the JobGraph the plan was made from.
+    ``enforce_order``: chain the ops in plan order (Note [Plan order]); by
+    default as the plan says (``JobPlan.step_order``).
 
     ``delta_scale`` scales the plan's delta t (0: start each transfer as soon
     as its trigger op ends)."""
@@ -767,6 +773,8 @@ def apply_plan(step_fn, example_args: Sequence, job_plan: JobPlan, graph: JobGra
     # swap-in). The rewrite orders its ops with explicit edges, so they join
     # TF's order-insensitive must-run ops.
     exempt_from_automatic_control_deps(_TENSILE_OPS)
+    if enforce_order is None:
+        enforce_order = job_plan.step_order == "plan"
     cf = step_fn.get_concrete_function(*example_args)
     rw = _Rewriter(cf, graph, job_plan, delta_scale, check_lateness, enforce_order)
     gdef = rw.run()

@@ -45,7 +45,7 @@ from typing import Sequence
 
 import tensorflow as tf
 
-from tensile_tf.config import PlanPeaks
+from tensile_tf.config import PlanOrder, PlanPeaks
 from tensile_tf.execution import CapturedJob, JobToPlan, capture_cold, capture_for_planning, plan_captured
 from tensile_tf.rewrite import apply_plan
 from tensile_tf.runtime.admission import POOL_HEADROOM
@@ -84,6 +84,7 @@ class PlanningSettings:
     swap_bandwidth: int | None = None     # the emulated link (None: unlimited; the planner assumes PCIe 3 x16)
     plan_budget: int | None = None        # most bytes the start's joint plan may use
     saved_plan: SavedPlan | None = None
+    plan_order: PlanOrder = PlanOrder.plan   # Note [Free-order plans] in tensile_tf.scheduler.peak_analysis
 
 
 class JobPlanning:
@@ -180,7 +181,8 @@ class JobPlanning:
         return plan_captured(list(captured), pool_bytes=budget, bandwidth_bytes_per_s=self.settings.swap_bandwidth,
                              coincident_peaks=peaks != PlanPeaks.timeline,
                              peaking_jobs=PAIRED_PEAKING_JOBS if paired else None,
-                             unplanned_peaking_jobs=UNPLANNED_PAIRED_PEAKING_JOBS if paired else None)
+                             unplanned_peaking_jobs=UNPLANNED_PAIRED_PEAKING_JOBS if paired else None,
+                             step_order=PlanOrder(self.settings.plan_order).value)
 
     def plan(self, states: list[JobState], budget: int, *, saved_plan_allowed: bool = False) -> Plan | None:
         """TENSILE over ``states`` for ``budget`` pool bytes; each job's step
@@ -247,5 +249,6 @@ class JobPlanning:
             predicted_msr=jp.msr, swap_outs=len(jp.swap_outs), swap_ins=len(jp.swap_ins),
             recomputes=len(jp.recomputes), planning_s=plan.planning_s, cold_start=s.captured.cold,
             swapped_bytes_per_step=report.swapped_bytes_per_step, recomputed_ops=report.recomputed_ops,
-            rewrite=report.to_dict(), source=source, order_only=jp.order_only)
+            rewrite=report.to_dict(), source=source, order_only=jp.order_only,
+            step_order=jp.step_order)
         return record, needs

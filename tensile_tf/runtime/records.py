@@ -79,6 +79,7 @@ class PlanRecord:
     rewrite: dict[str, Any] = field(default_factory=dict)   # RewriteReport.to_dict()
     source: str = "planned"      # "planned" (this run) or the plan.json it was loaded from
     order_only: bool = False     # no events, run in plan order (Note [Free-running steps] in scheduler.peak_analysis)
+    step_order: str = "plan"     # "free": ops on TF's inter-op threads (Note [Free-order plans] there)
 
     @property
     def changes_step(self) -> bool:

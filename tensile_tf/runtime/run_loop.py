@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 import tf_plugin
-from tensile_tf.config import Admission, PipelineKind, PlannerKind, PlanPeaks, RunSpec
+from tensile_tf.config import Admission, PipelineKind, PlannerKind, PlanOrder, PlanPeaks, RunSpec
 from tensile_tf.determinism import disable_graph_dependent_rewrites
 from tensile_tf.jobs import Job
 from tensile_tf.memory import allocation_wait, ensure_pool, pool_stats
@@ -83,6 +83,7 @@ class JobHost:
                  split_size: int | str = "auto", barrier_timeout_s: float = 60.0,
                  planner: PlannerKind | str = PlannerKind.none, swap_bandwidth: int | str | None = None,
                  plan_budget: int | str | None = None, plan_peaks: PlanPeaks | str | None = None,
+                 plan_order: PlanOrder | str = PlanOrder.plan,
                  record_weights: bool = False, saved_plan: SavedPlan | None = None, replan: bool = True,
                  replan_threshold: float = 0.2, model_dir: str | Path | None = None,
                  allocation_wait_ms: int = 1000):
@@ -105,7 +106,8 @@ class JobHost:
         if self.planner == PlannerKind.tensile:
             self.planning = JobPlanning(self.capacity, PlanningSettings(
                 self.plan_peaks, self.swap_bandwidth,
-                parse_bytes(plan_budget, what="plan_budget") if plan_budget else None, saved_plan))
+                parse_bytes(plan_budget, what="plan_budget") if plan_budget else None, saved_plan,
+                PlanOrder(plan_order)))
         self.replanner = None
         self.replan_threshold = replan_threshold
         if self.planning is not None and replan and saved_plan is None:   # --plan runs exactly that plan
@@ -136,7 +138,7 @@ class JobHost:
         settings = dict(concurrency=run.concurrency, admission=run.admission, pipeline=run.pipeline,
                         split_size=run.split_size, barrier_timeout_s=run.barrier_timeout_s, planner=run.planner,
                         swap_bandwidth=run.swap_bandwidth, plan_budget=run.plan_budget, plan_peaks=run.plan_peaks,
-                        replan=run.replan, replan_threshold=run.replan_threshold,
+                        plan_order=run.plan_order, replan=run.replan, replan_threshold=run.replan_threshold,
                         allocation_wait_ms=run.allocation_wait_ms)
         return cls(pool, **(settings | kwargs))
 

@@ -62,6 +62,21 @@ met, every job runs in plan order (seen: two MLPs planned for 80 MiB, one
 with five swaps and one without, 86.3 MiB with the second free-running vs
 76-78 MiB ordered; the plan reported "budget met" but missed it).
 
+Note [Free-order plans]. Plan order costs inter-op parallelism, and on
+InceptionV3 that is most of a planned step's time: 75x75, batch 48, 2 cores,
+the unplanned step took 0.97-1.07 s, the same step re-imported with no
+events 1.38-1.53 s chained in plan order and 0.98-1.21 s unchained (twelve
+steps each; benchmarks/RESULTS.md, Issue 19, tenth session). A plan made with
+``Planner(step_order="free")`` is applied without the plan-order chain
+(``JobPlan.step_order``; the swap and recompute anchors stay, so every
+transfer still starts after its trigger op and every consumer still reads
+the swapped-in or recomputed tensor). Its footprint starts from the
+free-running one (``base`` plus each op's observed ``concurrent_bytes``)
+and the plan's absences come off that, so the prediction carries what the
+executor's threads add beside each op, as the vanilla prediction does. Swap
+anchors fire earlier or later than in plan order on free threads, which the
+model does not see: the measurement, not the model, says how close it is.
+
 Note [op-granular footprint]. A job's footprint is held per step (op): F[k] is
 the bytes resident while step k runs: every live tensor, the step's outputs
 and scratch. A tensor lives from its TGA step to its last access step
@@ -84,9 +99,12 @@ from tensile_tf.scheduler.access_sequence import TensorAccessSequence
 
 
 class JobFootprint:
-    """MF_j^k (Eq. 1) for every step k of one job, vanilla and with the plan's absences."""
+    """MF_j^k (Eq. 1) for every step k of one job, vanilla and with the plan's absences.
+    ``free_order``: the planned step runs free on the executor's threads, so
+    the plan's footprint ``F`` starts from the free-running one (Note
+    [Free-order plans])."""
 
-    def __init__(self, tas: TensorAccessSequence):
+    def __init__(self, tas: TensorAccessSequence, free_order: bool = False):
         self.tas = tas
         n = tas.n
         diff = np.zeros(n + 1, dtype=np.int64)
@@ -96,7 +114,7 @@ class JobFootprint:
         self.base = np.cumsum(diff[:-1]) + tas.temp
         #: Note [Free-running steps]: the unplanned step on the executor's threads
         self.free_running = self.base + tas.concurrent
-        self.F = self.base.copy()
+        self.F = (self.free_running if free_order else self.base).copy()
         self.absences: dict[int, list[tuple[int, int]]] = {}
         self._abs_arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 

@@ -80,6 +80,8 @@ class JobPlan:
     graph_fingerprint: str = ""       # JobGraph.fingerprint() of the graph planned for
     graph_ops: int = 0                # its number of ops (for the message when a graph differs)
     order_only: bool = False          # no events, yet run in plan order: it lowers the peak (Note [Free-running steps])
+    step_order: str = "plan"          # "plan": ops chained in plan order; "free": on the executor's threads
+                                      # (Note [Free-order plans] in peak_analysis)
 
     @property
     def changes_step(self) -> bool:

@@ -68,6 +68,9 @@ DEFAULT_BANDWIDTH_BYTES_PER_S = 12 * 2**30
 UNPLANNED_FITS = "budget met by the unplanned steps"
 # Plan.stop_reason when no plan found peaks below the unplanned steps (Note [Never above unplanned]).
 NO_GAIN = "no plan peaks below the unplanned steps: none is applied"
+#: How a planned step runs its ops: chained in plan order, or free on the
+#: executor's threads (Note [Free-order plans] in peak_analysis).
+STEP_ORDERS = ("plan", "free")
 
 
 @dataclass
@@ -93,9 +96,12 @@ class Planner:
                  enable_recompute: bool = True, max_chain: int = 4, max_iterations: int = 100_000,
                  coincident_peaks: bool = False, peaking_jobs: int | None = None,
                  unplanned_peaking_jobs: int | None = None,
-                 bottleneck_restarts: int = 3):
+                 bottleneck_restarts: int = 3, step_order: str = "plan"):
         if not jobs:
             raise ValueError("planner: no jobs to plan")
+        if step_order not in STEP_ORDERS:
+            raise ValueError(f"planner: step_order must be one of {', '.join(STEP_ORDERS)}, got {step_order!r} "
+                             "(Note [Free-order plans] in tensile_tf.scheduler.peak_analysis)")
         names = [pj.graph.name for pj in jobs]
         if len(set(names)) != len(names):
             raise ValueError(f"planner: job names must be unique, got {names}")
@@ -120,6 +126,7 @@ class Planner:
         # Note [Paired peaks]: the peaks that meet while no job runs a plan
         self.unplanned_peaking_jobs = unplanned_peaking_jobs if unplanned_peaking_jobs is not None else peaking_jobs
         self.bottleneck_restarts = bottleneck_restarts   # Note [Bottleneck first]
+        self.step_order = step_order                      # Note [Free-order plans] in peak_analysis
         self.bottlenecks: list[dict[int, int]] = []       # job -> step, served first in this order
         self.keep_plans_without_gain = False               # Note [Never above unplanned]
         self.peak_model = ("paired" if peaking_jobs else "coincident") if coincident_peaks else "timeline"
@@ -140,7 +147,7 @@ class Planner:
             tas = base.retimed(pj.latencies) if base is not None else TensorAccessSequence(pj.graph, pj.latencies)
             cache.setdefault(id(pj.graph.ops), tas)
             tas.job, tas.graph = pj.graph.name, pj.graph
-            fp = JobFootprint(tas)
+            fp = JobFootprint(tas, self.step_order == "free")
             self.jobs.append(JobState(j, pj.graph, pj.latencies, pj.start_offset_s, pj.max_swapping_rate,
                                       tas, fp, tas, fp.vanilla_peak))
         self.order = []
@@ -174,7 +181,7 @@ class Planner:
                 js.tas = TensorAccessSequence(js.graph, js.latencies, js.recomputes)
             elif retime and js.j in retime:
                 js.tas = js.tas.retimed(js.latencies)
-            fp = JobFootprint(js.tas)
+            fp = JobFootprint(js.tas, self.step_order == "free")
             for ev in js.recomputes:
                 i = js.tas.tindex[ev.target]
                 r = js.tas.recompute_target_step[ev.target + "@" + ev.before_op]
@@ -342,7 +349,10 @@ class Planner:
     def _runs_ordered(self, js) -> bool:
         """Note [Free-running steps]: a job runs in plan order if its plan has
         events, or if order alone lowers its peak and the unplanned steps do
-        not fit the budget."""
+        not fit the budget. A free-order plan's footprint is the free-running
+        one already (Note [Free-order plans] in peak_analysis)."""
+        if self.step_order == "free":
+            return True
         if js.decisions or js.recomputes:
             return True
         return self.stop_reason != UNPLANNED_FITS and js.fp.peak < js.vanilla_peak
@@ -363,7 +373,8 @@ class Planner:
             n = tas.n
             jp = JobPlan(js.name, vanilla_peak_bytes=js.vanilla_peak,
                          planned_peak_bytes=js.fp.peak if ordered[js.j] else js.vanilla_peak,
-                         order_only=ordered[js.j] and not (js.decisions or js.recomputes),
+                         order_only=ordered[js.j] and not (js.decisions or js.recomputes) and self.step_order == "plan",
+                         step_order=self.step_order,
                          iteration_s=js.vanilla_tas.period_s, planned_iteration_s=tas.period_s,
                          start_offset_s=js.offset_s, max_swapping_rate=js.max_swapping_rate,
                          graph_fingerprint=js.graph.fingerprint(), graph_ops=len(js.graph.ops))

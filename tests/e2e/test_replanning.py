@@ -60,11 +60,15 @@ def test_a_departure_replans_the_running_job_which_switches_and_trains_bit_for_b
 
 
 def test_replan_false_keeps_the_first_plans(tmp_path):
-    cfg = write(tmp_path, TWO_MLPS.format(replan=", replan: false"))
+    # with `plan_order: free` (Note [Free-order plans]): the plans run without the plan-order chain
+    cfg = write(tmp_path, TWO_MLPS.format(replan=", replan: false, plan_order: free"))
     proc = tensile("run", str(cfg), "--out", str(tmp_path / "out"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert results["planner"]["replans"] == []
+    plans = [j["plan"] for j in results["jobs"]]
+    assert all(p["step_order"] == "free" and p["rewrite"]["order_edges"] == 0 for p in plans), plans
+    assert any(p["swap_outs"] for p in plans), plans
 
 
 FAILING_REPLAN = """

@@ -257,3 +257,49 @@ def test_a_view_that_outlives_its_owner_takes_the_buffer():
     fp2 = JobFootprint(tas)
     fp2.add_absence(r, 1, 3)
     assert fp2.F.tolist() == [100, 100, 10, 111]
+
+
+def test_a_free_order_plan_is_planned_on_the_free_running_footprint():
+    """Note [Free-order plans]: the executor's threads add 20 B beside `metric`
+    (observed concurrency). Both orders swap w1 across iterations for a 431 B
+    budget; the plan-order footprint leaves the concurrency out, the free-order
+    one carries it wherever the plan leaves the step as it was."""
+    def planned(step_order):
+        g = fig1_graph()
+        next(o for o in g.ops if o.name == "metric").concurrent_bytes = 20
+        planner = Planner([PlannerJob(g, UNIT)], bandwidth_bytes_per_s=100.0, pool_bytes=431,
+                          enable_recompute=False, step_order=step_order)
+        return planner, planner.plan()
+
+    ordered, plan_ordered = planned("plan")
+    free, plan_free = planned("free")
+    events = [[(e.tensor, e.trigger_op, e.start_s) for e in jp.swap_outs + jp.swap_ins]
+              for jp in (plan_ordered.jobs["job"], plan_free.jobs["job"])]
+    assert events[0] == events[1] == [("w1", "u1", 6.0), ("w1", None, 0.0)]
+    # the same absences, taken off footprints that differ by the concurrency at `metric` (step 6)
+    assert (free.jobs[0].fp.F - ordered.jobs[0].fp.F).tolist() == [0, 0, 0, 0, 0, 0, 20, 0]
+    assert plan_ordered.jobs["job"].vanilla_peak_bytes == plan_free.jobs["job"].vanilla_peak_bytes == 510
+    assert plan_free.jobs["job"].planned_peak_bytes == 431 and plan_free.budget_met
+    assert (plan_ordered.jobs["job"].step_order, plan_free.jobs["job"].step_order) == ("plan", "free")
+    assert Plan.from_json(plan_free.to_json()).jobs["job"].step_order == "free"
+
+
+def test_a_free_order_plan_counts_the_concurrency_against_the_budget():
+    """Beside b1 (431 B in plan order) the threads add 30 B: the swap of w1
+    that meets 431 B in plan order leaves b1 at 461 B in free order, so the
+    free-order plan also moves w2 out over b1 (b1: 461 - 100 = 361 B)."""
+    def planned(step_order):
+        g = fig1_graph()
+        next(o for o in g.ops if o.name == "b1").concurrent_bytes = 30
+        return Planner([PlannerJob(g, UNIT)], bandwidth_bytes_per_s=100.0, pool_bytes=431,
+                       enable_recompute=False, step_order=step_order).plan().jobs["job"]
+
+    ordered, free = planned("plan"), planned("free")
+    assert (ordered.planned_peak_bytes, [e.tensor for e in ordered.swap_outs]) == (431, ["w1"])
+    assert free.planned_peak_bytes == 411
+    assert sorted((e.tensor, e.trigger_op) for e in free.swap_outs) == [("w1", "u1"), ("w2", "load")]
+
+
+def test_an_unknown_step_order_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match="step_order must be one of plan, free"):
+        Planner([PlannerJob(fig1_graph(), UNIT)], step_order="fast")

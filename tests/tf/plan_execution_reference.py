@@ -48,6 +48,9 @@ parser.add_argument("--budget-bytes", type=int, default=0,
                          "benchmarks/baseline_suite.py fix the pool this way")
 parser.add_argument("--strategy", default="tensile",
                     help="the planner's policy: tensile, or a baseline of tensile_tf.scheduler.baselines (vdnn, capuchin)")
+parser.add_argument("--step-order", default="plan", choices=("plan", "free"),
+                    help="run planned steps chained in plan order, or free on the executor's threads "
+                         "(Note [Free-order plans] in tensile_tf.scheduler.peak_analysis)")
 args = parser.parse_args()
 
 import tensile_tf  # noqa: E402  (first: its defaults, oneDNN's graph rewrites off, must precede TensorFlow)
@@ -184,7 +187,8 @@ if args.planned:
         budget = 1 << 50  # met by the vanilla order: no events
     plan, steps = plan_captured(captured, pool_bytes=budget, enable_recompute=not args.no_recompute,
                                 bandwidth_bytes_per_s=args.bandwidth or None,
-                                coincident_peaks=args.coincident_peaks, strategy=args.strategy)
+                                coincident_peaks=args.coincident_peaks, strategy=args.strategy,
+                                step_order=args.step_order)
     if args.bandwidth:   # the swap link's ceilings for this capture (tensile_tf.scheduler.link_bound)
         from tensile_tf.scheduler.link_bound import swap_link_bound
 
@@ -194,7 +198,7 @@ if args.planned:
             with j["stream"].eager_scope():
                 steps[j["name"]].evict()  # the first planned step starts as every later one
     out["planning_s"] = time.perf_counter() - t0
-    out["plan"] = {"strategy": args.strategy, "pool_vanilla_peak": plan.pool_vanilla_peak_bytes,
+    out["plan"] = {"strategy": args.strategy, "step_order": args.step_order, "pool_vanilla_peak": plan.pool_vanilla_peak_bytes,
                    "pool_planned_peak": plan.pool_planned_peak_bytes,
                    "iteration_s": max(jp.iteration_s for jp in plan.jobs.values()),
                    "swapped_bytes_per_iteration": sum(jp.swapped_bytes_per_iteration for jp in plan.jobs.values()),

@@ -158,6 +158,19 @@ def test_a_baseline_policy_rewrites_the_step_and_trains_bit_for_bit(mlp_vanilla,
     assert p["losses"] == v["losses"] and p["weights_sha256"] == v["weights_sha256"]
 
 
+@pytest.mark.parametrize("step_order", ["plan", "free"])
+def test_a_free_order_plan_runs_without_the_plan_order_chain_and_trains_bit_for_bit(mlp_vanilla, step_order):
+    # Note [Free-order plans]: the rewrite leaves the ops to the executor's threads (no chain
+    # edges) while its swaps still run, and what the step computes does not change
+    planned = _run([*MODELS["mlp"], "--steps", "3", "--planned", "--budget-frac", "0.6", "--step-order", step_order])
+    p, v = planned["jobs"]["job0"], mlp_vanilla["jobs"]["job0"]
+    assert planned["plan"]["step_order"] == step_order
+    assert (p["report"]["order_edges"] > 0) == (step_order == "plan"), p["report"]
+    assert p["report"]["activation_swap_outs"] + p["report"]["variable_swap_outs"] > 0, p["report"]
+    assert planned["swap"]["channel"]["pending"] == 0 and planned["swap"]["host"]["current"] == 0
+    assert p["losses"] == v["losses"] and p["weights_sha256"] == v["weights_sha256"]
+
+
 def test_gradient_checkpointing_baseline_recomputes_and_trains_the_same_model(mlp_vanilla):
     # Issue 19's tf.recompute_grad baseline (sqrt(n) segments of a chain model's layers): the
     # traced step gains the recomputation's ops; it changes the arithmetic's order a little, so
