@@ -357,10 +357,10 @@ class _Rewriter:
         self.check_lateness = check_lateness
         self.edit = _GraphEdit(self.fg.as_graph_def())
         self.pos = {o.name: k for k, o in enumerate(graph.ops)}
+        self.report = RewriteReport(job_plan.name)
         self._bypass_identity_n()
         if enforce_order:
             self._chain()
-        self.report = RewriteReport(job_plan.name)
         self.clone_of: dict[str, str] = {}   # recomputation clone node -> the node it copies
         self.outputs = {self.edit.canonical(*_split_input(t.name)[:2]) for t in self.fg.outputs}
         self._uid = 0
