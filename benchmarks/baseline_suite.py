@@ -23,8 +23,9 @@ bytes the link can move out and back within the vanilla step
 
 ``tensile-swap`` is TENSILE without recomputation, the plan the link bounds
 speak of; ``tensile-free`` is TENSILE planned for a step whose ops run free
-on the executor's threads instead of chained in plan order (Note [Free-order
-plans] in tensile_tf/scheduler/peak_analysis.py). The capped-link rows also give the **deadline-aware link bound**
+on the executor's threads instead of chained in plan order, ``tensile-auto``
+free only when that plan meets the budget (Note [Free-order plans] in
+tensile_tf/scheduler/peak_analysis.py). The capped-link rows also give the **deadline-aware link bound**
 (tensile_tf/scheduler/link_bound.py, from the run's own capture): the lowest
 peak any swap-only plan could reach when each tensor's out- and in-transfer
 must fit between its last write, the peak and its next access.
@@ -61,10 +62,10 @@ from plan_execution_bench import capped_link, compare, run, vanilla_runs  # noqa
 #: (cheap forward ops feeding gradient_tape/ ops re-run), and MANUAL mode with a recompute hint on
 #: every forward op (tf_plugin.tf_internals.mark_for_recomputation).
 GRAPPLER = {"grappler-heuristics": "RECOMPUTATION_HEURISTICS", "grappler-manual": "MANUAL"}
-#: TENSILE without recomputation (the plan the link bounds speak of), and TENSILE
-#: planned for steps that run free of plan order (Note [Free-order plans] in
-#: tensile_tf/scheduler/peak_analysis.py).
-TENSILE_VARIANTS = ("tensile-swap", "tensile-free")
+#: TENSILE without recomputation (the plan the link bounds speak of); TENSILE
+#: planned for steps that run free of plan order, and free only when that plan
+#: meets the budget (Note [Free-order plans] in tensile_tf/scheduler/peak_analysis.py).
+TENSILE_VARIANTS = {"tensile-swap": "plan", "tensile-free": "free", "tensile-auto": "auto"}
 
 
 def run_method(strategy: str, model: str, shape: str, k: int, steps: int, *, budget_frac: float,
@@ -77,7 +78,7 @@ def run_method(strategy: str, model: str, shape: str, k: int, steps: int, *, bud
     return run(model, shape, k, steps, planned=True, budget_frac=budget_frac, bandwidth=bandwidth,
                strategy="tensile" if strategy in TENSILE_VARIANTS else strategy, batch=batch,
                budget_bytes=budget_bytes, no_recompute=strategy == "tensile-swap",
-               step_order="free" if strategy == "tensile-free" else "plan")
+               step_order=TENSILE_VARIANTS.get(strategy, "plan"))
 
 
 def largest_batch(a, cap: float) -> list[dict]:

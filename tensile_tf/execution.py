@@ -83,6 +83,7 @@ from tensile_tf.capture import capture_job_graph, measure_op_latencies, snapshot
 from tensile_tf.rewrite import PlannedStep, apply_plan, bypassed_identity_n
 from tensile_tf.scheduler import DEFAULT_BANDWIDTH_BYTES_PER_S, Plan, Planner, PlannerJob
 from tensile_tf.scheduler.concurrency import observed_concurrency_bytes
+from tensile_tf.scheduler.planner import plan_in_step_order
 from tensile_tf.scheduler.latency_predictor import cold_start_latency
 from tensile_tf.scheduler.job_graph import HELD_BESIDE_STEP, JobGraph, TensorInfo
 
@@ -422,17 +423,19 @@ def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
     ``strategy``: the planner's policy, TENSILE's Algorithm 3 or a baseline
     on the same sequences, link and swap ops (``scheduler.baselines.STRATEGIES``).
     ``step_order``: "plan" chains each planned step's ops in plan order,
-    "free" leaves them to the executor's threads (Note [Free-order plans] in
-    tensile_tf.scheduler.peak_analysis)."""
+    "free" leaves them to the executor's threads, "auto" takes the free-order
+    plan when it meets the budget and plans in plan order otherwise (Note
+    [Free-order plans] in tensile_tf.scheduler.peak_analysis)."""
     from tensile_tf.scheduler.baselines import STRATEGIES
 
     if strategy not in STRATEGIES:
         raise ValueError(f"planner strategy {strategy!r}: choose one of {sorted(STRATEGIES)}")
-    plan = STRATEGIES[strategy]([c.planner_job for c in captured], pool_bytes=pool_bytes,
-                   bandwidth_bytes_per_s=bandwidth_bytes_per_s or DEFAULT_BANDWIDTH_BYTES_PER_S,
-                   horizon_iterations=horizon_iterations, enable_recompute=enable_recompute,
-                   coincident_peaks=coincident_peaks, peaking_jobs=peaking_jobs,
-                   unplanned_peaking_jobs=unplanned_peaking_jobs, step_order=step_order).plan()
+    plan = plan_in_step_order(STRATEGIES[strategy], [c.planner_job for c in captured], step_order,
+                              pool_bytes=pool_bytes,
+                              bandwidth_bytes_per_s=bandwidth_bytes_per_s or DEFAULT_BANDWIDTH_BYTES_PER_S,
+                              horizon_iterations=horizon_iterations, enable_recompute=enable_recompute,
+                              coincident_peaks=coincident_peaks, peaking_jobs=peaking_jobs,
+                              unplanned_peaking_jobs=unplanned_peaking_jobs)
     steps = {c.job.name: apply_plan(c.job.step_fn, c.job.example_args, plan.jobs[c.job.name], c.graph,
                                     delta_scale=delta_scale)
              for c in captured}

@@ -63,19 +63,27 @@ with five swaps and one without, 86.3 MiB with the second free-running vs
 76-78 MiB ordered; the plan reported "budget met" but missed it).
 
 Note [Free-order plans]. Plan order costs inter-op parallelism, and on
-InceptionV3 that is most of a planned step's time: 75x75, batch 48, 2 cores,
-the unplanned step took 0.97-1.07 s, the same step re-imported with no
-events 1.38-1.53 s chained in plan order and 0.98-1.21 s unchained (twelve
-steps each; benchmarks/RESULTS.md, Issue 19, tenth session). A plan made with
+InceptionV3 that is most of a planned step's extra time: 75x75, batch 48, 2
+cores, the unplanned step took 0.97-1.07 s, the same step re-imported with no
+events 1.38-1.53 s chained in plan order and 0.99-1.15 s unchained
+(benchmarks/RESULTS.md, Issue 19, tenth session). A plan made with
 ``Planner(step_order="free")`` is applied without the plan-order chain
 (``JobPlan.step_order``; the swap and recompute anchors stay, so every
 transfer still starts after its trigger op and every consumer still reads
 the swapped-in or recomputed tensor). Its footprint starts from the
-free-running one (``base`` plus each op's observed ``concurrent_bytes``)
-and the plan's absences come off that, so the prediction carries what the
-executor's threads add beside each op, as the vanilla prediction does. Swap
-anchors fire earlier or later than in plan order on free threads, which the
-model does not see: the measurement, not the model, says how close it is.
+free-running one (``base`` plus each op's observed ``concurrent_bytes``) and
+the plan's absences come off that, so the prediction carries what the
+executor's threads add beside each op, as the vanilla prediction does; swaps
+cannot take that concurrency off. Swap anchors fire earlier or later on free
+threads than in plan order, which the model does not see. Measured (largest
+batch in a 326 MiB pool, planned for 85% of it): InceptionV3 at 2-4x its
+batch peaked 209-267 MiB at time ratios 0.89-1.27 free, against 275-278 MiB
+at 1.53-1.72 in plan order. The Transformer's free-order plan at 2x could
+not meet its budget (its observed concurrency is more than swaps remove) and
+peaked 22.9 MiB in a 20.3 MiB pool; in plan order 17.4. Hence "auto"
+(``plan_in_step_order``): the free-order plan when it meets the budget,
+else the plan-order one. The default stays "plan": its peak lands where
+predicted.
 
 Note [op-granular footprint]. A job's footprint is held per step (op): F[k] is
 the bytes resident while step k runs: every live tensor, the step's outputs

@@ -5,7 +5,7 @@ import pytest
 
 from tensile_tf.scheduler import (GraphBuilder, JobFootprint, JobGraph, LatencyTable, Plan, Planner, PlannerJob,
                                   TensorAccessSequence, UniformLatency)
-from tensile_tf.scheduler.planner import UNPLANNED_FITS
+from tensile_tf.scheduler.planner import UNPLANNED_FITS, plan_in_step_order
 from tests.scheduler.graphs import FIG1_STEP_BYTES, fig1_graph, recompute_graph
 
 UNIT = UniformLatency(1.0)
@@ -303,3 +303,20 @@ def test_a_free_order_plan_counts_the_concurrency_against_the_budget():
 def test_an_unknown_step_order_is_refused_with_the_choices():
     with pytest.raises(ValueError, match="step_order must be one of plan, free"):
         Planner([PlannerJob(fig1_graph(), UNIT)], step_order="fast")
+
+
+@pytest.mark.parametrize("op, concurrent, order, planned", [("metric", 20, "free", 431), ("u2", 100, "plan", 431)])
+def test_auto_step_order_takes_the_free_order_plan_only_when_it_meets_the_budget(op, concurrent, order, planned):
+    """Note [Free-order plans]: beside `metric` the threads add 20 B, which the
+    swap of w1 takes off with the rest: the free-order plan meets 431 B. Beside
+    u2 they add 100 B of u2's own time (w2 is updated there, no swap reaches
+    it): free order cannot go below 510 B, so "auto" plans in plan order."""
+    g = fig1_graph()
+    next(o for o in g.ops if o.name == op).concurrent_bytes = concurrent
+    kwargs = dict(bandwidth_bytes_per_s=100.0, pool_bytes=431, enable_recompute=False)
+    free = plan_in_step_order(Planner, [PlannerJob(g, UNIT)], "free", **kwargs)
+    assert free.budget_met == (order == "free")
+    auto = plan_in_step_order(Planner, [PlannerJob(g, UNIT)], "auto", **kwargs)
+    assert (auto.jobs["job"].step_order, auto.pool_planned_peak_bytes, auto.budget_met) == (order, planned, True)
+    with pytest.raises(ValueError, match="choose one of plan, free, auto"):
+        plan_in_step_order(Planner, [PlannerJob(g, UNIT)], "fastest", **kwargs)

@@ -48,8 +48,9 @@ parser.add_argument("--budget-bytes", type=int, default=0,
                          "benchmarks/baseline_suite.py fix the pool this way")
 parser.add_argument("--strategy", default="tensile",
                     help="the planner's policy: tensile, or a baseline of tensile_tf.scheduler.baselines (vdnn, capuchin)")
-parser.add_argument("--step-order", default="plan", choices=("plan", "free"),
-                    help="run planned steps chained in plan order, or free on the executor's threads "
+parser.add_argument("--step-order", default="plan", choices=("plan", "free", "auto"),
+                    help="run planned steps chained in plan order, or free on the executor's threads, or free when "
+                         "that plan meets the budget "
                          "(Note [Free-order plans] in tensile_tf.scheduler.peak_analysis)")
 args = parser.parse_args()
 
@@ -198,7 +199,7 @@ if args.planned:
             with j["stream"].eager_scope():
                 steps[j["name"]].evict()  # the first planned step starts as every later one
     out["planning_s"] = time.perf_counter() - t0
-    out["plan"] = {"strategy": args.strategy, "step_order": args.step_order, "pool_vanilla_peak": plan.pool_vanilla_peak_bytes,
+    out["plan"] = {"strategy": args.strategy, "step_order": next(iter(plan.jobs.values())).step_order, "pool_vanilla_peak": plan.pool_vanilla_peak_bytes,
                    "pool_planned_peak": plan.pool_planned_peak_bytes,
                    "iteration_s": max(jp.iteration_s for jp in plan.jobs.values()),
                    "swapped_bytes_per_iteration": sum(jp.swapped_bytes_per_iteration for jp in plan.jobs.values()),
