@@ -221,7 +221,7 @@ class PlanOrder(str, Enum):
 
     plan = "plan"              # chained in plan order: peaks where predicted, no inter-op parallelism
     free = "free"              # on the executor's threads, planned with their observed concurrency
-    auto = "auto"              # free when its plan meets the budget, else plan
+    auto = "auto"              # free when its plan meets the budget by swaps alone, else plan
 
 
 class RunSpec(_Strict):
@@ -246,8 +246,8 @@ class RunSpec(_Strict):
         PlanOrder.plan, description="planner: 'plan' runs a planned step's ops one after another in plan order "
         "(the peak lands where predicted); 'free' leaves them to TensorFlow's inter-op threads and plans for "
         "the concurrency seen in the unplanned steps (faster where the model has parallel branches, e.g. "
-        "Inception; the prediction is looser); 'auto' takes the free-order plan when it meets the budget, "
-        "else plans in plan order")
+        "Inception; the prediction is looser); 'auto' takes the free-order plan when it meets the budget "
+        "by swaps alone, else plans in plan order")
     replan: StrictBool = Field(
         True, description="planner: re-plan the running jobs together while they run, when a job ends "
         "or its op latencies drift (Note [Re-planning on events]); false keeps each job's first plan")

@@ -424,8 +424,8 @@ def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
     on the same sequences, link and swap ops (``scheduler.baselines.STRATEGIES``).
     ``step_order``: "plan" chains each planned step's ops in plan order,
     "free" leaves them to the executor's threads, "auto" takes the free-order
-    plan when it meets the budget and plans in plan order otherwise (Note
-    [Free-order plans] in tensile_tf.scheduler.peak_analysis)."""
+    plan when it meets the budget by swaps alone and plans in plan order
+    otherwise (Note [Free-order plans] in tensile_tf.scheduler.peak_analysis)."""
     from tensile_tf.scheduler.baselines import STRATEGIES
 
     if strategy not in STRATEGIES:

@@ -76,12 +76,12 @@ STEP_ORDERS = ("plan", "free")
 def plan_in_step_order(planner_cls: type["Planner"], jobs: Sequence["PlannerJob"], step_order: str,
                        **kwargs) -> Plan:
     """A plan for ``step_order`` "plan" or "free", or "auto": the free-order
-    plan when it meets the budget, else the plan-order one (Note [Free-order
-    plans] in peak_analysis). ``kwargs`` go to the planner."""
+    plan when it meets the budget by swaps alone, else the plan-order one
+    (Note [Free-order plans] in peak_analysis). ``kwargs`` go to the planner."""
     if step_order not in (*STEP_ORDERS, "auto"):
         raise ValueError(f"step_order {step_order!r}: choose one of {', '.join(STEP_ORDERS)}, auto")
     plan = planner_cls(jobs, step_order="free" if step_order == "auto" else step_order, **kwargs).plan()
-    if step_order == "auto" and not plan.budget_met:
+    if step_order == "auto" and (not plan.budget_met or any(jp.recomputes for jp in plan.jobs.values())):
         plan = planner_cls(jobs, step_order="plan", **kwargs).plan()
     return plan
 
