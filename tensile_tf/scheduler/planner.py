@@ -359,11 +359,12 @@ class Planner:
         return True
 
     # -- output ------------------------------------------------------------------
-    def _runs_ordered(self, js) -> bool:
-        """Note [Free-running steps]: a job runs in plan order if its plan has
-        events, or if order alone lowers its peak and the unplanned steps do
-        not fit the budget. A free-order plan's footprint is the free-running
-        one already (Note [Free-order plans] in peak_analysis)."""
+    def _runs_its_plan(self, js) -> bool:
+        """Whether the job's planned footprint ``fp.F`` is what it will hold
+        (else its free-running vanilla one). Note [Free-running steps]: a job
+        runs in plan order if its plan has events, or if order alone lowers its
+        peak and the unplanned steps do not fit the budget. A free-order plan's
+        ``F`` is free-running already (Note [Free-order plans] in peak_analysis)."""
         if self.step_order == "free":
             return True
         if js.decisions or js.recomputes:
@@ -371,7 +372,7 @@ class Planner:
         return self.stop_reason != UNPLANNED_FITS and js.fp.peak < js.vanilla_peak
 
     def _make_plan(self, seconds: float) -> Plan:
-        ordered = {js.j: self._runs_ordered(js) for js in self.jobs}
+        ordered = {js.j: self._runs_its_plan(js) for js in self.jobs}
         pool_peak = self.timeline.pool_peak([js.fp.F if ordered[js.j] else js.fp.free_running for js in self.jobs])
         if self.pool_bytes is not None and pool_peak > self.pool_bytes and self.stop_reason != UNPLANNED_FITS \
                 and not all(ordered.values()):
