@@ -32,8 +32,9 @@ release points only match the prediction in the plan's order. So, as
 TENSILE's Executor "executes each operator node in the graph by topological
 order" (§III-B), the rewrite chains the graph's ops with control edges in plan
 order (``enforce_order``). Each op still uses intra-op threads; inter-op
-parallelism between graph ops is given up: little on a chain model, about a
-third of InceptionV3's step on this 2-core machine, so a plan can instead
+parallelism between graph ops is given up: little on a chain model, but
+InceptionV3's step (batch 48, 2 cores) takes 1.4-1.5x as long chained as
+unchained, so a plan can instead
 leave its ops free and be planned for that (Note [Free-order plans] in
 tensile_tf/scheduler/peak_analysis.py). ``tensile_tf.execution.executor_order``
 picks the order close to the one TF's executor would pick anyway.
