@@ -78,18 +78,6 @@ runs once its own gradient exists: the empty plan peaks at 323 MiB. An
 ``IdentityN`` the step returns, or that something waits on as a whole
 (control input, or with control inputs of its own), stays.
 
-Note [Triggers on the served op's path]
-A plan starts each swap-in (and each recomputation's gate) after a trigger
-op, the op that in plan order runs about one transfer before the op it
-serves. Without the plan-order chain (Note [Free-order plans] in
-tensile_tf/scheduler/peak_analysis.py) the executor runs an op as soon as
-its inputs exist, and a trigger off the served op's own dependency path (a
-sibling branch, a weight gradient) may run far earlier than its plan
-position: the tensor comes back early and stays. So in free order a trigger
-is moved to the latest op at or before it in plan order that the served op
-waits for (``triggers_moved`` in the report): it cannot run later than the
-served op needs, and it runs when the path to that op gets there.
-
 Note [Reads that outlive a variable gap]
 A ``ReadVariableOp``'s output aliases the variable's buffer, and TensorFlow's
 gradients read it where the forward pass did: a convolution's
@@ -142,7 +130,6 @@ class RewriteReport:
     rewired_edges: int = 0
     order_edges: int = 0                  # control edges chaining the ops in plan order (Note [Plan order])
     dropped_anchors: int = 0              # control edges left out because they would close a cycle
-    triggers_moved: int = 0               # free order: triggers moved onto the served op's path
     restore_needed: list[str] = field(default_factory=list)   # variables kept on the host between steps
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (event, reason)
 
@@ -373,12 +360,8 @@ class _Rewriter:
         self.pos = {o.name: k for k, o in enumerate(graph.ops)}
         self.report = RewriteReport(job_plan.name)
         self._bypass_identity_n()
-        self.enforce_order = enforce_order
         if enforce_order:
             self._chain()
-        # the step's own edges, before any plan op (Note [Triggers on the served op's path])
-        self._preds = {} if enforce_order else {
-            name: {_split_input(i)[0] for i in n.input} for name, n in self.edit.nodes.items()}
         self.clone_of: dict[str, str] = {}   # recomputation clone node -> the node it copies
         self.outputs = {self.edit.canonical(*_split_input(t.name)[:2]) for t in self.fg.outputs}
         self._uid = 0
@@ -432,24 +415,6 @@ class _Rewriter:
 
     def _delta(self, ev) -> float:
         return float(max(0.0, ev.delta_s * self.delta_scale))
-
-    def _on_path_to(self, trigger: str | None, served: str) -> str | None:
-        """Note [Triggers on the served op's path]: without the plan-order
-        chain, the latest op at or before ``trigger`` in plan order that the
-        served op waits for (``trigger`` itself under the chain)."""
-        if self.enforce_order or trigger is None or trigger not in self.pos or served not in self.edit.nodes:
-            return trigger
-        ancestors, stack = set(), [served]
-        while stack:
-            for p in self._preds.get(stack.pop(), ()):
-                if p not in ancestors:
-                    ancestors.add(p)
-                    stack.append(p)
-        for k in range(self.pos[trigger], -1, -1):
-            if self.graph.ops[k].name in ancestors:
-                self.report.triggers_moved += self.graph.ops[k].name != trigger
-                return self.graph.ops[k].name
-        return trigger
 
     def _anchor(self, trigger: str | None, node: str) -> None:
         if trigger is None or trigger not in self.edit.nodes:
@@ -558,7 +523,7 @@ class _Rewriter:
                 self.edit.add_node(si, "TensileSwapIn", [so], _attr(
                     T=t.dtype, shape=t.shape, delta_s=self._delta(ev), label=f"{self.plan.name}:{tensor}",
                     event=event if self.check_lateness else ""))
-                self._anchor(self._on_path_to(ev.trigger_op, ev.serves_op), si)
+                self._anchor(ev.trigger_op, si)
                 for p, cname, k in edges:
                     if bounds[j] <= p < bounds[j + 1]:
                         self.edit.set_input(cname, k, _tname(si, 0))
@@ -625,7 +590,7 @@ class _Rewriter:
                     raise RuntimeError(f"job '{self.plan.name}': swapping {tensor} around {ev.serves_op} would "
                                        "close a cycle in the step graph (plan and graph disagree on op order)")
                 self._anchor(trig_out if copy else None, vo)
-                self._anchor(self._on_path_to(ev.trigger_op, ev.serves_op), vi)
+                self._anchor(ev.trigger_op, vi)
                 upto = next((p for p in served if p > q), len(self.pos))
                 self._read_again(tensor, vi, res_nodes, q, upto)
                 self.report.variable_swap_outs += 1
@@ -692,7 +657,7 @@ class _Rewriter:
         gate = self._name("recompute_gate", ev.target)
         dtypes = [self._dtype(x) for x in external]
         self.edit.add_node(gate, "TensileRecomputeGate", external, _attr(T=dtypes))
-        self._anchor(self._on_path_to(ev.trigger_op, ev.before_op), gate)
+        self._anchor(ev.trigger_op, gate)
         for o in ev.ops:
             orig = self.edit.nodes[o]
             new_inputs = []

@@ -232,38 +232,3 @@ def test_optimizer_updates_run_as_their_gradients_exist_not_after_all_of_them():
         v.assign(value)
     assert [step(*args).numpy().tobytes() for _ in range(2)] == losses
     assert all(np.array_equal(v.numpy(), a) for v, a in zip(model.weights + list(opt.variables), after))
-
-
-def test_a_free_order_swap_in_waits_on_the_served_ops_path_not_a_sibling_branch():
-    """Note [Triggers on the served op's path]: the plan triggers the swap-in
-    of `a` (for the Mul that reads it again) after Cos, which in plan order
-    runs just before the Mul but sits on another branch. Without the chain Cos
-    could run first thing, so in free order the swap-in waits for Sin, the
-    latest op before Cos that the Mul waits for. The plan-order rewrite keeps
-    Cos. Both compute what the step computes."""
-
-    @tf.function(jit_compile=False, autograph=False)
-    def step(x):
-        a = tf.tanh(x)
-        a2 = tf.sin(a)
-        b2 = tf.cos(tf.exp(x))
-        return tf.reduce_sum(a * a2) + tf.reduce_sum(b2)
-
-    x = tf.constant(np.linspace(-1, 1, 256, dtype=np.float32).reshape(16, 16))
-    graph = capture_job_graph("branches", step, (x,))
-    names = {o.op_type: o.name for o in graph.ops}
-    order = [o.name for o in graph.ops]
-    assert order.index(names["Cos"]) < order.index(names["Mul"])
-    a = f"{names['Tanh']}:0"
-    plan = lambda step_order: JobPlan(  # noqa: E731
-        "branches", step_order=step_order,
-        swap_outs=[SwapEvent("branches", a, "swap_out", names["Sin"], 0.0, 0.0, 0.0, 1024,
-                             release_after_op=names["Sin"])],
-        swap_ins=[SwapEvent("branches", a, "swap_in", names["Cos"], 0.0, 0.0, 0.0, 1024, serves_op=names["Mul"])])
-    expected = step(x).numpy().tobytes()
-    for step_order, trigger, moved in (("free", names["Sin"], 1), ("plan", names["Cos"], 0)):
-        planned = apply_plan(step, (x,), plan(step_order), graph)
-        assert planned.report.activation_swap_ins == 1 and planned.report.triggers_moved == moved, planned.report
-        swap_in = next(n for n in planned.graph_def.node if n.op == "TensileSwapIn")
-        assert f"^{trigger}" in swap_in.input, list(swap_in.input)
-        assert planned(x).numpy().tobytes() == expected
