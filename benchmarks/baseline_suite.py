@@ -136,7 +136,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="transformer,resnet50")
     ap.add_argument("--jobs", default="1")
-    ap.add_argument("--strategies", default="tensile,tensile-swap,vdnn,capuchin,grappler-heuristics,grappler-manual,"
+    ap.add_argument("--strategies", default="tensile,tensile-auto,tensile-swap,vdnn,capuchin,grappler-heuristics,grappler-manual,"
                                             "recompute-grad")
     ap.add_argument("--budget-frac", type=float, default=0.5)
     ap.add_argument("--steps", type=int, default=4)
