@@ -182,7 +182,7 @@ class JobPlanning:
                              coincident_peaks=peaks != PlanPeaks.timeline,
                              peaking_jobs=PAIRED_PEAKING_JOBS if paired else None,
                              unplanned_peaking_jobs=UNPLANNED_PAIRED_PEAKING_JOBS if paired else None,
-                             step_order=PlanOrder(self.settings.plan_order).value)
+                             step_order=self.settings.plan_order.value)
 
     def plan(self, states: list[JobState], budget: int, *, saved_plan_allowed: bool = False) -> Plan | None:
         """TENSILE over ``states`` for ``budget`` pool bytes; each job's step
