@@ -52,7 +52,10 @@ def test_example_config_runs_shortened(tmp_path, name, steps, updates):
     elif name == "digits.yaml":
         assert all(j["validation"][-1]["metrics"]["accuracy"] > 0.3 for j in jobs), jobs
     elif name == "arrivals.yaml":
-        assert any(r["reason"] == "arrival of late" and r["error"] is None for r in results["planner"]["replans"])
+        replans = results["planner"]["replans"]
+        late = next(j for j in jobs if j["name"] == "late")
+        assert any(r["reason"] == "arrival of late" and r["error"] is None for r in replans), (
+            [(r["reason"], r["error"], r["budget_bytes"]) for r in replans], late["waits"])
     elif name in ("planner.yaml", "hybrid.yaml"):
         # both trained together under one plan that moves tensors (the pool holds them only so)
         start = results["planner"]["plans"][0]
