@@ -52,6 +52,10 @@ py::dict StatsDict(StreamAwarePool& pool) {
   d["fragmentation"] = s.fragmentation;
   d["num_syncs"] = s.num_syncs;
   d["num_allocator_syncs"] = s.num_allocator_syncs;
+  d["num_stitched"] = s.num_stitched;
+  d["stitched_current"] = s.stitched_current;
+  d["num_live_stitched"] = s.num_live_stitched;
+  d["stitching"] = pool.stitching();
   d["trace_recorded"] = s.trace_recorded;
   d["trace_dropped"] = s.trace_dropped;
   py::dict jobs;
@@ -67,10 +71,11 @@ py::dict StatsDict(StreamAwarePool& pool) {
 
 char* CheckedRange(StreamAwarePool& pool, int64_t offset, int64_t nbytes) {
   if (offset < 0 || nbytes < 0 ||
-      static_cast<size_t>(offset + nbytes) > pool.capacity()) {
-    throw py::index_error("range outside the pool's arena");
+      !pool.Accessible(pool.AddressOf(offset), static_cast<size_t>(nbytes))) {
+    throw py::index_error(
+        "range outside the pool's arena and its live stitched allocations");
   }
-  return pool.base() + offset;
+  return pool.AddressOf(offset);
 }
 
 }  // namespace
@@ -95,14 +100,17 @@ PYBIND11_MODULE(_tensile_plugin, m) {
 Waterwave stream-aware allocator over one fixed arena (seed 004, Listing 1).
 Streams are jobs; allocate() returns an arena offset.)doc")
       .def(py::init([](int64_t capacity, const std::string& name,
-                       const std::string& backend, int64_t trace_capacity) {
+                       const std::string& backend, int64_t trace_capacity,
+                       bool stitch) {
              if (capacity <= 0) throw py::value_error("capacity must be > 0");
              return new StreamAwarePool(name, static_cast<size_t>(capacity),
                                         tensile::MakeBackend(backend),
-                                        static_cast<size_t>(trace_capacity));
+                                        static_cast<size_t>(trace_capacity),
+                                        stitch);
            }),
            py::arg("capacity"), py::arg("name") = "pool",
-           py::arg("backend") = "host", py::arg("trace_capacity") = 1 << 16)
+           py::arg("backend") = "host", py::arg("trace_capacity") = 1 << 16,
+           py::arg("stitch") = true)
       .def(
           "allocate",
           [](StreamAwarePool& p, int64_t nbytes, int stream,
@@ -118,15 +126,16 @@ Streams are jobs; allocate() returns an arena offset.)doc")
                               p.DescribeOom(nbytes, stream, op).c_str());
               throw py::error_already_set();
             }
-            return static_cast<int64_t>(static_cast<char*>(ptr) - p.base());
+            return p.OffsetOf(ptr);
           },
           py::arg("nbytes"), py::arg("stream") = 0, py::arg("op") = "",
-          "Allocates nbytes for `stream`; returns the arena offset.")
+          "Allocates nbytes for `stream`; returns the offset (>= capacity: a "
+          "stitched allocation in the stitch window).")
       .def(
           "deallocate",
           [](StreamAwarePool& p, int64_t offset, const std::string& op) {
-            char* ptr = CheckedRange(p, offset, 0);
-            if (p.AllocatedSize(ptr) == 0) {
+            char* ptr = offset >= 0 ? p.AddressOf(offset) : nullptr;
+            if (ptr == nullptr || !p.Owns(ptr) || p.AllocatedSize(ptr) == 0) {
               throw py::value_error("no live allocation at offset " +
                                     std::to_string(offset));
             }

@@ -58,12 +58,18 @@ StreamAwarePool& GetOrCreateDevicePool() {
   const size_t trace_events = EnvByteCount("TENSILE_POOL_TRACE_EVENTS", 0);
   auto* pool = new StreamAwarePool("device", CapacityLocked(),
                                    std::make_unique<HostBackend>(),
-                                   trace_events > 0 ? trace_events : size_t{1} << 16);
+                                   trace_events > 0 ? trace_events : size_t{1} << 16,
+                                   DevicePoolStitching());
   g_device_pool.store(pool);
   return *pool;
 }
 
 StreamAwarePool* DevicePoolIfCreated() { return g_device_pool.load(); }
+
+bool DevicePoolStitching() {
+  const char* env = std::getenv("TENSILE_POOL_STITCH");
+  return env == nullptr || std::string(env) != "0";
+}
 
 void BindStepToStream(int64_t step_id, StreamId stream) {
   if (stream <= kDefaultStream || stream >= kMaxStreams) return;

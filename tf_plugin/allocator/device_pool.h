@@ -29,6 +29,9 @@ size_t DevicePoolCapacity();
 StreamAwarePool& GetOrCreateDevicePool();
 // The pool if TensorFlow has created it, else nullptr.
 StreamAwarePool* DevicePoolIfCreated();
+// Whether the device pool stitches (Note [Stitched allocations]): yes unless
+// TENSILE_POOL_STITCH=0 (for measuring what stitching changes).
+bool DevicePoolStitching();
 
 // Step attribution: a job's train step runs the TensileBindStep op first,
 // which binds the step's TensorFlow step id to the job's stream. The

@@ -37,7 +37,9 @@
 
 namespace tensile {
 
-enum class PoolEventKind : uint8_t { kAlloc = 0, kFree = 1, kSync = 2, kOom = 3 };
+// kPiece: one arena piece of the stitched allocation recorded just before
+// (Note [Stitched allocations] in stream_aware_pool.h).
+enum class PoolEventKind : uint8_t { kAlloc = 0, kFree = 1, kSync = 2, kOom = 3, kPiece = 4 };
 
 inline const char* PoolEventKindName(PoolEventKind kind) {
   switch (kind) {
@@ -45,6 +47,7 @@ inline const char* PoolEventKindName(PoolEventKind kind) {
     case PoolEventKind::kFree: return "free";
     case PoolEventKind::kSync: return "sync";
     case PoolEventKind::kOom: return "oom";
+    case PoolEventKind::kPiece: return "piece";
   }
   return "unknown";
 }
@@ -61,7 +64,8 @@ struct PoolEvent {
   PoolEventKind kind = PoolEventKind::kAlloc;
   int32_t stream = 0;       // the job ("stream") the event belongs to
   int64_t bytes = 0;        // chunk bytes (alloc/free), requested bytes (oom)
-  int64_t offset = -1;      // arena offset of the chunk; -1 for sync/oom
+  int64_t offset = -1;      // arena offset of the chunk (>= capacity: in the
+                            // stitch window); -1 for sync/oom
   int64_t pool_current = 0; // pool bytes in use after the event
   char op[kOpNameBytes] = {0};  // op name, NUL terminated (Note [Truncated op names])
 

@@ -26,6 +26,27 @@ class PoolBackend {
   // SyncAndCoalesce).
   virtual void SynchronizeAllStreams() = 0;
   virtual std::string Name() const = 0;
+
+  // Address-space primitives for Note [Stitched allocations]
+  // (stream_aware_pool.h): map pieces of the arena, in order, into one
+  // contiguous range of fresh addresses (CUDA: cuMemAddressReserve and
+  // cuMemMap, granularity 2 MiB; GMLake, ASPLOS '24). A backend that cannot
+  // returns 0 from StitchGranularity() and its pool never stitches.
+  //
+  // The size and alignment of a piece: arena offsets and lengths mapped are
+  // multiples of it. 0: no stitching.
+  virtual size_t StitchGranularity() const { return 0; }
+  // Reserves `bytes` of inaccessible address space; nullptr on failure.
+  virtual void* ReserveAddressRange(size_t /*bytes*/) { return nullptr; }
+  virtual void ReleaseAddressRange(void* /*at*/, size_t /*bytes*/) {}
+  // Maps arena bytes [arena_offset, arena_offset + bytes) at `at`, inside a
+  // reserved range, so both addresses reach the same memory. False on failure.
+  virtual bool MapArenaPiece(void* /*at*/, size_t /*arena_offset*/,
+                             size_t /*bytes*/) {
+    return false;
+  }
+  // Makes [at, at + bytes) reserved and inaccessible again.
+  virtual void UnmapToReserved(void* /*at*/, size_t /*bytes*/) {}
 };
 
 // Host memory: the arena is one mmap'ed region (pages are touched lazily, so
@@ -33,12 +54,29 @@ class PoolBackend {
 // buffer when TensorFlow frees it, so synchronizing streams is a no-op; the
 // pool still keeps the synced / unsynced bookkeeping so the algorithm is the
 // one a GPU backend would run.
+//
+// The arena is a shared mapping of an anonymous memory file (memfd_create),
+// so a page of it can be mapped a second time elsewhere (stitching, at page
+// granularity). Where memfd_create is missing the arena is private anonymous
+// memory and StitchGranularity() is 0. Either way the arena is not inherited
+// by fork()ed children (MADV_DONTFORK): a child never shares, nor copies,
+// the device memory.
 class HostBackend : public PoolBackend {
  public:
+  HostBackend() = default;
+  ~HostBackend() override;
   void* Reserve(size_t bytes) override;
   void Release(void* base, size_t bytes) override;
   void SynchronizeAllStreams() override {}
   std::string Name() const override { return "host"; }
+  size_t StitchGranularity() const override;
+  void* ReserveAddressRange(size_t bytes) override;
+  void ReleaseAddressRange(void* at, size_t bytes) override;
+  bool MapArenaPiece(void* at, size_t arena_offset, size_t bytes) override;
+  void UnmapToReserved(void* at, size_t bytes) override;
+
+ private:
+  int fd_ = -1;  // the arena's memory file; -1 when private anonymous
 };
 
 std::unique_ptr<PoolBackend> MakeBackend(const std::string& name);

@@ -1,6 +1,7 @@
 #include "tf_plugin/allocator/stream_aware_pool.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -12,14 +13,62 @@ namespace tensile {
 
 // ---------------------------------------------------------------- backends
 
+HostBackend::~HostBackend() {
+  if (fd_ >= 0) close(fd_);
+}
+
 void* HostBackend::Reserve(size_t bytes) {
-  // MAP_NORESERVE: a large pool is address space until touched.
+  // A sparse memory file: its pages exist once touched, so a large pool is
+  // address space until used (as MAP_NORESERVE anonymous memory).
+  const int fd = memfd_create("tensile-pool", MFD_CLOEXEC);
+  if (fd >= 0 && ftruncate(fd, static_cast<off_t>(bytes)) == 0) {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_NORESERVE, fd, 0);
+    if (p != MAP_FAILED) {
+      fd_ = fd;
+      madvise(p, bytes, MADV_DONTFORK);
+      return p;
+    }
+  }
+  if (fd >= 0) close(fd);
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  return p == MAP_FAILED ? nullptr : p;
+  if (p == MAP_FAILED) return nullptr;
+  madvise(p, bytes, MADV_DONTFORK);
+  return p;
 }
 
 void HostBackend::Release(void* base, size_t bytes) { munmap(base, bytes); }
+
+size_t HostBackend::StitchGranularity() const {
+  return fd_ >= 0 ? static_cast<size_t>(sysconf(_SC_PAGESIZE)) : 0;
+}
+
+void* HostBackend::ReserveAddressRange(size_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  madvise(p, bytes, MADV_DONTFORK);
+  return p;
+}
+
+void HostBackend::ReleaseAddressRange(void* at, size_t bytes) {
+  munmap(at, bytes);
+}
+
+bool HostBackend::MapArenaPiece(void* at, size_t arena_offset, size_t bytes) {
+  if (fd_ < 0) return false;
+  void* p = mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+                 fd_, static_cast<off_t>(arena_offset));
+  if (p == MAP_FAILED) return false;
+  madvise(p, bytes, MADV_DONTFORK);
+  return true;
+}
+
+void HostBackend::UnmapToReserved(void* at, size_t bytes) {
+  mmap(at, bytes, PROT_NONE,
+       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+}
 
 std::unique_ptr<PoolBackend> MakeBackend(const std::string& name) {
   if (name == "host") return std::make_unique<HostBackend>();
@@ -56,7 +105,7 @@ size_t EnvByteCount(const char* name, size_t fallback) {
 
 StreamAwarePool::StreamAwarePool(std::string name, size_t capacity,
                                  std::unique_ptr<PoolBackend> backend,
-                                 size_t trace_capacity)
+                                 size_t trace_capacity, bool stitch)
     : name_(std::move(name)),
       backend_(std::move(backend)),
       capacity_(capacity / kMinChunkBytes * kMinChunkBytes),
@@ -90,10 +139,26 @@ StreamAwarePool::StreamAwarePool(std::string name, size_t capacity,
   chunks_[h].offset = 0;
   chunks_[h].size = capacity_;
   InsertFree(h, kSyncedOwner);
+
+  // Note [Stitched allocations]: pieces are whole units of the backend's
+  // granularity, so only a granularity that is a multiple of the chunk size
+  // (and an arena that starts on one) can stitch.
+  const size_t g = stitch ? backend_->StitchGranularity() : 0;
+  if (g > 0 && g % kMinChunkBytes == 0 &&
+      reinterpret_cast<uintptr_t>(base_) % g == 0) {
+    const size_t bytes = (capacity_ + g - 1) / g * g * 2;
+    window_ = static_cast<char*>(backend_->ReserveAddressRange(bytes));
+    if (window_ != nullptr) {
+      window_bytes_ = bytes;
+      granularity_ = g;
+      window_free_[0] = bytes;
+    }
+  }
 }
 
 StreamAwarePool::~StreamAwarePool() {
   std::free(handle_by_slot_);
+  if (window_ != nullptr) backend_->ReleaseAddressRange(window_, window_bytes_);
   if (base_ != nullptr) backend_->Release(base_, capacity_);
 }
 
@@ -168,6 +233,14 @@ void* StreamAwarePool::Carve(ChunkHandle h, size_t bytes, size_t requested,
   handle_by_slot_[c.offset / kMinChunkBytes] = h + 1;
 
   const int64_t size = static_cast<int64_t>(c.size);
+  CountAllocation(size, requested, stream);
+  trace_.Record(PoolEventKind::kAlloc, stream, size,
+                static_cast<int64_t>(c.offset), counters_.current, op);
+  return base_ + c.offset;
+}
+
+void StreamAwarePool::CountAllocation(int64_t size, size_t requested,
+                                      StreamId stream) {
   for (MemoryCounters* m : {&counters_, &CountersFor(stream)}) {
     m->current += size;
     m->peak = std::max(m->peak, m->current);
@@ -176,9 +249,145 @@ void* StreamAwarePool::Carve(ChunkHandle h, size_t bytes, size_t requested,
     m->largest_alloc = std::max(m->largest_alloc, size);
   }
   requested_current_ += static_cast<int64_t>(requested);
-  trace_.Record(PoolEventKind::kAlloc, stream, size,
-                static_cast<int64_t>(c.offset), counters_.current, op);
-  return base_ + c.offset;
+}
+
+StreamAwarePool::ChunkHandle StreamAwarePool::SplitOut(ChunkHandle h,
+                                                       size_t at,
+                                                       size_t bytes) {
+  // h keeps the head [offset, at) when there is one (handle 0 stays the
+  // chunk at offset 0), the piece gets its own handle, the tail another.
+  const size_t end = chunks_[h].offset + chunks_[h].size;
+  ChunkHandle piece = h;
+  if (at > chunks_[h].offset) {
+    piece = NewChunk();  // may reallocate chunks_
+    Chunk& head = chunks_[h];
+    Chunk& p = chunks_[piece];
+    p.offset = at;
+    p.size = end - at;
+    p.prev = h;
+    p.next = head.next;
+    if (head.next != kNoChunk) chunks_[head.next].prev = piece;
+    head.next = piece;
+    head.size = at - head.offset;
+    InsertFree(h, kSyncedOwner);
+  }
+  if (at + bytes < end) {
+    ChunkHandle tail = NewChunk();
+    Chunk& p = chunks_[piece];
+    Chunk& t = chunks_[tail];
+    t.offset = at + bytes;
+    t.size = end - (at + bytes);
+    t.prev = piece;
+    t.next = p.next;
+    if (p.next != kNoChunk) chunks_[p.next].prev = tail;
+    p.next = tail;
+    p.size = bytes;
+    InsertFree(tail, kSyncedOwner);
+  }
+  return piece;
+}
+
+bool StreamAwarePool::TakeWindowRange(size_t bytes, size_t* offset) {
+  for (auto it = window_free_.begin(); it != window_free_.end(); ++it) {
+    if (it->second < bytes) continue;
+    *offset = it->first;
+    const size_t rest = it->second - bytes;
+    window_free_.erase(it);
+    if (rest > 0) window_free_[*offset + bytes] = rest;
+    return true;
+  }
+  return false;
+}
+
+void StreamAwarePool::GiveWindowRange(size_t offset, size_t bytes) {
+  auto it = window_free_.emplace(offset, bytes).first;
+  auto next = std::next(it);
+  if (next != window_free_.end() && it->first + it->second == next->first) {
+    it->second += next->second;
+    window_free_.erase(next);
+  }
+  if (it != window_free_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->first + prev->second == it->first) {
+      prev->second += it->second;
+      window_free_.erase(it);
+    }
+  }
+}
+
+void* StreamAwarePool::StitchLocked(size_t bytes, size_t rounded,
+                                    StreamId stream, std::string_view op) {
+  const size_t g = granularity_;
+  const size_t need = (rounded + g - 1) / g * g;
+  // The page-aligned interior of every free chunk, largest first (fewest
+  // pieces); lowest offset on ties, so the choice is deterministic.
+  struct Candidate {
+    size_t interior;
+    size_t start;
+    ChunkHandle h;
+  };
+  std::vector<Candidate> candidates;
+  for (ChunkHandle h : synced_.Handles()) {
+    const Chunk& c = chunks_[h];
+    const size_t lo = (c.offset + g - 1) / g * g;
+    const size_t hi = (c.offset + c.size) / g * g;
+    if (hi > lo) candidates.push_back({hi - lo, lo, h});
+  }
+  std::sort(candidates.begin(), candidates.end(),
+            [](const Candidate& a, const Candidate& b) {
+              return a.interior != b.interior ? a.interior > b.interior
+                                              : a.start < b.start;
+            });
+  std::vector<Candidate> chosen;
+  size_t have = 0;
+  for (const Candidate& c : candidates) {
+    if (have >= need) break;
+    chosen.push_back({std::min(c.interior, need - have), c.start, c.h});
+    have += chosen.back().interior;
+  }
+  size_t woff = 0;
+  if (have < need || !TakeWindowRange(need, &woff)) return nullptr;
+  // Map in arena order (the window's layout is the pieces' offset order).
+  std::sort(chosen.begin(), chosen.end(),
+            [](const Candidate& a, const Candidate& b) { return a.start < b.start; });
+  size_t at = woff;
+  for (const Candidate& c : chosen) {
+    if (!backend_->MapArenaPiece(window_ + at, c.start, c.interior)) {
+      backend_->UnmapToReserved(window_ + woff, need);
+      GiveWindowRange(woff, need);
+      return nullptr;
+    }
+    at += c.interior;
+  }
+  Stitched rec;
+  rec.size = need;
+  rec.requested = bytes;
+  rec.stream = stream;
+  rec.allocation_id = next_allocation_id_++;
+  for (const Candidate& c : chosen) {
+    RemoveFree(c.h);
+    const ChunkHandle p = SplitOut(c.h, c.start, c.interior);
+    Chunk& piece = chunks_[p];
+    piece.in_use = true;
+    piece.piece = true;
+    piece.owner = stream;
+    piece.requested = 0;
+    piece.allocation_id = rec.allocation_id;
+    rec.pieces.push_back(p);
+  }
+  CountAllocation(static_cast<int64_t>(need), bytes, stream);
+  ++num_stitched_;
+  stitched_current_ += static_cast<int64_t>(need);
+  trace_.Record(PoolEventKind::kAlloc, stream, static_cast<int64_t>(need),
+                static_cast<int64_t>(capacity_ + woff), counters_.current, op);
+  for (ChunkHandle p : rec.pieces) {
+    trace_.Record(PoolEventKind::kPiece, stream,
+                  static_cast<int64_t>(chunks_[p].size),
+                  static_cast<int64_t>(chunks_[p].offset), counters_.current,
+                  op);
+  }
+  stitched_.emplace(woff, std::move(rec));
+  return window_ + woff;
 }
 
 void* StreamAwarePool::Allocate(size_t bytes, StreamId stream,
@@ -219,6 +428,11 @@ void* StreamAwarePool::AllocateImpl(size_t bytes, StreamId stream,
       h = synced_.BestFit(rounded);
     }
     if (h != kNoChunk) return Carve(h, rounded, bytes, stream, op);
+    // 7. Note [Stitched allocations]: every free chunk is synced now.
+    if (window_ != nullptr && rounded >= kStitchMinBytes &&
+        unsynced_bytes_ == 0) {
+      if (void* p = StitchLocked(bytes, rounded, stream, op)) return p;
+    }
   }
   if (!count_oom) return nullptr;
   counters_.num_ooms += 1;
@@ -237,9 +451,55 @@ StreamAwarePool::ChunkHandle StreamAwarePool::HandleFor(
   return handle_by_slot_[offset / kMinChunkBytes] - 1;
 }
 
+const StreamAwarePool::Stitched* StreamAwarePool::StitchedFor(
+    const void* ptr) const {
+  const char* p = static_cast<const char*>(ptr);
+  if (window_ == nullptr || p < window_ || p >= window_ + window_bytes_) {
+    return nullptr;
+  }
+  auto it = stitched_.find(static_cast<size_t>(p - window_));
+  return it == stitched_.end() ? nullptr : &it->second;
+}
+
+void StreamAwarePool::DeallocateStitchedLocked(void* ptr, std::string_view op) {
+  const size_t woff = static_cast<size_t>(static_cast<char*>(ptr) - window_);
+  auto it = stitched_.find(woff);
+  if (it == stitched_.end()) {
+    std::fprintf(stderr,
+                 "tensile pool '%s': Deallocate(%p) of a stitch-window "
+                 "pointer it did not hand out (double free or foreign "
+                 "pointer); aborting\n",
+                 name_.c_str(), ptr);
+    std::abort();
+  }
+  Stitched rec = std::move(it->second);
+  stitched_.erase(it);
+  backend_->UnmapToReserved(window_ + woff, rec.size);
+  GiveWindowRange(woff, rec.size);
+  const int64_t size = static_cast<int64_t>(rec.size);
+  for (MemoryCounters* m : {&counters_, &CountersFor(rec.stream)}) {
+    m->current -= size;
+    m->freed += size;
+    m->num_frees += 1;
+  }
+  requested_current_ -= static_cast<int64_t>(rec.requested);
+  stitched_current_ -= size;
+  trace_.Record(PoolEventKind::kFree, rec.stream, size,
+                static_cast<int64_t>(capacity_ + woff), counters_.current, op);
+  for (ChunkHandle p : rec.pieces) {
+    chunks_[p].piece = false;
+    ReturnChunk(p, rec.stream);
+  }
+}
+
 void StreamAwarePool::Deallocate(void* ptr, std::string_view op) {
   if (ptr == nullptr) return;
   std::lock_guard<std::mutex> lock(mu_);
+  if (window_ != nullptr && static_cast<char*>(ptr) >= window_ &&
+      static_cast<char*>(ptr) < window_ + window_bytes_) {
+    DeallocateStitchedLocked(ptr, op);
+    return;
+  }
   ChunkHandle h = HandleFor(ptr);
   if (h == kNoChunk || !chunks_[h].in_use) {
     std::fprintf(stderr,
@@ -260,8 +520,12 @@ void StreamAwarePool::Deallocate(void* ptr, std::string_view op) {
   requested_current_ -= static_cast<int64_t>(c.requested);
   trace_.Record(PoolEventKind::kFree, stream, size,
                 static_cast<int64_t>(c.offset), counters_.current, op);
+  ReturnChunk(h, stream);
+}
 
+void StreamAwarePool::ReturnChunk(ChunkHandle h, StreamId stream) {
   // Coalesce only with neighbours in this stream's own unsynced set.
+  const Chunk& c = chunks_[h];
   ChunkHandle prev = c.prev;
   ChunkHandle next = c.next;
   if (next != kNoChunk && !chunks_[next].in_use &&
@@ -345,23 +609,59 @@ void StreamAwarePool::ReleaseStream(StreamId stream) {
 
 bool StreamAwarePool::Owns(const void* ptr) const {
   const char* p = static_cast<const char*>(ptr);
-  return p >= base_ && p < base_ + capacity_;
+  return (p >= base_ && p < base_ + capacity_) ||
+         (window_ != nullptr && p >= window_ && p < window_ + window_bytes_);
+}
+
+bool StreamAwarePool::Accessible(const void* ptr, size_t bytes) const {
+  const char* p = static_cast<const char*>(ptr);
+  if (p >= base_ && p <= base_ + capacity_ &&
+      bytes <= static_cast<size_t>(base_ + capacity_ - p)) {
+    return true;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (window_ == nullptr || p < window_ || p >= window_ + window_bytes_) {
+    return false;
+  }
+  const size_t off = static_cast<size_t>(p - window_);
+  auto it = stitched_.upper_bound(off);
+  if (it == stitched_.begin()) return false;
+  --it;
+  return off + bytes <= it->first + it->second.size;
+}
+
+int64_t StreamAwarePool::OffsetOf(const void* ptr) const {
+  const char* p = static_cast<const char*>(ptr);
+  if (window_ != nullptr && p >= window_ && p < window_ + window_bytes_) {
+    return static_cast<int64_t>(capacity_ + (p - window_));
+  }
+  return static_cast<int64_t>(p - base_);
+}
+
+char* StreamAwarePool::AddressOf(int64_t offset) const {
+  if (offset >= static_cast<int64_t>(capacity_) && window_ != nullptr) {
+    return window_ + (offset - static_cast<int64_t>(capacity_));
+  }
+  return base_ + offset;
 }
 
 size_t StreamAwarePool::RequestedSize(const void* ptr) const {
   std::lock_guard<std::mutex> lock(mu_);
+  if (const Stitched* s = StitchedFor(ptr)) return s->requested;
   ChunkHandle h = HandleFor(ptr);
   return h == kNoChunk ? 0 : chunks_[h].requested;
 }
 
 size_t StreamAwarePool::AllocatedSize(const void* ptr) const {
   std::lock_guard<std::mutex> lock(mu_);
+  if (const Stitched* s = StitchedFor(ptr)) return s->size;
   ChunkHandle h = HandleFor(ptr);
   return h == kNoChunk ? 0 : chunks_[h].size;
 }
 
 int64_t StreamAwarePool::AllocationId(const void* ptr) const {
   std::lock_guard<std::mutex> lock(mu_);
+  if (const Stitched* s = StitchedFor(ptr)) return s->allocation_id;
   ChunkHandle h = HandleFor(ptr);
   return h == kNoChunk ? 0 : chunks_[h].allocation_id;
 }
@@ -399,6 +699,9 @@ PoolStats StreamAwarePool::Stats() const {
           : 0.0;
   s.num_syncs = num_syncs_;
   s.num_allocator_syncs = num_allocator_syncs_;
+  s.num_stitched = num_stitched_;
+  s.stitched_current = stitched_current_;
+  s.num_live_stitched = static_cast<int64_t>(stitched_.size());
   s.trace_recorded = trace_.recorded();
   s.trace_dropped = trace_.dropped();
   return s;
@@ -505,7 +808,11 @@ std::string StreamAwarePool::CheckInvariants() const {
     expect_offset = c.offset + c.size;
     if (c.in_use) {
       live += c.size;
-      if (handle_by_slot_[c.offset / kMinChunkBytes] != h + 1) {
+      if (c.piece) {
+        if (handle_by_slot_[c.offset / kMinChunkBytes] != 0) {
+          err << "stitched piece at " << c.offset << " in the index; ";
+        }
+      } else if (handle_by_slot_[c.offset / kMinChunkBytes] != h + 1) {
         err << "live chunk at " << c.offset << " missing from index; ";
       }
     } else {
@@ -551,6 +858,34 @@ std::string StreamAwarePool::CheckInvariants() const {
     if (per_stream[s] != unsynced_[s]->bytes()) {
       err << "stream " << s << " unsynced byte count drifted; ";
     }
+  }
+  // Note [Stitched allocations]: each stitched allocation is exactly its
+  // live pieces, and the window's free and used ranges tile it.
+  int64_t stitched_bytes = 0;
+  size_t window_used = 0;
+  for (const auto& [woff, rec] : stitched_) {
+    size_t pieces = 0;
+    for (ChunkHandle p : rec.pieces) {
+      const Chunk& c = chunks_[p];
+      if (!c.in_use || !c.piece || c.owner != rec.stream ||
+          c.allocation_id != rec.allocation_id) {
+        err << "stitched allocation at window offset " << woff
+            << ": piece at " << c.offset << " not its live piece; ";
+      }
+      pieces += c.size;
+    }
+    if (pieces != rec.size || rec.size % granularity_ != 0) {
+      err << "stitched allocation at window offset " << woff << ": pieces hold "
+          << pieces << " bytes of " << rec.size << "; ";
+    }
+    stitched_bytes += static_cast<int64_t>(rec.size);
+    window_used += rec.size;
+  }
+  size_t window_free = 0;
+  for (const auto& [off, bytes] : window_free_) window_free += bytes;
+  if (stitched_bytes != stitched_current_) err << "stitched byte count drifted; ";
+  if (window_ != nullptr && window_used + window_free != window_bytes_) {
+    err << "stitch window ranges do not tile the window; ";
   }
   int64_t stream_current = 0;
   for (const auto& m : stream_counters_) stream_current += m.current;

@@ -26,6 +26,33 @@
 //  6. SyncAndCoalesce() synchronizes all streams through the backend, moves
 //     every unsynced chunk to the synced set and coalesces all free
 //     neighbours.
+//  7. A request of at least kStitchMinBytes that no single chunk serves even
+//     after the sync of step 4 is stitched when the free chunks together
+//     hold it (Note [Stitched allocations]); only then is it an OOM.
+//
+// Note [Stitched allocations]
+// Best fit on a fixed arena fails large requests while the bytes are free:
+// four small CNN jobs at batch 40 in 120 MiB each failed asking 23.6 MiB
+// with 60-80 MiB free (largest chunks 5-22.5 MiB), and replays of two
+// InceptionV3 jobs need arenas 1.20-1.47x their peak bytes, where a 26.9 MiB
+// scratch request finds only smaller holes (benchmarks/RESULTS.md, issue 20).
+// No placement policy closes that gap: even an oracle that knows every
+// lifetime needs 1.15x. Virtual memory does (GMLake, ASPLOS '24; CUDA's
+// cuMemMap): the pool carves the page-aligned interiors of free synced
+// chunks, largest first, until they hold the request, maps them in offset
+// order into one fresh range of a reserved address window, and returns the
+// window address. The pieces are ordinary live chunks of the arena (flagged
+// `piece`), so every count, the invariants and the stream rule (no other
+// stream's unsynced chunk before a sync: all free chunks are synced here,
+// step 4 has just synced) hold unchanged. Deallocate unmaps the range and
+// frees each piece into the owner's unsynced set, as any chunk. Costs: a
+// few mmap calls, on the rare path that would otherwise fail; a stitched
+// tensor's pages are reached through a second mapping (TLB misses on first
+// touch). The trace records a stitched allocation as one "alloc" event at
+// its window offset (offset >= capacity) followed by one "piece" event per
+// arena piece, so readers that pair allocs and frees by offset see one
+// allocation. Pools whose backend has no address-space primitives
+// (StitchGranularity() == 0) or built with stitch = false never stitch.
 //
 // Note [Best fit across own and synced]
 // Listing 1 searches the stream's own unsynced chunks first and the synced
@@ -103,6 +130,11 @@ struct PoolStats {
   double fragmentation = 0.0;      // 1 - largest_free_chunk / free_bytes
   int64_t num_syncs = 0;           // SyncAndCoalesce calls, all causes
   int64_t num_allocator_syncs = 0; // syncs forced by Allocate (step 4)
+  // Note [Stitched allocations]: cumulative count, and the bytes and count
+  // of stitched allocations live now.
+  int64_t num_stitched = 0;
+  int64_t stitched_current = 0;
+  int64_t num_live_stitched = 0;
   uint64_t trace_recorded = 0;
   uint64_t trace_dropped = 0;
 };
@@ -122,12 +154,16 @@ constexpr StreamId kSyncedOwner = -1;
 class StreamAwarePool {
  public:
   static constexpr size_t kMinChunkBytes = 256;
+  // Policy 7: smaller requests are never stitched (they rarely fail while
+  // their bytes are free, and a stitch costs system calls).
+  static constexpr size_t kStitchMinBytes = size_t{1} << 20;
 
   // Reserves `capacity` bytes (rounded down to kMinChunkBytes) from
   // `backend`. Throws std::runtime_error if the backend cannot reserve it.
+  // `stitch`: Note [Stitched allocations] (if the backend can).
   StreamAwarePool(std::string name, size_t capacity,
                   std::unique_ptr<PoolBackend> backend,
-                  size_t trace_capacity = 1 << 16);
+                  size_t trace_capacity = 1 << 16, bool stitch = true);
   ~StreamAwarePool();
   StreamAwarePool(const StreamAwarePool&) = delete;
   StreamAwarePool& operator=(const StreamAwarePool&) = delete;
@@ -153,7 +189,16 @@ class StreamAwarePool {
   // unsynced free chunks become synced (the job is gone, nothing can race).
   void ReleaseStream(StreamId stream);
 
+  // In the arena or in the stitch window.
   bool Owns(const void* ptr) const;
+  // Whether [ptr, ptr + bytes) lies in the arena or inside one live stitched
+  // allocation (tests write and read through both addresses).
+  bool Accessible(const void* ptr, size_t bytes) const;
+  bool stitching() const { return window_ != nullptr; }
+  // Offsets name addresses in reports and the Python bindings: [0, capacity)
+  // the arena, [capacity, capacity + window) the stitch window.
+  int64_t OffsetOf(const void* ptr) const;
+  char* AddressOf(int64_t offset) const;
   size_t RequestedSize(const void* ptr) const;
   size_t AllocatedSize(const void* ptr) const;
   int64_t AllocationId(const void* ptr) const;
@@ -192,8 +237,18 @@ class StreamAwarePool {
     bool in_use = false;
     StreamId owner = kSyncedOwner;  // see ChunkInfo::owner
     int64_t allocation_id = 0;
+    bool piece = false;  // live, part of a stitched allocation
     ChunkHandle prev = kNoChunk;
     ChunkHandle next = kNoChunk;
+  };
+
+  // Note [Stitched allocations]: one allocation mapped from several pieces.
+  struct Stitched {
+    size_t size = 0;        // window bytes = the pieces' bytes
+    size_t requested = 0;
+    StreamId stream = 0;
+    int64_t allocation_id = 0;
+    std::vector<ChunkHandle> pieces;  // in window order
   };
 
 
@@ -206,6 +261,22 @@ class StreamAwarePool {
                      bool count_oom);
   void* Carve(ChunkHandle h, size_t bytes, size_t requested, StreamId stream,
               std::string_view op);
+  // Counts a new live allocation of `size` bytes for `stream`.
+  void CountAllocation(int64_t size, size_t requested, StreamId stream);
+  // Puts live chunk h, just freed by `stream`, into the stream's unsynced
+  // set, coalescing with free neighbours in that set (policy 5).
+  void ReturnChunk(ChunkHandle h, StreamId stream);
+  // Note [Stitched allocations]. Requires every free chunk synced.
+  void* StitchLocked(size_t bytes, size_t rounded, StreamId stream,
+                     std::string_view op);
+  // Splits [at, at + bytes) out of free chunk h (removed from its set); the
+  // rest stays free in the synced set. Returns the handle of the piece.
+  ChunkHandle SplitOut(ChunkHandle h, size_t at, size_t bytes);
+  void DeallocateStitchedLocked(void* ptr, std::string_view op);
+  const Stitched* StitchedFor(const void* ptr) const;
+  // Window address ranges: first fit over window_free_ (offset -> bytes).
+  bool TakeWindowRange(size_t bytes, size_t* offset);
+  void GiveWindowRange(size_t offset, size_t bytes);
   // Merges free chunk `b` (the next neighbour of `a`) into `a`; neither may
   // be in a FreeChunkSet.
   void Merge(ChunkHandle a, ChunkHandle b);
@@ -238,6 +309,15 @@ class StreamAwarePool {
   int64_t num_syncs_ = 0;
   int64_t num_allocator_syncs_ = 0;
   int64_t next_allocation_id_ = 1;
+  // Note [Stitched allocations]: the window is twice the arena's address
+  // space (reserved, inaccessible until a stitch maps pieces into it).
+  char* window_ = nullptr;
+  size_t window_bytes_ = 0;
+  size_t granularity_ = 0;
+  std::map<size_t, size_t> window_free_;
+  std::map<size_t, Stitched> stitched_;  // by window offset
+  int64_t num_stitched_ = 0;
+  int64_t stitched_current_ = 0;
   EventTrace trace_;
 };
 
