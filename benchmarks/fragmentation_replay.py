@@ -31,7 +31,11 @@ where a request is placed:
 - oracle-lifetime-top (a bound, not a policy): like eager-top, but "long
   lived" read from the future: every allocation that outlives LONG_EVENTS
   events of the trace. No pool can know this; it shows what lifetime
-  segregation could reach at best.
+  segregation could reach at best;
+- best-fit-across+stitch (the pool since the eleventh session): policy 4,
+  and a request of STITCH_MIN bytes or more that no chunk serves after the
+  sync is stitched from page-aligned pieces of free chunks (policy 7, Note
+  [Stitched allocations] in tf_plugin/allocator/stream_aware_pool.h).
 
 Note [Robust arena]. The smallest arena that serves a trace is not
 monotone: an arena 1% larger can fail where a smaller one served, because a
@@ -62,7 +66,9 @@ MIN_CHUNK = 256
 LARGE = 1 << 20
 SYNCED = -1
 POLICIES = ("seed-order", "best-fit-across", "best-fit-across+high-end", "eager-top",
-            "oracle-lifetime-top")
+            "oracle-lifetime-top", "best-fit-across+stitch")
+STITCH_MIN = 1 << 20        # StreamAwarePool::kStitchMinBytes
+PAGE = 4096                 # the host backend's stitch granularity
 LONG_EVENTS = 5000          # oracle-lifetime-top: "long lived" = outlives this many trace events
 GRID_STEP, GRID_TOP = 0.01, 1.5   # Note [Robust arena]
 
@@ -72,9 +78,13 @@ class ReplayPool:
 
     def __init__(self, capacity: int, policy: str):
         self.policy = policy
+        self.capacity = capacity
         self.offsets = [0]
         self.chunks = {0: [capacity, SYNCED, False]}  # offset -> [size, owner, live]
         self.free_sets: dict[int, set[int]] = {SYNCED: {0}}  # owner -> offsets of its free chunks
+        # policy 7: window offset -> free bytes (first fit), and stitched offset -> its pieces
+        self.window_free = {0: -(-capacity // PAGE) * PAGE * 2}
+        self.stitched: dict[int, list[int]] = {}
 
     def _mark_free(self, offset: int, owner: int) -> None:
         self.free_sets.setdefault(owner, set()).add(offset)
@@ -128,7 +138,59 @@ class ReplayPool:
         if fit is None:
             self.sync()
             fit = (self._highest_fit if top else self._best_fit)(self._free_chunks(SYNCED), n)
+        if fit is None and self.policy.endswith("+stitch") and n >= STITCH_MIN:
+            return self._stitch(n, stream)
         return None if fit is None else self._carve(*fit, n, stream, top=top)
+
+    def _stitch(self, n: int, stream: int) -> int | None:
+        """Policy 7 as StreamAwarePool::StitchLocked: page-aligned interiors of the
+        (all synced) free chunks, largest first, lowest offset on ties."""
+        need = -(-n // PAGE) * PAGE
+        interiors = []
+        for o in self.free_sets[SYNCED]:
+            lo, hi = -(-o // PAGE) * PAGE, (o + self.chunks[o][0]) // PAGE * PAGE
+            if hi > lo:
+                interiors.append((-(hi - lo), lo, o))
+        chosen, have = [], 0
+        for neg, lo, o in sorted(interiors):
+            if have >= need:
+                break
+            chosen.append((lo, min(-neg, need - have), o))
+            have += chosen[-1][1]
+        window = next((w for w in sorted(self.window_free) if self.window_free[w] >= need), None)
+        if have < need or window is None:
+            return None
+        rest = self.window_free.pop(window) - need
+        if rest:
+            self.window_free[window + need] = rest
+        pieces = []
+        for lo, length, o in sorted(chosen):
+            size = self.chunks[o][0]
+            self._unmark_free(o)
+            if lo > o:                                   # the head stays free (synced)
+                self.chunks[o][0] = lo - o
+                self._mark_free(o, SYNCED)
+                bisect.insort(self.offsets, lo)
+            if lo + length < o + size:                   # and the tail
+                self.chunks[lo + length] = [o + size - lo - length, SYNCED, False]
+                self._mark_free(lo + length, SYNCED)
+                bisect.insort(self.offsets, lo + length)
+            self.chunks[lo] = [length, stream, True]
+            pieces.append(lo)
+        self.stitched[self.capacity + window] = pieces
+        return self.capacity + window
+
+    def _unstitch(self, offset: int) -> None:
+        pieces = self.stitched.pop(offset)
+        window, size = offset - self.capacity, sum(self.chunks[p][0] for p in pieces)
+        if window + size in self.window_free:            # coalesce with the free neighbours
+            size += self.window_free.pop(window + size)
+        prev = max((w for w in self.window_free if w < window), default=None)
+        if prev is not None and prev + self.window_free[prev] == window:
+            window, size = prev, self.window_free[prev] + size
+        self.window_free[window] = size
+        for p in pieces:
+            self.free(p)
 
     def _merge(self, a: int, b: int) -> None:
         """Merges free chunk b into its lower neighbour a (both unmarked)."""
@@ -137,6 +199,9 @@ class ReplayPool:
         del self.offsets[bisect.bisect_left(self.offsets, b)]
 
     def free(self, offset: int) -> None:
+        if offset in self.stitched:
+            self._unstitch(offset)
+            return
         chunk = self.chunks[offset]
         chunk[2] = False
         stream = chunk[1]

@@ -57,6 +57,53 @@ def test_the_replay_model_places_every_request_where_the_pool_did(seed):
             assert model.allocate(e["bytes"], e["stream"]) is None
 
 
+def stitching_workload_trace(seed: int, capacity: int = 8 << 20) -> list[dict]:
+    """Requests up to 3 MiB in 8 MiB from three streams: large enough to stitch (policy 7)."""
+    rng = random.Random(seed)
+    pool = StreamAwarePool(capacity, name="replay-model-stitch")
+    streams = [pool.register_stream(f"job{i}") for i in range(3)]
+    live = []
+    for _ in range(400):
+        r = rng.random()
+        if r < 0.5 or not live:
+            try:
+                live.append(pool.allocate(rng.choice([rng.randint(1, 64 << 10), rng.randint(1 << 20, 3 << 20)]),
+                                          rng.choice(streams)))
+            except PoolOutOfMemory:
+                pass
+        elif r < 0.97:
+            pool.deallocate(live.pop(rng.randrange(len(live))))
+        else:
+            pool.sync_and_coalesce()
+    pool.check_invariants()
+    return pool.trace()
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_replay_model_stitches_the_pieces_the_pool_stitched(seed):
+    """Policy 7 in the model (best-fit-across+stitch) against the pool's own trace: every
+    offset, every stitched allocation's window offset and each of its pieces."""
+    capacity = 8 << 20
+    trace = stitching_workload_trace(seed, capacity)
+    stitched = [e for e in trace if e["kind"] == "alloc" and e["offset"] >= capacity]
+    assert len(stitched) >= 5 and any(e["kind"] == "oom" for e in trace)
+    model = replay.ReplayPool(capacity, "best-fit-across+stitch")
+    for i, e in enumerate(trace):
+        if e["kind"] == "alloc":
+            at = model.allocate(e["bytes"], e["stream"])
+            assert at == e["offset"], f"event {i}: the pool placed {e} at {e['offset']}, the model at {at}"
+            if at >= capacity:
+                pieces = [(p["offset"], p["bytes"]) for p in trace[i + 1:i + 1 + len(model.stitched[at])]]
+                assert all(p["kind"] == "piece" for p in trace[i + 1:i + 1 + len(pieces)])
+                assert pieces == [(o, model.chunks[o][0]) for o in model.stitched[at]], f"event {i}"
+        elif e["kind"] == "free":
+            model.free(e["offset"])
+        elif e["kind"] == "sync" and e["op"] == "explicit":
+            model.sync()
+        elif e["kind"] == "oom":
+            assert model.allocate(e["bytes"], e["stream"]) is None
+
+
 def test_the_robust_arena_is_where_every_larger_arena_serves():
     """Note [Robust arena]: a trace served by a lucky small arena but not by some larger one
     reports the larger robust factor; the bisection may report the lucky one."""

@@ -14,10 +14,11 @@ STREAMS = 3
 
 class PoolMachine(RuleBasedStateMachine):
     live = Bundle("live")
+    capacity = CAPACITY
 
     def __init__(self):
         super().__init__()
-        self.pool = StreamAwarePool(CAPACITY, name="prop")
+        self.pool = StreamAwarePool(self.capacity, name="prop")
         self.streams = [self.pool.register_stream(f"job{i}") for i in range(STREAMS)]
         self.allocs = {}  # offset -> (stream, rounded size, fill byte)
         self.freed_by = {}  # offset of a freed chunk -> stream, until the next sync
@@ -25,11 +26,15 @@ class PoolMachine(RuleBasedStateMachine):
 
     @rule(target=live, stream=st.integers(0, STREAMS - 1), nbytes=st.integers(0, 12 * 1024))
     def allocate(self, stream, nbytes):
+        return self._allocate(stream, nbytes)
+
+    def _allocate(self, stream, nbytes):
         sid = self.streams[stream]
         syncs_before = self.pool.stats()["num_syncs"]
         expected = self._best_fit_without_sync(nbytes, sid)
         try:
             off = self.pool.allocate(nbytes, sid)
+            self._note_allocation(off)
         except PoolOutOfMemory:
             s = self.pool.stats()
             if s["num_syncs"] > syncs_before:  # the failed search synced first
@@ -37,25 +42,42 @@ class PoolMachine(RuleBasedStateMachine):
             # An OOM is honest: no free chunk of the rounded size exists even after the sync it did.
             rounded = max(1, -(-nbytes // MIN_CHUNK_BYTES)) * MIN_CHUNK_BYTES
             assert s["largest_free_chunk"] < rounded
+            self._check_oom_honest(rounded)
             return None
         rounded = max(1, -(-nbytes // MIN_CHUNK_BYTES)) * MIN_CHUNK_BYTES
         synced_now = self.pool.stats()["num_syncs"] > syncs_before
         if synced_now:
             self.freed_by.clear()
             assert expected is None, "synced although a chunk fitted without a sync"
-        else:
+        elif off < self.capacity:
             # Placement (policy 4): the best fit, by (size, offset), across the stream's own
             # unsynced chunks and the synced ones, own chunk on equal size.
             assert off == expected, f"placed at {off}, best fit is {expected}"
         # Never hand a chunk freed by another stream before a sync.
-        for freed_off, by in self.freed_by.items():
-            if by != sid:
-                assert not (off <= freed_off < off + rounded), "unsynced chunk of another stream reused"
+        for start, size in self._arena_ranges(off, rounded):
+            for freed_off, by in self.freed_by.items():
+                if by != sid:
+                    assert not (start <= freed_off < start + size), "unsynced chunk of another stream reused"
+        if off >= self.capacity:
+            rounded = self._stitched_bytes(off)
         fill = self.next_fill % 251 + 1
         self.next_fill += 1
         self.pool.fill(off, rounded, fill)
         self.allocs[off] = (sid, rounded, fill)
         return off
+
+    def _note_allocation(self, off):
+        """More in StitchingPoolMachine."""
+
+    def _check_oom_honest(self, rounded):
+        """More in StitchingPoolMachine."""
+
+    def _arena_ranges(self, off, rounded):
+        """The arena bytes an allocation at `off` holds."""
+        return [(off, rounded)]
+
+    def _stitched_bytes(self, off):
+        raise AssertionError(f"offset {off} is beyond the arena of a pool that does not stitch")
 
     def _best_fit_without_sync(self, nbytes, sid):
         """Offset policy 4 of stream_aware_pool.h picks without a sync, or None."""
@@ -73,9 +95,11 @@ class PoolMachine(RuleBasedStateMachine):
             return
         sid, rounded, fill = self.allocs.pop(off)
         assert self.pool.holds(off, rounded, fill), "chunk contents overwritten: chunks overlap"
+        ranges = self._arena_ranges(off, rounded)
         self.pool.deallocate(off)
-        for o in range(off, off + rounded, MIN_CHUNK_BYTES):
-            self.freed_by[o] = sid
+        for start, size in ranges:
+            for o in range(start, start + size, MIN_CHUNK_BYTES):
+                self.freed_by[o] = sid
 
     @rule()
     def sync(self):
@@ -92,12 +116,13 @@ class PoolMachine(RuleBasedStateMachine):
         for c in chunks:
             assert c["offset"] == end
             end += c["size"]
-        assert end == CAPACITY
+        assert end == self.capacity
         live = {c["offset"]: c["size"] for c in chunks if c["in_use"]}
-        assert live == {o: r for o, (_, r, _) in self.allocs.items()}
+        assert live == {start: size for o, (_, r, _) in self.allocs.items()
+                        for start, size in self._arena_ranges(o, r)}
         s = self.pool.stats()
         assert s["current"] == sum(live.values())
-        assert s["current"] + s["synced_free"] + s["unsynced_free"] == CAPACITY
+        assert s["current"] + s["synced_free"] + s["unsynced_free"] == self.capacity
         assert s["allocated"] - s["freed"] == s["current"]
 
     def teardown(self):
@@ -105,7 +130,7 @@ class PoolMachine(RuleBasedStateMachine):
             self.pool.deallocate(off)
         self.pool.sync_and_coalesce()
         # Everything freed and synced: one free chunk again.
-        assert self.pool.chunks() == [dict(offset=0, size=CAPACITY, requested=0, in_use=False, owner=SYNCED)]
+        assert self.pool.chunks() == [dict(offset=0, size=self.capacity, requested=0, in_use=False, owner=SYNCED)]
 
 
 PoolMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
