@@ -104,7 +104,7 @@ Streams are jobs; allocate() returns an arena offset.)doc")
                        bool stitch) {
              if (capacity <= 0) throw py::value_error("capacity must be > 0");
              return new StreamAwarePool(name, static_cast<size_t>(capacity),
-                                        tensile::MakeBackend(backend),
+                                        tensile::MakeBackend(backend, stitch),
                                         static_cast<size_t>(trace_capacity),
                                         stitch);
            }),

@@ -57,7 +57,7 @@ StreamAwarePool& GetOrCreateDevicePool() {
   // recording a whole run for benchmarks/fragmentation_replay.py needs more).
   const size_t trace_events = EnvByteCount("TENSILE_POOL_TRACE_EVENTS", 0);
   auto* pool = new StreamAwarePool("device", CapacityLocked(),
-                                   std::make_unique<HostBackend>(),
+                                   std::make_unique<HostBackend>(DevicePoolStitching()),
                                    trace_events > 0 ? trace_events : size_t{1} << 16,
                                    DevicePoolStitching());
   g_device_pool.store(pool);

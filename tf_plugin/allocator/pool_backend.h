@@ -57,13 +57,14 @@ class PoolBackend {
 //
 // The arena is a shared mapping of an anonymous memory file (memfd_create),
 // so a page of it can be mapped a second time elsewhere (stitching, at page
-// granularity). Where memfd_create is missing the arena is private anonymous
-// memory and StitchGranularity() is 0. Either way the arena is not inherited
+// granularity). Built with `stitchable = false`, or where memfd_create is
+// missing, the arena is private anonymous memory (the pool before stitching)
+// and StitchGranularity() is 0. Either way the arena is not inherited
 // by fork()ed children (MADV_DONTFORK): a child never shares, nor copies,
 // the device memory.
 class HostBackend : public PoolBackend {
  public:
-  HostBackend() = default;
+  explicit HostBackend(bool stitchable = true) : stitchable_(stitchable) {}
   ~HostBackend() override;
   void* Reserve(size_t bytes) override;
   void Release(void* base, size_t bytes) override;
@@ -76,10 +77,12 @@ class HostBackend : public PoolBackend {
   void UnmapToReserved(void* at, size_t bytes) override;
 
  private:
+  bool stitchable_ = true;
   int fd_ = -1;  // the arena's memory file; -1 when private anonymous
 };
 
-std::unique_ptr<PoolBackend> MakeBackend(const std::string& name);
+// `stitch`: whether the backend should support Note [Stitched allocations].
+std::unique_ptr<PoolBackend> MakeBackend(const std::string& name, bool stitch = true);
 
 }  // namespace tensile
 

@@ -20,7 +20,7 @@ HostBackend::~HostBackend() {
 void* HostBackend::Reserve(size_t bytes) {
   // A sparse memory file: its pages exist once touched, so a large pool is
   // address space until used (as MAP_NORESERVE anonymous memory).
-  const int fd = memfd_create("tensile-pool", MFD_CLOEXEC);
+  const int fd = stitchable_ ? memfd_create("tensile-pool", MFD_CLOEXEC) : -1;
   if (fd >= 0 && ftruncate(fd, static_cast<off_t>(bytes)) == 0) {
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                    MAP_SHARED | MAP_NORESERVE, fd, 0);
@@ -70,8 +70,8 @@ void HostBackend::UnmapToReserved(void* at, size_t bytes) {
        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
 }
 
-std::unique_ptr<PoolBackend> MakeBackend(const std::string& name) {
-  if (name == "host") return std::make_unique<HostBackend>();
+std::unique_ptr<PoolBackend> MakeBackend(const std::string& name, bool stitch) {
+  if (name == "host") return std::make_unique<HostBackend>(stitch);
   throw std::invalid_argument("unknown pool backend '" + name +
                               "': the backends built in are: host");
 }
