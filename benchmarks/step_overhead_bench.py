@@ -8,6 +8,10 @@ SGD) is trained in a fresh subprocess per configuration:
   tf_default  plain TensorFlow, no plugin: TF's default CPU allocator.
   tf_bfc      plain TensorFlow with TF_CPU_ALLOCATOR_USE_BFC=1 (TF's own BFC
               allocator; tensile_tf refuses this variable, so never imported).
+  tensile_unstitched
+              the pool with TENSILE_POOL_STITCH=0: a private anonymous arena
+              and no stitching (Note [Stitched allocations]), the pool as it
+              was before stitching; not in the default set.
 
 Each subprocess builds the model, traces the train step, runs warm-up steps and
 then times each of N steps (wall clock of the step call plus reading the loss).
@@ -50,6 +54,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = ("tensile", "tf_default", "tf_bfc")
+ALL_CONFIGS = CONFIGS + ("tensile_unstitched",)
 
 
 def _busy_cpu_seconds() -> float:
@@ -64,7 +69,7 @@ def worker(args: argparse.Namespace) -> None:
     """Runs in a subprocess: one configuration, prints one JSON line."""
     import tensorflow as tf
 
-    if args.worker == "tensile":
+    if args.worker.startswith("tensile"):
         import tensile_tf
         tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
     import keras
@@ -111,12 +116,12 @@ def worker(args: argparse.Namespace) -> None:
     out = {"config": args.worker, "step_s": times, "step_cpu_s": cpu, "foreign_share": foreign,
            "minor_faults": faults,
            "build_and_warmup_s": build_s}
-    if args.worker == "tensile":
+    if args.worker.startswith("tensile"):
         import tensile_tf
         tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
         s = tensile_tf.pool_stats()
         out["pool"] = {k: s[k] for k in ("peak", "num_allocs", "num_syncs", "num_ooms",
-                                         "trace_recorded", "trace_dropped")}
+                                         "trace_recorded", "trace_dropped", "stitching", "num_stitched")}
     else:
         try:
             info = tf.config.experimental.get_memory_info("CPU:0")
@@ -134,8 +139,11 @@ def run_one(config: str, args: argparse.Namespace) -> dict:
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env.pop("TF_CPU_ALLOCATOR_USE_BFC", None)
     env.pop("TENSILE_POOL_BYTES", None)
-    if config == "tensile":
+    env.pop("TENSILE_POOL_STITCH", None)
+    if config.startswith("tensile"):
         env["TENSILE_POOL_BYTES"] = args.pool_bytes
+    if config == "tensile_unstitched":
+        env["TENSILE_POOL_STITCH"] = "0"
     elif config == "tf_bfc":
         env["TF_CPU_ALLOCATOR_USE_BFC"] = "1"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", config,
@@ -213,7 +221,7 @@ def main() -> None:
     p.add_argument("--max-wait", type=float, default=120.0,
                    help="before each run, wait up to this many seconds for the machine to be quiet")
     p.add_argument("--json", type=Path, default=None, help="also write results here")
-    p.add_argument("--worker", choices=CONFIGS, help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=ALL_CONFIGS, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         worker(args)
@@ -261,7 +269,7 @@ def main() -> None:
               f"{vs_def:>14} {vs_bfc:>10} {cpu[c] * 1e3:12.1f} {cpu_def:>11} {flt[c]:11.0f}")
     print("(step ms: wall time of clean steps; CPU ms/step: process CPU time, all steps; "
           "faults/step: minor page faults)")
-    for other in ("tf_default", "tf_bfc"):
+    for other in ("tf_default", "tf_bfc", "tensile_unstitched"):
         if "tensile" in runs and other in runs:
             paired = [_med(a["clean_step_s"]) / _med(b["clean_step_s"]) - 1
                       for a, b in zip(runs["tensile"], runs[other])]
