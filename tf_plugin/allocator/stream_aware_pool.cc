@@ -779,8 +779,20 @@ std::string StreamAwarePool::DescribeOom(size_t bytes, StreamId stream,
       << HumanBytes(static_cast<int64_t>(bytes)) << ", "
       << HumanBytes(static_cast<int64_t>(capacity_) - counters_.current)
       << " free of " << HumanBytes(static_cast<int64_t>(capacity_)) << " in "
-      << free_chunks << " chunks (largest " << HumanBytes(LargestFreeChunkLocked())
-      << "); raise the pool capacity (TENSILE_POOL_BYTES or "
+      << free_chunks << " chunks (largest " << HumanBytes(LargestFreeChunkLocked());
+  if (window_ != nullptr && bytes >= kStitchMinBytes) {
+    // Note [Stitched allocations]: what a stitch could gather, in whole pages.
+    int64_t pages = 0;
+    for (ChunkHandle h = 0; h != kNoChunk; h = chunks_[h].next) {
+      const Chunk& c = chunks_[h];
+      if (c.in_use) continue;
+      const size_t lo = (c.offset + granularity_ - 1) / granularity_ * granularity_;
+      const size_t hi = (c.offset + c.size) / granularity_ * granularity_;
+      if (hi > lo) pages += static_cast<int64_t>(hi - lo);
+    }
+    msg << "; stitching found " << HumanBytes(pages) << " in whole pages";
+  }
+  msg << "); raise the pool capacity (TENSILE_POOL_BYTES or "
          "tensile_tf.configure_pool), lower the batch size, or enable a "
          "memory plan (swapping / recomputation)";
   return msg.str();
