@@ -4,7 +4,10 @@ attribution of a job's steps to its own pool stream.
 Stats use one vocabulary everywhere (bytes): ``capacity``, ``current``,
 ``peak``, ``allocated``, ``freed``, ``num_allocs``, ``num_frees``,
 ``num_ooms``, ``largest_alloc``, ``largest_free_chunk``, ``fragmentation``,
-``num_syncs``; ``jobs`` maps each job (stream) name to its own counters.
+``num_syncs``, ``num_stitched`` (Note [Stitched allocations] in
+tf_plugin/allocator/stream_aware_pool.h; ``stitched_current``,
+``num_live_stitched``, ``stitching``); ``jobs`` maps each job (stream) name to
+its own counters.
 """
 from __future__ import annotations
 
@@ -54,6 +57,10 @@ def create_devices() -> None:
 
 
 def _configure_from_environment() -> None:
+    stitch = os.environ.get("TENSILE_POOL_STITCH")
+    if stitch is not None and stitch not in ("0", "1"):
+        raise ValueError(f"TENSILE_POOL_STITCH={stitch!r}: use 1 (stitch large requests from free pieces, the "
+                         "default) or 0 (never; the pool fails them as before)")
     raw = os.environ.get("TENSILE_POOL_BYTES")
     if raw and tf_plugin._plugin.device_pool() is None:  # noqa: SLF001
         configure_pool(parse_bytes(raw, what="TENSILE_POOL_BYTES"))

@@ -58,3 +58,9 @@ def test_without_stitching_the_same_request_is_an_oom():
     assert r["largest"] < 6 << 20 <= r["free"], r
     assert "out of memory" in r["oom"] or "OOM" in r["oom"], r
     assert r["held_intact"] and r["stats"] == {"num_stitched": 0, "stitching": False}, r
+
+
+def test_a_bad_stitch_setting_is_refused_with_what_to_use():
+    proc = run_python("import tensile_tf\ntensile_tf.install()\n", env={"TENSILE_POOL_STITCH": "yes"})
+    assert proc.returncode != 0
+    assert "TENSILE_POOL_STITCH='yes': use 1" in proc.stderr, proc.stderr[-2000:]
