@@ -169,7 +169,9 @@ def _summary_table(result, console) -> None:
     from tensile_tf.units import human_bytes
 
     table = Table(title=f"pool {human_bytes(result.capacity)}: peak {human_bytes(result.pool.peak)}, "
-                        f"{result.pool.run_ooms} OOMs, wall {result.wall_s:.1f} s, "
+                        f"{result.pool.run_ooms} OOMs, "
+                        + (f"{result.pool.run_stitched} stitched, " if result.pool.run_stitched else "")
+                        + f"wall {result.wall_s:.1f} s, "
                         f"at most {result.most_jobs_running} of {len(result.jobs)} jobs at once")
     for col in ("job", "status", "steps", "median step", "peak (training)", "predicted peak", "persistent",
                 "temporary", "final loss"):

@@ -251,6 +251,8 @@ class PoolRecord:
     start_current: int               # bytes the pool held when the run started (the baseline)
     run_ooms: int
     stats: dict[str, Any]                # pool_stats() at the end, without "jobs" (C++ vocabulary)
+    # allocations stitched from free pieces during the run (Note [Stitched allocations])
+    run_stitched: int = 0
     nodegroup: dict[str, Any] | None = None   # NodeGroupCoordinator.summary()
 
 

@@ -573,6 +573,7 @@ class JobHost:
             capacity=self.capacity, peak=max(stats["peak"], start_peak), training_peak=stats["peak"],
             current=stats["current"], start_current=before["current"], run_ooms=stats["num_ooms"] - before["num_ooms"],
             stats={k: v for k, v in stats.items() if k != "jobs"},
+            run_stitched=stats["num_stitched"] - before["num_stitched"],
             nodegroup=self.pipeline.summary() if self.pipeline is not None else None)
         planner = None
         if self.planning is not None:
