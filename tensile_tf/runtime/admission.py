@@ -25,9 +25,11 @@ from tensile_tf.config import Admission
 from tensile_tf.runtime.records import JobState
 
 # Share of the pool that plans and admission leave free when jobs share it:
-# chunks fragment (replayed steps needed 1.06-1.17x their peak bytes as arena,
-# benchmarks/RESULTS.md "Fragmentation"), and the planner's peak prediction
-# is within ~10-15% of what the pool measures. A job alone may use it all.
+# the planner's peak prediction is within ~10-15% of what the pool measures.
+# (It was also the fragmentation reserve, when replayed runs needed arenas
+# 1.06-1.47x their peak bytes; with Note [Stitched allocations] they need
+# 1.01x, benchmarks/RESULTS.md, issue 20, eleventh session.) A job alone may
+# use it all.
 POOL_HEADROOM = 0.10
 
 
