@@ -17,16 +17,19 @@ _spec.loader.exec_module(replay)
 CAPACITY = 256 * 1024
 
 
-def random_workload_trace(seed: int) -> list[dict]:
+def random_workload_trace(seed: int, capacity: int = CAPACITY, small: int = 4096, large: tuple[int, int] = (4096, 40000),
+                          operations: int = 600) -> list[dict]:
+    """Three streams allocating (half of the requests up to `small` bytes, half in `large`),
+    freeing, and now and then syncing; the pool's own trace of it."""
     rng = random.Random(seed)
-    pool = StreamAwarePool(CAPACITY, name="replay-model")
+    pool = StreamAwarePool(capacity, name="replay-model")
     streams = [pool.register_stream(f"job{i}") for i in range(3)]
     live = []
-    for _ in range(600):
+    for _ in range(operations):
         r = rng.random()
         if r < 0.5 or not live:
             try:
-                live.append(pool.allocate(rng.choice([rng.randint(1, 4096), rng.randint(4096, 40000)]),
+                live.append(pool.allocate(rng.choice([rng.randint(1, small), rng.randint(*large)]),
                                           rng.choice(streams)))
             except PoolOutOfMemory:
                 pass
@@ -34,6 +37,7 @@ def random_workload_trace(seed: int) -> list[dict]:
             pool.deallocate(live.pop(rng.randrange(len(live))))
         else:
             pool.sync_and_coalesce()
+    pool.check_invariants()
     return pool.trace()
 
 
@@ -57,34 +61,12 @@ def test_the_replay_model_places_every_request_where_the_pool_did(seed):
             assert model.allocate(e["bytes"], e["stream"]) is None
 
 
-def stitching_workload_trace(seed: int, capacity: int = 8 << 20) -> list[dict]:
-    """Requests up to 3 MiB in 8 MiB from three streams: large enough to stitch (policy 7)."""
-    rng = random.Random(seed)
-    pool = StreamAwarePool(capacity, name="replay-model-stitch")
-    streams = [pool.register_stream(f"job{i}") for i in range(3)]
-    live = []
-    for _ in range(400):
-        r = rng.random()
-        if r < 0.5 or not live:
-            try:
-                live.append(pool.allocate(rng.choice([rng.randint(1, 64 << 10), rng.randint(1 << 20, 3 << 20)]),
-                                          rng.choice(streams)))
-            except PoolOutOfMemory:
-                pass
-        elif r < 0.97:
-            pool.deallocate(live.pop(rng.randrange(len(live))))
-        else:
-            pool.sync_and_coalesce()
-    pool.check_invariants()
-    return pool.trace()
-
-
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_the_replay_model_stitches_the_pieces_the_pool_stitched(seed):
     """Policy 7 in the model (best-fit-across+stitch) against the pool's own trace: every
     offset, every stitched allocation's window offset and each of its pieces."""
-    capacity = 8 << 20
-    trace = stitching_workload_trace(seed, capacity)
+    capacity = 8 << 20   # requests up to 3 MiB: large enough to stitch
+    trace = random_workload_trace(seed, capacity, small=64 << 10, large=(1 << 20, 3 << 20), operations=400)
     stitched = [e for e in trace if e["kind"] == "alloc" and e["offset"] >= capacity]
     assert len(stitched) >= 5 and any(e["kind"] == "oom" for e in trace)
     model = replay.ReplayPool(capacity, "best-fit-across+stitch")
