@@ -213,17 +213,7 @@ void* StreamAwarePool::Carve(ChunkHandle h, size_t bytes, size_t requested,
   RemoveFree(h);
   const StreamId set_owner = chunks_[h].owner;
   if (chunks_[h].size - bytes >= kMinChunkBytes) {
-    ChunkHandle rest = NewChunk();  // may reallocate chunks_
-    Chunk& c = chunks_[h];
-    Chunk& r = chunks_[rest];
-    r.offset = c.offset + bytes;
-    r.size = c.size - bytes;
-    r.prev = h;
-    r.next = c.next;
-    if (c.next != kNoChunk) chunks_[c.next].prev = rest;
-    c.next = rest;
-    c.size = bytes;
-    InsertFree(rest, set_owner);
+    InsertFree(SplitOff(h, bytes), set_owner);
   }
   Chunk& c = chunks_[h];
   c.in_use = true;
@@ -251,38 +241,33 @@ void StreamAwarePool::CountAllocation(int64_t size, size_t requested,
   requested_current_ += static_cast<int64_t>(requested);
 }
 
+StreamAwarePool::ChunkHandle StreamAwarePool::SplitOff(ChunkHandle h,
+                                                       size_t keep) {
+  ChunkHandle rest = NewChunk();  // may reallocate chunks_
+  Chunk& c = chunks_[h];
+  Chunk& r = chunks_[rest];
+  r.offset = c.offset + keep;
+  r.size = c.size - keep;
+  r.prev = h;
+  r.next = c.next;
+  if (c.next != kNoChunk) chunks_[c.next].prev = rest;
+  c.next = rest;
+  c.size = keep;
+  return rest;
+}
+
 StreamAwarePool::ChunkHandle StreamAwarePool::SplitOut(ChunkHandle h,
                                                        size_t at,
                                                        size_t bytes) {
   // h keeps the head [offset, at) when there is one (handle 0 stays the
   // chunk at offset 0), the piece gets its own handle, the tail another.
-  const size_t end = chunks_[h].offset + chunks_[h].size;
   ChunkHandle piece = h;
   if (at > chunks_[h].offset) {
-    piece = NewChunk();  // may reallocate chunks_
-    Chunk& head = chunks_[h];
-    Chunk& p = chunks_[piece];
-    p.offset = at;
-    p.size = end - at;
-    p.prev = h;
-    p.next = head.next;
-    if (head.next != kNoChunk) chunks_[head.next].prev = piece;
-    head.next = piece;
-    head.size = at - head.offset;
+    piece = SplitOff(h, at - chunks_[h].offset);
     InsertFree(h, kSyncedOwner);
   }
-  if (at + bytes < end) {
-    ChunkHandle tail = NewChunk();
-    Chunk& p = chunks_[piece];
-    Chunk& t = chunks_[tail];
-    t.offset = at + bytes;
-    t.size = end - (at + bytes);
-    t.prev = piece;
-    t.next = p.next;
-    if (p.next != kNoChunk) chunks_[p.next].prev = tail;
-    p.next = tail;
-    p.size = bytes;
-    InsertFree(tail, kSyncedOwner);
+  if (chunks_[piece].size > bytes) {
+    InsertFree(SplitOff(piece, bytes), kSyncedOwner);
   }
   return piece;
 }

@@ -269,6 +269,9 @@ class StreamAwarePool {
   // Note [Stitched allocations]. Requires every free chunk synced.
   void* StitchLocked(size_t bytes, size_t rounded, StreamId stream,
                      std::string_view op);
+  // Cuts chunk h after its first `keep` bytes; returns the handle of the
+  // rest, in no free set.
+  ChunkHandle SplitOff(ChunkHandle h, size_t keep);
   // Splits [at, at + bytes) out of free chunk h (removed from its set); the
   // rest stays free in the synced set. Returns the handle of the piece.
   ChunkHandle SplitOut(ChunkHandle h, size_t at, size_t bytes);
