@@ -53,6 +53,8 @@ class PoolMachine(RuleBasedStateMachine):
             # Placement (policy 4): the best fit, by (size, offset), across the stream's own
             # unsynced chunks and the synced ones, own chunk on equal size.
             assert off == expected, f"placed at {off}, best fit is {expected}"
+        if off >= self.capacity:
+            assert expected is None, "stitched although a single chunk fitted"   # policy 7
         # Never hand a chunk freed by another stream before a sync.
         for start, size in self._arena_ranges(off, rounded):
             for freed_off, by in self.freed_by.items():
