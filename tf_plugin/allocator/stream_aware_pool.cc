@@ -241,6 +241,28 @@ void StreamAwarePool::CountAllocation(int64_t size, size_t requested,
   requested_current_ += static_cast<int64_t>(requested);
 }
 
+void StreamAwarePool::CountFree(int64_t size, size_t requested,
+                                StreamId stream) {
+  for (MemoryCounters* m : {&counters_, &CountersFor(stream)}) {
+    m->current -= size;
+    m->freed += size;
+    m->num_frees += 1;
+  }
+  requested_current_ -= static_cast<int64_t>(requested);
+}
+
+bool StreamAwarePool::InWindow(const void* ptr) const {
+  const char* p = static_cast<const char*>(ptr);
+  return window_ != nullptr && p >= window_ && p < window_ + window_bytes_;
+}
+
+bool StreamAwarePool::PageInterior(const Chunk& c, size_t* lo,
+                                   size_t* hi) const {
+  *lo = (c.offset + granularity_ - 1) / granularity_ * granularity_;
+  *hi = (c.offset + c.size) / granularity_ * granularity_;
+  return *hi > *lo;
+}
+
 StreamAwarePool::ChunkHandle StreamAwarePool::SplitOff(ChunkHandle h,
                                                        size_t keep) {
   ChunkHandle rest = NewChunk();  // may reallocate chunks_
@@ -313,10 +335,8 @@ void* StreamAwarePool::StitchLocked(size_t bytes, size_t rounded,
   };
   std::vector<Candidate> candidates;
   for (ChunkHandle h : synced_.Handles()) {
-    const Chunk& c = chunks_[h];
-    const size_t lo = (c.offset + g - 1) / g * g;
-    const size_t hi = (c.offset + c.size) / g * g;
-    if (hi > lo) candidates.push_back({hi - lo, lo, h});
+    size_t lo, hi;
+    if (PageInterior(chunks_[h], &lo, &hi)) candidates.push_back({hi - lo, lo, h});
   }
   std::sort(candidates.begin(), candidates.end(),
             [](const Candidate& a, const Candidate& b) {
@@ -439,7 +459,7 @@ StreamAwarePool::ChunkHandle StreamAwarePool::HandleFor(
 const StreamAwarePool::Stitched* StreamAwarePool::StitchedFor(
     const void* ptr) const {
   const char* p = static_cast<const char*>(ptr);
-  if (window_ == nullptr || p < window_ || p >= window_ + window_bytes_) {
+  if (!InWindow(p)) {
     return nullptr;
   }
   auto it = stitched_.find(static_cast<size_t>(p - window_));
@@ -462,12 +482,7 @@ void StreamAwarePool::DeallocateStitchedLocked(void* ptr, std::string_view op) {
   backend_->UnmapToReserved(window_ + woff, rec.size);
   GiveWindowRange(woff, rec.size);
   const int64_t size = static_cast<int64_t>(rec.size);
-  for (MemoryCounters* m : {&counters_, &CountersFor(rec.stream)}) {
-    m->current -= size;
-    m->freed += size;
-    m->num_frees += 1;
-  }
-  requested_current_ -= static_cast<int64_t>(rec.requested);
+  CountFree(size, rec.requested, rec.stream);
   stitched_current_ -= size;
   trace_.Record(PoolEventKind::kFree, rec.stream, size,
                 static_cast<int64_t>(capacity_ + woff), counters_.current, op);
@@ -480,8 +495,7 @@ void StreamAwarePool::DeallocateStitchedLocked(void* ptr, std::string_view op) {
 void StreamAwarePool::Deallocate(void* ptr, std::string_view op) {
   if (ptr == nullptr) return;
   std::lock_guard<std::mutex> lock(mu_);
-  if (window_ != nullptr && static_cast<char*>(ptr) >= window_ &&
-      static_cast<char*>(ptr) < window_ + window_bytes_) {
+  if (InWindow(ptr)) {
     DeallocateStitchedLocked(ptr, op);
     return;
   }
@@ -497,12 +511,7 @@ void StreamAwarePool::Deallocate(void* ptr, std::string_view op) {
   const StreamId stream = c.owner;
   const int64_t size = static_cast<int64_t>(c.size);
   handle_by_slot_[c.offset / kMinChunkBytes] = 0;
-  for (MemoryCounters* m : {&counters_, &CountersFor(stream)}) {
-    m->current -= size;
-    m->freed += size;
-    m->num_frees += 1;
-  }
-  requested_current_ -= static_cast<int64_t>(c.requested);
+  CountFree(size, c.requested, stream);
   trace_.Record(PoolEventKind::kFree, stream, size,
                 static_cast<int64_t>(c.offset), counters_.current, op);
   ReturnChunk(h, stream);
@@ -594,8 +603,7 @@ void StreamAwarePool::ReleaseStream(StreamId stream) {
 
 bool StreamAwarePool::Owns(const void* ptr) const {
   const char* p = static_cast<const char*>(ptr);
-  return (p >= base_ && p < base_ + capacity_) ||
-         (window_ != nullptr && p >= window_ && p < window_ + window_bytes_);
+  return (p >= base_ && p < base_ + capacity_) || InWindow(p);
 }
 
 bool StreamAwarePool::Accessible(const void* ptr, size_t bytes) const {
@@ -605,7 +613,7 @@ bool StreamAwarePool::Accessible(const void* ptr, size_t bytes) const {
     return true;
   }
   std::lock_guard<std::mutex> lock(mu_);
-  if (window_ == nullptr || p < window_ || p >= window_ + window_bytes_) {
+  if (!InWindow(p)) {
     return false;
   }
   const size_t off = static_cast<size_t>(p - window_);
@@ -617,7 +625,7 @@ bool StreamAwarePool::Accessible(const void* ptr, size_t bytes) const {
 
 int64_t StreamAwarePool::OffsetOf(const void* ptr) const {
   const char* p = static_cast<const char*>(ptr);
-  if (window_ != nullptr && p >= window_ && p < window_ + window_bytes_) {
+  if (InWindow(p)) {
     return static_cast<int64_t>(capacity_ + (p - window_));
   }
   return static_cast<int64_t>(p - base_);
@@ -769,11 +777,10 @@ std::string StreamAwarePool::DescribeOom(size_t bytes, StreamId stream,
     // Note [Stitched allocations]: what a stitch could gather, in whole pages.
     int64_t pages = 0;
     for (ChunkHandle h = 0; h != kNoChunk; h = chunks_[h].next) {
-      const Chunk& c = chunks_[h];
-      if (c.in_use) continue;
-      const size_t lo = (c.offset + granularity_ - 1) / granularity_ * granularity_;
-      const size_t hi = (c.offset + c.size) / granularity_ * granularity_;
-      if (hi > lo) pages += static_cast<int64_t>(hi - lo);
+      size_t lo, hi;
+      if (!chunks_[h].in_use && PageInterior(chunks_[h], &lo, &hi)) {
+        pages += static_cast<int64_t>(hi - lo);
+      }
     }
     msg << "; stitching found " << HumanBytes(pages) << " in whole pages";
   }

@@ -266,8 +266,14 @@ class StreamAwarePool {
                      bool count_oom);
   void* Carve(ChunkHandle h, size_t bytes, size_t requested, StreamId stream,
               std::string_view op);
-  // Counts a new live allocation of `size` bytes for `stream`.
+  // Counts a new live allocation of `size` bytes for `stream`, and its free.
   void CountAllocation(int64_t size, size_t requested, StreamId stream);
+  void CountFree(int64_t size, size_t requested, StreamId stream);
+  // Whether ptr lies in the stitch window.
+  bool InWindow(const void* ptr) const;
+  // Note [Stitched allocations]: [lo, hi), the whole pages of chunk c; false
+  // when it holds none.
+  bool PageInterior(const Chunk& c, size_t* lo, size_t* hi) const;
   // Puts live chunk h, just freed by `stream`, into the stream's unsynced
   // set, coalescing with free neighbours in that set (policy 5).
   void ReturnChunk(ChunkHandle h, StreamId stream);
