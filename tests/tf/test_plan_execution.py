@@ -125,14 +125,20 @@ def test_swap_ins_reusing_one_host_copy_release_the_tensor_as_planned():
     report = planned["jobs"]["job0"]["report"]
     assert report["activation_swap_ins"] > report["activation_swap_outs"] > 0   # host copies reused
     # The prediction counts a swap-in's buffer from its trigger op; the
-    # buffer is allocated when the transfer starts, a little later in some
-    # steps (after a tensor the prediction still counts is freed: 14.7 MiB
-    # seen beside 18.6 for 18.7 predicted). So the worst step reaches the
-    # prediction and the best is not above it; a swap channel held back by
+    # buffer is allocated when the transfer starts, which in some steps is
+    # after a tensor the prediction still counts is freed. Which way a step
+    # goes is a race, so its peak is bimodal: 19.0 MiB or one ReLU output
+    # (4 MiB) lower, 14.9-16.2 MiB, for 19.4 predicted (40 steps on one
+    # machine; all five steps of a run came out low on CI: 17.1 max for 20.4).
+    # So no step may exceed the prediction by much, and the worst step is
+    # within one and a half activations of it: a prediction pessimistic by
+    # more than a tensor's lateness still fails. A swap channel held back by
     # other work on the machine keeps tensors longer (+21% seen under two
     # busy loops).
     predicted, peaks = planned["plan"]["pool_planned_peak"], planned["peaks"]
-    assert max(peaks) >= 0.85 * predicted and min(peaks) <= 1.15 * predicted, (peaks, predicted)
+    activation_bytes = 4096 * 256 * 4
+    assert max(peaks) >= predicted - 1.5 * activation_bytes, (peaks, predicted)
+    assert min(peaks) <= 1.15 * predicted, (peaks, predicted)
     assert max(peaks) <= 1.5 * predicted, (peaks, predicted)
     vanilla = _run(common)
     measured = max(peaks)
