@@ -109,9 +109,44 @@ def test_p_is_lowered_until_the_predicted_peak_fits():
     assert s.p < min(s.p_formula, 2) and s.fits
     loose = schedule_pairs([a, b], mem_limit=1000, split_size=10)
     assert loose.p == 4                                     # clamped to numANG
-    # With p = 0 the second job's ANGs follow the first job's: peak = both persistent + one job + one split.
+    # Where even p = 0 does not fit, b's ANGs wait (Note [Staggering N jobs]):
+    # packed, b.0 would run beside a.4 (a at 40, b at 10: peak 10 + 40 + 10);
+    # one empty place puts it beside a.5 (a at 30 after it) and the peak is
+    # a's own, both persistent + 40.
     zero = schedule_pairs([a, b], mem_limit=10, split_size=10)
-    assert zero.p == 0 and not zero.fits and zero.predicted_peak_bytes == 10 + 40 + 10
+    assert zero.p == 0 and not zero.fits and zero.predicted_peak_bytes == 10 + 40
+    assert zero.pair_of_group[2][0] == zero.pair_of_group[1][5]
+
+
+def _two_ang_four_dng(job_id: int) -> JobProfile:
+    """A job that allocates 20 in each of two ANGs and frees 10 in each of
+    four DNGs (more DNGs than ANGs, as a CNN's backward pass has), 2
+    persistent bytes; temporary levels 20 40 | 30 20 10 0."""
+    starts, ends = (0, 20, 40, 30, 20, 10), (20, 40, 30, 20, 10, 0)
+    return JobProfile(job_id, f"j{job_id}", 2, 2, starts, tuple(map(max, starts, ends)), ends)
+
+
+def test_four_jobs_are_staggered_where_the_seeds_packing_piles_up():
+    """Note [Staggering N jobs]. Packed at p = 0 (the seed), each job's two
+    ANGs follow the previous job's in ``av`` while the DNGs queue in ``dv``
+    four to a job, so the freeing falls behind: 118 predicted. Staggered,
+    j1.0 waits for j0.4 (j0 at 20 during it: 20 + 20 + 8 persistent = 48)
+    and j1.1 runs beside j0.5 (10 + 40 + 8 = 58): 58 fits a limit of 60."""
+    from tf_plugin.nodegroup.schedule import _build_streams, _compact
+
+    jobs = [_two_ang_four_dng(i) for i in range(4)]
+    assert predict_peak(*_compact(*_build_streams(jobs, 0)), jobs) == 118
+    s = schedule_pairs(jobs, mem_limit=60, split_size=10)
+    s.validate()
+    assert s.p == 0 and s.fits and s.predicted_peak_bytes == 58, s.render()
+    assert s.predicted_peak_bytes == predict_peak(s.av, s.dv, jobs)
+    for prev, job in zip(s.order, s.order[1:]):
+        # each job's first ANG beside the previous job's third DNG (group 4)
+        assert s.pair_of_group[job][0] == s.pair_of_group[prev][4], s.render()
+    # where nothing fits, the lowest peak: one job's own (40 + 8), never beside another's ANG
+    tight = schedule_pairs(jobs, mem_limit=10, split_size=10)
+    tight.validate()
+    assert not tight.fits and tight.predicted_peak_bytes == 48, tight.render()
 
 
 def random_profile(rng, job_id):

@@ -63,6 +63,10 @@ def test_two_jobs_fit_only_when_pipelined():
     # depends on which ops met on the threads in the probe's step.)
     paired = [s for s in piped["schedules"] if len(s["jobs"]) == 2]
     assert paired and paired[0]["num_pairs"] > 2, piped["schedules"]
+    # Both started together, so the first schedule already pairs them: no
+    # version held j0 alone, free-running beside j1's paired steps (Note [Jobs
+    # that start together join one schedule]).
+    assert piped["schedules"][0]["jobs"] == ["j0", "j1"], piped["schedules"]
     rt = piped["runtime"]
     assert rt["waits"] > 0 and rt["pair_starts"] > 0 and rt["timeouts"] == 0
 
