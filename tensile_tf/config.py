@@ -257,7 +257,8 @@ class RunSpec(_Strict):
     pipeline: PipelineKind = PipelineKind.none
     split_size: int | Literal["auto"] = Field(
         "auto", description="node-group pipeline: net bytes (de)allocated per node group, e.g. 16MiB, "
-        "or 'auto' (a job's temporary peak over 4)")
+        "or 'auto' (each job runs its step once alone with the barriers of several splits and keeps the one "
+        "that peaked lowest; Note [Split size tuning] in tensile_tf/runtime/nodegroup.py)")
     barrier_timeout_s: StrictFloat = Field(60.0, gt=0, description="node-group pipeline: longest wait at a "
                                      "CounterBarrier before the step fails")
     allocation_wait_ms: StrictInt = Field(1000, ge=0, description="how long an op's allocation that does not fit "

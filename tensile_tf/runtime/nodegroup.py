@@ -12,6 +12,11 @@ The host calls four hooks, in this order over a job's life:
    next iteration. An ended or failed job first leaves the pipeline, which
    releases every barrier it takes part in.
 4. ``summary()`` for results.json.
+
+With ``split_size: auto`` the host also tunes each job's split when it
+builds it (Note [Split size tuning]): ``split_candidates``, then
+``choose_split`` with the peaks the job measured alone with each one's
+barriers.
 """
 from __future__ import annotations
 
@@ -74,6 +79,29 @@ class _JobEntry:
 # them runs already pairs them all.
 
 
+# Note [Split size tuning]
+# No one split size suits every model: on the small CNN, groups of 1-4 MiB
+# let one job alone train a 56-58 batch where the static rule (temporary
+# peak / 4) allowed 44, because the barriers keep TensorFlow's executor from
+# starting backward work while forward activations are live; on the
+# Transformer the same fine split lowered the 2-job batch from 52 to 32
+# (benchmarks/RESULTS.md, Issue 6). So ``auto`` measures: the host traces
+# the job's step with each of SPLIT_FACTORS times the static rule's split,
+# runs each once alone (variables restored afterwards) and keeps the split
+# whose step peaked lowest on the job's stream. On the Transformer (batch
+# 40, 64 MiB pool) every candidate peaked at 39.5 or 40.8 MiB, which of the
+# two changing from run to run and not with the split; chosen on 2% the two
+# jobs of one run took splits of 10 and 20 MiB, and two jobs then trained
+# batch 40 where the static rule's split trained 52 (benchmarks/RESULTS.md,
+# Issue 20, seventh session). So a split other than the static rule's must
+# peak at least SPLIT_MIN_GAIN lower to be chosen; among equal peaks the
+# larger split (fewer barriers) wins. The candidates' measured peaks go to
+# results.json (``pool.nodegroup.split_tuning``).
+SPLIT_FACTORS = (1 / 16, 1 / 4, 1 / 2, 1, 2)
+SPLIT_MIN_GAIN = 0.05
+MIN_SPLIT_BYTES = 64 << 10
+
+
 class NodeGroupCoordinator:
     """Partitions each job's step, pairs the running jobs (Algorithm 1) and
     keeps the C++ pipeline's schedule current."""
@@ -94,21 +122,64 @@ class NodeGroupCoordinator:
         self._running: set[int] = set()
         self.schedules: list[dict[str, Any]] = []
         self.partitions: dict[str, dict[str, Any]] = {}  # by job name, kept after the job ends
+        self.split_tuning: dict[str, dict[str, Any]] = {}  # by job name (Note [Split size tuning])
+        self._traced: dict[tuple[int, int], Partition] = {}  # (stream, split) -> the partition traced with it
         self.last_schedule: PairSchedule | None = None
 
     # -------------------------------------------------------------- hooks
 
-    def graph_transform(self, name: str, stream: int) -> Callable:
+    def graph_transform(self, name: str, stream: int, split: int | None = None) -> Callable:
+        """The trace-time transform of a job's step: partitions it into node
+        groups of ``split`` bytes (default: ``split_size``, or the static
+        rule's for ``auto``) and inserts the barriers."""
         def transform(fg) -> None:
             nodes, live_out = graph_nodes(fg)
-            split = self.split_size if self.split_size != "auto" else \
+            size = split if split is not None else self.split_size if self.split_size != "auto" else \
                 auto_split_size(nodes, live_out=live_out, target_groups=self.target_groups)
-            part = partition_graph(name, nodes, split, live_out=live_out)
+            part = partition_graph(name, nodes, size, live_out=live_out)
             insert_barriers(fg, part, stream)
             with self._lock:
+                self._traced[(stream, size)] = part
                 self._jobs[stream] = _JobEntry(name, stream, part)
                 self.partitions[name] = part.to_dict()
         return transform
+
+    @property
+    def tunes_split(self) -> bool:
+        """Whether jobs' splits are measured (Note [Split size tuning])."""
+        return self.split_size == "auto"
+
+    def split_candidates(self, stream: int) -> tuple[int, list[int]]:
+        """(the static rule's split the job was traced with, every candidate
+        split to measure, that one included)."""
+        with self._lock:
+            base = self._jobs[stream].partition.split_size
+        return base, sorted({max(MIN_SPLIT_BYTES, int(base * f)) for f in SPLIT_FACTORS} | {base})
+
+    def choose_split(self, name: str, stream: int, base: int, peaks: dict[int, int | None]) -> int:
+        """Note [Split size tuning]: the split whose measured step peak is the
+        lowest (``None``: that candidate failed), the static rule's unless
+        another beats it by SPLIT_MIN_GAIN. Its partition becomes the job's."""
+        measured = {s: p for s, p in peaks.items() if p is not None}
+        chosen = base
+        if measured:
+            best = min(measured, key=lambda s: (measured[s], -s))
+            if base not in measured or measured[best] < (1 - SPLIT_MIN_GAIN) * measured[base]:
+                chosen = best
+        with self._lock:
+            part = self._traced[(stream, chosen)]
+            self._jobs[stream] = _JobEntry(name, stream, part)
+            self.partitions[name] = part.to_dict()
+            self.split_tuning[name] = {"static_rule_split": base, "chosen_split": chosen,
+                                       "measured_peak_bytes": {str(s): p for s, p in sorted(peaks.items())}}
+            for key in [k for k in self._traced if k[0] == stream]:
+                del self._traced[key]
+        return chosen
+
+    def note_split_tuning(self, name: str, **fields: Any) -> None:
+        """Adds ``fields`` to the job's ``split_tuning`` record (results.json)."""
+        with self._lock:
+            self.split_tuning.setdefault(name, {}).update(fields)
 
     def job_started(self, name: str, stream: int, persistent_bytes: int | None,
                     temporary_bytes: int | None = None) -> None:
@@ -143,6 +214,8 @@ class NodeGroupCoordinator:
             # version that still lists this job after it left (its partners
             # would wait for it until they time out).
             self.pipeline.leave(stream)
+            for key in [k for k in self._traced if k[0] == stream]:
+                del self._traced[key]
             entry = self._jobs.get(stream)
             if entry is None or entry.name != name:
                 return
@@ -174,4 +247,5 @@ class NodeGroupCoordinator:
             schedules = list(self.schedules)
         stats = self.pipeline.stats()
         stats.pop("barriers", None)
-        return {"split_size": self.split_size, "partitions": parts, "schedules": schedules, "runtime": stats}
+        return {"split_size": self.split_size, "split_tuning": dict(self.split_tuning), "partitions": parts,
+                "schedules": schedules, "runtime": stats}

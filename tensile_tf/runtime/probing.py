@@ -23,7 +23,7 @@ import tensorflow as tf
 
 import tf_plugin
 from tensile_tf.jobs import JobDoesNotFit
-from tensile_tf.memory import JobStream, host_fallback_scope
+from tensile_tf.memory import JobStream, host_fallback_scope, pool_stats
 from tensile_tf.runtime.admission import AdmissionControl
 from tensile_tf.runtime.failures import record_failure
 from tensile_tf.runtime.job_thread import RunClock, run_step
@@ -116,8 +116,10 @@ class JobLifecycle:
         ``hold``: keep a measured job built, admission to follow once the
         start's jobs are planned together (or, for a job built and planned
         already on arrival, once it is measured)."""
-        if state.train is None and not self.build(state):
-            return ProbeOutcome.queued if state.status == JobStatus.queued else ProbeOutcome.ended
+        if state.train is None:
+            if not self.build(state):
+                return ProbeOutcome.queued if state.status == JobStatus.queued else ProbeOutcome.ended
+            self._tune_split(state, alongside)
         stream = state.job_stream
         # The stream is new (built just now), so its peak is this build's and
         # this probe's: no pool-wide reset needed (it would hide others' peaks).
@@ -155,6 +157,54 @@ class JobLifecycle:
         if state.job.rebuildable:
             self.teardown(state)
         return ProbeOutcome.queued
+
+    def _tune_split(self, state: JobState, alongside: Sequence[JobState]) -> None:
+        """Note [Split size tuning] in tensile_tf/runtime/nodegroup.py: runs
+        the job's step once alone with each candidate split's barriers
+        (variables restored after each) and keeps the split that peaked
+        lowest. A candidate that fails is left out; a job planned on arrival
+        keeps the split it was planned with, and a job that arrives while
+        others train keeps the static rule's: its candidates' steps would
+        run unpaired beside theirs."""
+        pipe = self.pipeline
+        if pipe is None or not pipe.tunes_split or state.planned_step is not None:
+            return
+        if any(s.status == JobStatus.running for s in alongside if s is not state):
+            pipe.note_split_tuning(state.name, skipped="other jobs were training when it arrived")
+            return
+        from tensile_tf.capture import snapshot_variables
+
+        base, candidates = pipe.split_candidates(state.stream)
+        steps = {base: state.step_fn}
+        peaks: dict[int, int | None] = {}
+        registered_before = custom_gradient_names()
+        stream = state.job_stream
+        restore = snapshot_variables(state.step_fn.get_concrete_function(*state.first_batch).graph)
+        held_before = stream.stats()["current"]
+        pool_before = pool_stats()["current"]
+        for split in candidates:
+            try:
+                with stream.eager_scope():
+                    if split not in steps:
+                        transform = pipe.graph_transform(state.name, state.stream, split=split)
+                        steps[split] = stream.step_function(state.train.step_fn, graph_transform=transform)
+                    before = stream.stats()["current"]
+                    stream.reset_peak()
+                    steps[split](*state.first_batch)
+                    peaks[split] = stream.stats()["peak"] - before
+            except Exception:  # noqa: BLE001 - a candidate that fails is not chosen; the probe tells the rest
+                peaks[split] = None
+            finally:
+                restore()
+        state.custom_gradients |= custom_gradient_names() - registered_before
+        chosen = pipe.choose_split(state.name, state.stream, base, peaks)
+        state.step_fn = steps.pop(chosen)
+        steps.clear()   # the candidates not chosen, and what their functions hold in the pool
+        gc.collect()
+        # what the job and the pool held before and after: the candidates leave nothing behind
+        pipe.note_split_tuning(state.name, stream_bytes={"before": held_before, "after": stream.stats()["current"],
+                                                         "pool_before": pool_before,
+                                                         "pool_after": pool_stats()["current"]})
 
     def _probe_step(self, state: JobState) -> JobStatus | None:
         """Runs the first step (with a cold-start plan, if the vanilla step

@@ -269,3 +269,59 @@ def test_barriers_survive_onednn_merging_conv_and_bias():
     # The same step without the hints: a cut falls inside a merged pair.
     without = last_json_line(run_python(ONEDNN_PIPELINE.replace("MODE", "without-merge-hints"), env=env))
     assert any("cycle" in e for _, e in without["jobs"]), without
+
+
+SPLIT_TUNING = """
+import json
+import numpy as np
+import tensorflow as tf
+import tensile_tf, keras
+from tensile_tf.determinism import enable_deterministic_training
+enable_deterministic_training()
+from tensile_tf.runtime import JobHost
+from tensile_tf.jobs import Job, TrainStep, supervised_train_step
+from tensile_tf import zoo
+
+def make():
+    keras.utils.set_random_seed(3)
+    model = zoo.small_cnn((32, 32, 3), 10, filters=[16, 32])
+    opt = keras.optimizers.SGD(0.01)
+    rng = np.random.default_rng(3)
+    batches = [(tf.constant(rng.standard_normal((32, 32, 32, 3), dtype=np.float32)),
+                tf.constant(rng.integers(0, 10, 32).astype(np.int32))) for _ in range(2)]
+    return model, TrainStep(supervised_train_step(model, opt, keras.losses.SparseCategoricalCrossentropy()),
+                            batches, model.variables, model, opt)
+
+model, ts = make()
+fn = tf.function(ts.step_fn, jit_compile=False)
+for _ in range(3):
+    fn(*ts.next_batch())
+reference = [v.numpy() for v in model.variables]
+model, ts = make()
+host = JobHost(pipeline="nodegroup", split_size="auto", admission="none")
+host.submit(Job.from_train_step("cnn", ts, steps=3))
+r = host.run()
+ng = r.pool.nodegroup
+print(json.dumps({"status": r.jobs[0].status.value, "tuning": ng["split_tuning"],
+                  "split": ng["partitions"]["cnn"]["split_size"],
+                  "equal": all(np.array_equal(a, v.numpy()) for a, v in zip(reference, model.variables))}))
+"""
+
+
+def test_auto_split_is_the_candidate_whose_step_peaked_lowest_and_trains_nothing():
+    """Note [Split size tuning]: with ``split_size: auto`` the host runs the
+    job's step alone with each candidate split's barriers and keeps the one
+    that peaked lowest (the static rule's unless another is 5% lower); those
+    runs leave the variables as they were, so the job trains as a plain
+    tf.function does."""
+    from tensile_tf.runtime.nodegroup import SPLIT_MIN_GAIN
+
+    out = last_json_line(run_python(SPLIT_TUNING))
+    assert out["status"] == "finished" and out["equal"], out
+    tuning = out["tuning"]["cnn"]
+    peaks = {int(s): p for s, p in tuning["measured_peak_bytes"].items()}
+    assert len(peaks) >= 4 and all(isinstance(p, int) and p > 0 for p in peaks.values()), tuning
+    base = tuning["static_rule_split"]
+    best = min(peaks, key=lambda s: (peaks[s], -s))
+    expected = best if peaks[best] < (1 - SPLIT_MIN_GAIN) * peaks[base] else base
+    assert tuning["chosen_split"] == expected == out["split"], tuning
