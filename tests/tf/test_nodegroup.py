@@ -325,3 +325,58 @@ def test_auto_split_is_the_candidate_whose_step_peaked_lowest_and_trains_nothing
     best = min(peaks, key=lambda s: (peaks[s], -s))
     expected = best if peaks[best] < (1 - SPLIT_MIN_GAIN) * peaks[base] else base
     assert tuning["chosen_split"] == expected == out["split"], tuning
+
+
+SPLIT_TUNING_ARRIVAL = """
+import json, threading
+import tensile_tf
+tensile_tf.install()
+from tensile_tf.config import JobSpec
+from tensile_tf.runtime import JobHost
+from tensile_tf.jobs import Job
+
+def spec(name, steps):
+    return JobSpec(name=name, model={"builder": "tensile_tf.zoo:small_cnn", "args": {"filters": [16, 32]}},
+                   input_shape=[32, 32, 3], batch_size=16, steps=steps, seed=0,
+                   optimizer={"name": "sgd", "learning_rate": 0.01})
+
+host = JobHost(pipeline="nodegroup", split_size="auto", admission="none")
+j0_trained, j1_tuned = threading.Event(), threading.Event()
+
+def hold_j0(state):
+    # j0 stays running, between its steps, until j1 has been built and tuned
+    if not j0_trained.is_set():
+        j0_trained.set()
+        j1_tuned.wait(300)
+    return True
+
+first = Job.from_spec(spec("j0", 3))
+first.on_step = hold_j0
+host.submit(first)
+note = host.pipeline.note_split_tuning
+def noted(name, **fields):
+    note(name, **fields)
+    if name == "j1":
+        j1_tuned.set()
+host.pipeline.note_split_tuning = noted
+pulled = []
+def arrivals():
+    if j0_trained.is_set() and not pulled:
+        pulled.append(True)
+        return Job.from_spec(spec("j1", 2))
+    return None
+
+r = host.run(arrivals)
+print(json.dumps({"status": {s.name: s.status.value for s in r.jobs}, "tuning": r.pool.nodegroup["split_tuning"]}))
+"""
+
+
+def test_a_job_arriving_beside_a_training_job_keeps_the_static_split():
+    """Note [Split size tuning]: the job that starts alone measures its
+    candidate splits; one that arrives while another trains does not (its
+    candidates' steps would run unpaired beside the other's), and keeps the
+    static rule's split."""
+    out = last_json_line(run_python(SPLIT_TUNING_ARRIVAL))
+    assert out["status"] == {"j0": "finished", "j1": "finished"}, out
+    assert "chosen_split" in out["tuning"]["j0"], out
+    assert out["tuning"]["j1"] == {"skipped": "other jobs were training when it arrived"}, out

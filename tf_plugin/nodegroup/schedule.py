@@ -36,14 +36,15 @@ Note [What the generalisation changes]
   job set; the runtime installs a new one as a new *version*, and each job
   switches to it at the start of its next iteration (see counter_barrier.h).
 * With ``p = 0`` the seed packs every job's ANGs into ``av`` back to back,
-  so job k allocates while job k-1 only starts to free: fine for two jobs,
-  but with four the levels pile up (four small CNN jobs at batch 55 in 120
-  MiB: 127 MiB predicted, 119.5 MiB measured, three jobs out of memory).
-  Where even ``p = 0`` does not fit, Note [Staggering N jobs] delays each
-  later job's ANGs.
+  so job k allocates while job k-1 only starts to free. Where the jobs free
+  in more groups than they allocate in, the DNGs queue in ``dv`` and the
+  levels pile up (``test_four_jobs_are_staggered_where_the_seeds_packing_piles_up``:
+  118 packed, 58 staggered). Where even ``p = 0`` does not fit, Note
+  [Staggering N jobs] delays each later job's ANGs.
 * Iterations form a ring: pair 0 of a job's next iteration waits for the last
   pair of the current one (the runtime's CounterBarrier 0 wraps around), so
   the predicted peak of one iteration holds in steady state.
+
 Note [Staggering N jobs]
 Algorithm 1 staggers two jobs by one number, ``p``. For N jobs each job k
 after the first gets its own delay: ``av`` leaves that many places empty
@@ -55,7 +56,12 @@ delay with the lowest predicted peak. An empty place beside an empty place is
 dropped by the compaction, so a delay only ever pairs ANGs with later DNGs.
 The price is pairs: a delayed job's groups run beside fewer groups of other
 jobs, so the jobs overlap less in time. Schedules that fit at ``p = 0`` are
-unchanged (the seed's, for two equal jobs).
+unchanged (the seed's, for two equal jobs), and a stagger that would not
+predict less than the packing is not used. No schedule goes below one job's
+own peak plus every job's persistent bytes: four small CNN jobs at batch 55
+in 120 MiB predict 127.3 MiB packed and 122.8 staggered, that floor
+(benchmarks/RESULTS.md, Issue 20, twelfth session: four jobs by node groups
+alone train at that ceiling).
 """
 from __future__ import annotations
 
@@ -293,9 +299,11 @@ def schedule_pairs(jobs: Sequence[JobProfile], mem_limit: int, split_size: int, 
             break
         p -= 1
     if adjust_p and p == 0 and peak > mem_limit and len(order) > 1:
-        delays = stagger_delays(order, mem_limit)
-        av, dv = _compact(*_build_streams(order, 0, delays))
-        peak = predict_peak(av, dv, order)
+        # Note [Staggering N jobs]
+        staggered = _compact(*_build_streams(order, 0, stagger_delays(order, mem_limit)))
+        staggered_peak = predict_peak(*staggered, order)
+        if staggered_peak < peak:
+            (av, dv), peak = staggered, staggered_peak
     pair_of_group: dict[int, list[int]] = {j.job_id: [] for j in order}
     for i, (a, d) in enumerate(zip(av, dv)):
         for r in (a, d):
