@@ -6,8 +6,9 @@ The host calls four hooks, in this order over a job's life:
    callable partitions the traced step (``split_size`` bytes, or ``auto``) and
    inserts the barrier ops. The job's probe step runs outside any schedule
    (its barriers pass straight through).
-2. ``job_started(state)`` / 3. ``job_ended(state)``: the set of running jobs
-   changed. The coordinator re-runs Algorithm 1 over the running jobs and
+2. ``job_started(state)`` (``jobs_started`` for the jobs a run starts
+   with, Note [Jobs that start together join one schedule]) / 3.
+   ``job_ended(state)``: the set of running jobs changed. The coordinator re-runs Algorithm 1 over the running jobs and
    installs the result as a new schedule version; each job moves to it at its
    next iteration. An ended or failed job first leaves the pipeline, which
    releases every barrier it takes part in.
@@ -200,8 +201,8 @@ class NodeGroupCoordinator:
             joined = False
             for name, stream, persistent_bytes, temporary_bytes in jobs:
                 entry = self._jobs.get(stream)
-                if entry is None or entry.name != name:
-                    continue  # never traced with barriers (e.g. built before the pipeline existed)
+                if entry is None or entry.name != name or stream in self._running:
+                    continue  # never traced with barriers (e.g. built before the pipeline existed), or joined
                 entry.persistent_bytes = int(persistent_bytes or 0)
                 entry.measured_temporary_bytes = int(temporary_bytes or 0)
                 self._running.add(stream)

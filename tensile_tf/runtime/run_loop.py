@@ -218,7 +218,7 @@ class JobHost:
                 self.pipeline.jobs_started([(s.name, s.stream, s.persistent_bytes, s.temporary_bytes)
                                             for s in admitted])
             for state in admitted:
-                self._start(state, joined_pipeline=True)
+                self._start(state)
             while True:
                 if self.stopping:
                     if not self._threads:
@@ -471,16 +471,14 @@ class JobHost:
         budget = self.planning.alone_budget(sum(p + t for p, t in needs), self._held_outside_jobs())
         self.planning.plan([state], budget)
 
-    def _start(self, state: JobState, *, joined_pipeline: bool = False) -> None:
-        """Runs the job's thread; ``joined_pipeline``: the node-group pipeline
-        already counts it (jobs that start together join it in one call)."""
+    def _start(self, state: JobState) -> None:
         if self.replanner is not None and state.captured is not None and state.plan is not None:
             state.latency_monitor = LatencyMonitor(state, self.replan_threshold,
                                                    lambda job, why: self._ended.put(ReplanRequest(job, why)),
                                                    self.clock.now)
         state.status = JobStatus.running
         state.admitted_at_s = self.clock.now()
-        if self.pipeline is not None and not joined_pipeline:
+        if self.pipeline is not None:   # a no-op for a job that joined with the run's start
             self.pipeline.job_started(state.name, state.stream, state.persistent_bytes, state.temporary_bytes)
         on_end = (lambda s: self.pipeline.job_ended(s.name, s.stream)) if self.pipeline is not None else None
         thread = JobThread(state, self.clock, self._ended, record_weights=self.record_weights, on_end=on_end,
