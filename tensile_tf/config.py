@@ -77,9 +77,6 @@ class OptimizerSpec(_Strict):
 
 
 #: Data kinds read from the user's files, and what their ``path`` is.
-#: Synthetic input batches a job holds in the pool: the one its step reads and the prefetched next
-#: one; the rest stay in host memory (Note [Input data on the host] in tensile_tf/jobs.py).
-DEVICE_BATCHES = 2
 FILE_KINDS = {"npz": "the .npz file", "npy": "the .npy file of examples",
               "tfrecord": "a TFRecord file or a glob of them", "image_dir": "a directory with one subdirectory per class"}
 #: Data kinds whose examples are read once and split (``validation_split``).
@@ -111,7 +108,11 @@ class DataSpec(_Strict):
     function: StrictStr | None = None
     args: dict[str, Any] = Field(default_factory=dict)
     num_batches: StrictInt = Field(4, ge=1, description="distinct synthetic batches cycled through, held in host "
-                                   "memory; the pool holds the step's batch and the next (DEVICE_BATCHES)")
+                                   "memory; the pool holds the step's batch (and the next with `prefetch`)")
+    prefetch: StrictBool = Field(False, description="synthetic data: copy the next batch into the pool before the "
+                                 "step runs, as well as the step's own (Note [Just-in-time batches] in "
+                                 "tensile_tf/jobs.py: it holds a second batch through the other jobs' peaks and "
+                                 "hides no copy here)")
     path: StrictStr | None = Field(None, description="npz: the file; npy: the examples' file; tfrecord: a file "
                                    "or glob; image_dir: the directory of class subdirectories")
     labels_path: StrictStr | None = Field(None, description="npy: the labels' file")
@@ -121,6 +122,12 @@ class DataSpec(_Strict):
     validation_path: StrictStr | None = Field(None, description="validation examples of their own, read as `path` "
                                               "is (same kind, keys and shape) instead of a split")
     validation_labels_path: StrictStr | None = Field(None, description="npy: the validation labels' file")
+
+    @property
+    def device_batches(self) -> int:
+        """Synthetic batches the job holds in the pool (Note [Input data on the host] in
+        tensile_tf/jobs.py): the one its step reads, and the next with ``prefetch``."""
+        return min(2 if self.prefetch else 1, self.num_batches)
 
     @property
     def has_validation(self) -> bool:

@@ -44,8 +44,8 @@ InceptionV3 by 19% (benchmarks/RESULTS.md, Issue 15).
 Note [Data held beside the step]
 A job holds more than its step's tensors between steps: the batches its
 data source keeps in the pool (a YAML job's synthetic data was
-``data.num_batches`` batches, now the prefetched next batch, Note [Input
-data on the host] in jobs.py; a ``tf.data`` pipeline holds its arrays and
+``data.num_batches`` batches, now the next batch where ``data.prefetch``
+asks for it, Note [Input data on the host] in jobs.py; a ``tf.data`` pipeline holds its arrays and
 prefetched elements), all but the one the step reads. The graph counts
 parameters, slots and that one batch, so these bytes were missing from every
 prediction: -2.7% for the quickstart's CNN, -8.9% for its Transformer, -20%

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tensile_tf.config import DEVICE_BATCHES, EXAMPLE_KINDS, JobSpec
+from tensile_tf.config import EXAMPLE_KINDS, JobSpec
 
 
 class JobBuildError(RuntimeError):
@@ -171,14 +171,29 @@ class HostBatches:
     life: the planner counted them (Note [Data held beside the step] in
     tensile_tf/execution.py) but no plan could move them, and four jobs held
     sixteen. Now the arrays stay in host memory and each call returns the next
-    batch as tensors made on the calling thread (the job's stream), with the
-    one after it already made, a one-batch prefetch: the pool holds the batch
-    a step reads and the next (``DEVICE_BATCHES``), whatever
-    ``data.num_batches`` says. The values and their order are the same as
-    before, so training computes the same thing.
+    batch as tensors made on the calling thread (the job's stream): the pool
+    holds the batch a step reads (``DataSpec.device_batches``), and with
+    ``data.prefetch`` the one after it too, whatever ``data.num_batches`` says.
+    The values and their order are the same either way, so training computes
+    the same thing.
+
+    Note [Just-in-time batches]. The next batch is copied when the step asks
+    for it, not before, as TENSILE starts a Swap-In Event as late as it can
+    and still arrive in time (seed 000, section IV-C): here the copy is a
+    memcpy of well under a millisecond on the job's own thread, so "in time"
+    is "right before the step". A prefetched batch (the twelfth session's default) hid
+    nothing: it was copied on the same thread between the same two steps, one
+    step earlier, and then sat in the pool a whole step. In the node-group
+    pipeline it sat there when it hurt most: Algorithm 1 pairs a job's last
+    DNGs with the next job's ANGs, so a job's step boundary, where it holds
+    both batches, meets the other jobs' peaks. Four small CNN jobs in 120 MiB
+    (benchmarks/RESULTS.md, Issue 20, thirteenth session): 55 with the
+    prefetch, 61 without, against 65 and 66 alone. ``data.prefetch: true``
+    keeps the next batch in the pool for a user whose batches are worth
+    holding early.
     """
 
-    def __init__(self, host: Sequence[tuple[np.ndarray, ...]], device_batches: int = DEVICE_BATCHES):
+    def __init__(self, host: Sequence[tuple[np.ndarray, ...]], device_batches: int = 1):
         if not host:
             raise ValueError("HostBatches needs at least one batch")
         self.host = list(host)
@@ -214,7 +229,7 @@ def synthetic_batches(spec: JobSpec, input_shape: Sequence[int], classes: int) -
         x = rng.standard_normal((spec.batch_size, *input_shape), dtype=np.float32)
         y = rng.integers(0, classes, spec.batch_size).astype(np.int32)
         out.append((x, y))
-    return HostBatches(out)
+    return HostBatches(out, device_batches=spec.data.device_batches)
 
 
 def supervised_train_step(model, optimizer, loss_fn) -> Callable:

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from tensile_tf.config import DEVICE_BATCHES, FILE_KINDS, ConfigError, JobSpec, RunConfig, format_location
+from tensile_tf.config import FILE_KINDS, ConfigError, JobSpec, RunConfig, format_location
 from tensile_tf.units import human_bytes
 
 FLOAT32_BYTES = 4
@@ -287,11 +287,13 @@ def size_problems(cfg: RunConfig) -> list[Problem]:
         if spec.data.kind != "synthetic" or spec.input_shape is None or spec.model.train_step_factory:
             continue  # the job's own data: its size shows when it is built
         batch = synthetic_batch_bytes(spec, spec.input_shape)
-        on_device = min(DEVICE_BATCHES, spec.data.num_batches)   # Note [Input data on the host] in jobs.py
+        on_device = spec.data.device_batches   # Note [Input data on the host] in jobs.py
         held = batch * on_device
         if held > cfg.pool:
-            problems.append(Problem(loc + ("batch_size",), f"the job's input batch and the prefetched next one "
-                                    f"take {human_bytes(held)} of the pool ({human_bytes(batch)} each: "
+            what = "the job's input batch and the prefetched next one take" if on_device > 1 else \
+                "the job's input batch takes"
+            problems.append(Problem(loc + ("batch_size",), f"{what} "
+                                    f"{human_bytes(held)} of the pool ({human_bytes(batch)} each: "
                                     f"{spec.batch_size} x {list(spec.input_shape)} float32), more than the "
                                     f"whole pool ({human_bytes(cfg.pool)})",
                                     "lower `batch_size:` or raise `pool:`"))

@@ -1,21 +1,26 @@
-"""Note [Input data on the host] (tensile_tf/jobs.py): a YAML job's synthetic
-batches stay in host memory and the pool holds the batch a step reads and the
-prefetched next one, however many batches the job cycles through."""
+"""Notes [Input data on the host] and [Just-in-time batches]
+(tensile_tf/jobs.py): a YAML job's synthetic batches stay in host memory and the
+pool holds the batch a step reads (and the next with ``data.prefetch``), however
+many batches the job cycles through."""
 import numpy as np
+import pytest
 
 import tensile_tf
 
 tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
-from tensile_tf.config import DEVICE_BATCHES, JobSpec  # noqa: E402
+from tensile_tf.config import JobSpec  # noqa: E402
 from tensile_tf.jobs import HostBatches, synthetic_batches  # noqa: E402
 from tensile_tf.memory import JobStream  # noqa: E402
 
 MiB = 2**20
 
 
-def test_the_pool_holds_the_steps_batch_and_the_next_while_the_host_holds_all_six():
+@pytest.mark.parametrize("prefetch, device_batches", [(False, 1), (True, 2)])
+def test_the_pool_holds_the_steps_batch_while_the_host_holds_all_six(prefetch, device_batches):
     spec = JobSpec.model_validate({"name": "host-data", "model": {"builder": "tensile_tf.zoo:mlp"},
-                                   "input_shape": [1024], "batch_size": 256, "steps": 9, "data": {"num_batches": 6}})
+                                   "input_shape": [1024], "batch_size": 256, "steps": 9,
+                                   "data": {"num_batches": 6, "prefetch": prefetch}})
+    assert spec.data.device_batches == device_batches
     batches = synthetic_batches(spec, (1024,), 10)
     assert isinstance(batches, HostBatches) and len(batches.host) == 6
     x_bytes = 256 * 1024 * 4                    # 1 MiB of float32 per batch, and 1 KiB of labels
@@ -27,7 +32,7 @@ def test_the_pool_holds_the_steps_batch_and_the_next_while_the_host_holds_all_si
                 batch = batches()
                 seen.append(batch[0].numpy()[0, :4].copy())
                 held = stream.stats()["current"]
-                assert DEVICE_BATCHES * x_bytes <= held < (DEVICE_BATCHES + 1) * x_bytes, held / MiB
+                assert device_batches * x_bytes <= held < (device_batches + 1) * x_bytes, held / MiB
         # the values cycle through the six host batches in order; the first is the seed's first draw
         for k, first in enumerate(seen):
             np.testing.assert_array_equal(first, batches.host[k % 6][0][0, :4])
