@@ -290,13 +290,13 @@ def size_problems(cfg: RunConfig) -> list[Problem]:
         on_device = spec.data.device_batches   # Note [Input data on the host] in jobs.py
         held = batch * on_device
         if held > cfg.pool:
-            what = "the job's input batch and the prefetched next one take" if on_device > 1 else \
-                "the job's input batch takes"
-            problems.append(Problem(loc + ("batch_size",), f"{what} "
-                                    f"{human_bytes(held)} of the pool ({human_bytes(batch)} each: "
-                                    f"{spec.batch_size} x {list(spec.input_shape)} float32), more than the "
-                                    f"whole pool ({human_bytes(cfg.pool)})",
-                                    "lower `batch_size:` or raise `pool:`"))
+            shape = f"{spec.batch_size} x {list(spec.input_shape)} float32"
+            what = (f"the job's input batch and the prefetched next one take {human_bytes(held)} of the pool "
+                    f"({human_bytes(batch)} each: {shape})" if on_device > 1 else
+                    f"the job's input batch takes {human_bytes(held)} of the pool ({shape})")
+            problems.append(Problem(loc + ("batch_size",), f"{what}, more than the whole pool ({human_bytes(cfg.pool)})",
+                                    "lower `batch_size:` or raise `pool:`"
+                                    + (", or drop `data.prefetch:`" if on_device > 1 else "")))
             continue
         host = host_batch_problem(spec, spec.input_shape, loc + ("batch_size",))
         if host is not None:
