@@ -107,8 +107,9 @@ def trial(model: str, pool: str, jobs: int, batch: int, pipeline: str, split: st
     return out
 
 
-def max_batch(fn, start: int, log) -> int:
-    """Largest b with fn(b) true: doubling from `start`, then binary search."""
+def max_batch(fn, start: int, log, resolution: int = 16) -> int:
+    """Largest b with fn(b) true: doubling from `start`, then binary search
+    down to 1/`resolution` of the batch (0: to one sample)."""
     lo, hi = 0, None
     b = start
     while hi is None:
@@ -118,7 +119,7 @@ def max_batch(fn, start: int, log) -> int:
             hi = b
         if b > 4096:
             return lo
-    while hi - lo > max(1, lo // 16):  # resolution: 1/16 of the batch (6%)
+    while hi - lo > max(1, lo // resolution if resolution else 1):  # 16: 1/16 of the batch (6%)
         mid = (lo + hi) // 2
         if fn(mid):
             lo = mid
@@ -151,6 +152,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=1,
                     help="trials per batch; a batch counts as trainable only when every one passes "
                          "(Note [Edge batches are races])")
+    ap.add_argument("--resolution", type=int, default=16,
+                    help="stop the binary search within 1/N of the batch (default 16, 6%%; 0: to one sample)")
     ap.add_argument("--json", help="append results (one JSON object per line) here")
     args = ap.parse_args()
     cap = parse_bytes(args.pool)
@@ -170,7 +173,7 @@ def main() -> int:
                 if not r["ok"]:
                     return False
             return True
-        return max_batch(ok, args.start, None)
+        return max_batch(ok, args.start, None, args.resolution)
 
     results = {"model": args.model, "pool": args.pool, "steps": args.steps, "num_batches": args.num_batches,
                "repeats": args.repeats,
