@@ -225,3 +225,68 @@ def test_a_job_skipping_a_version_leaves_it():
     pipe.leave(1)
     b.join(timeout=5)
     assert done.get("b0") == ("ok", "") and pipe.stats()["timeouts"] == 0
+
+
+def test_a_new_version_is_entered_only_when_the_old_pairing_lets_the_job_go_on():
+    """Note [Hand-over at the old barrier]: a and b are paired (a in pairs 0
+    and 2, b in 1 and 3) when version 2 is installed. a, done with its
+    iteration while b still runs its pair 3, must not start its next one
+    (version 2's generation 0 needs no arrivals) before b's pair 3 ends, as
+    version 1 orders it; then b enters version 2 behind a's pair 0 there."""
+    pipe = NodeGroupPipeline()
+    pipe.set_timeout(10)
+    table = {1: ("a", [0, 2]), 2: ("b", [1, 3])}
+    pipe.set_schedule(table, 4)
+    done = {}
+    assert pipe.boundary(1, 0, 2)[0] == "ok"                        # a: pair 0
+    a1 = threading.Thread(target=lambda: done.setdefault("a1", pipe.boundary(1, 1, 2)))
+    a1.start()                                                      # a waits for b's pair 1
+    assert pipe.boundary(2, 0, 2)[0] == "ok"                        # b: pair 1
+    b1 = threading.Thread(target=lambda: done.setdefault("b1", pipe.boundary(2, 1, 2)))
+    b1.start()                                                      # b ends pair 1, waits for a's pair 2
+    a1.join(timeout=5)
+    assert done["a1"] == ("ok", "")                                 # a: pair 2
+    assert pipe.boundary(1, 2, 2)[0] == "ok"                        # a ends pair 2: its iteration is done
+    b1.join(timeout=5)
+    assert done["b1"] == ("ok", "")                                 # b: pair 3, running
+    pipe.set_schedule(table, 4)                                     # version 2
+    a0 = threading.Thread(target=lambda: done.setdefault("a0", pipe.boundary(1, 0, 2)))
+    a0.start()
+    wait_until(waiting(pipe, 1), "a waits at version 1's barrier 0 for b's pair 3")
+    assert "a0" not in done and pipe.stats()["version"] == 2
+    assert pipe.boundary(2, 2, 2)[0] == "ok"                        # b ends pair 3 (version 1)
+    a0.join(timeout=5)
+    assert done["a0"] == ("ok", "")                                 # a: pair 0 of version 2
+    b0 = threading.Thread(target=lambda: done.setdefault("b0", pipe.boundary(2, 0, 2)))
+    b0.start()                                                      # b: version 2's pair 1 waits for a's pair 0
+    wait_until(waiting(pipe, 1), "b waits for a's pair 0 in version 2")
+    assert "b0" not in done
+    a_next = threading.Thread(target=lambda: done.setdefault("a1'", pipe.boundary(1, 1, 2)))
+    a_next.start()
+    b0.join(timeout=5)
+    assert done["b0"] == ("ok", "")
+    pipe.leave(1)
+    pipe.leave(2)
+    a_next.join(timeout=5)
+    assert pipe.stats()["timeouts"] == 0
+
+
+def test_a_job_waiting_to_hand_over_is_let_go_when_the_others_leave():
+    """Note [Hand-over at the old barrier]: the hand-over wait is released by
+    a job that leaves, as any wait is, and the job goes on in the new
+    version."""
+    pipe = NodeGroupPipeline()
+    pipe.set_timeout(10)
+    pipe.set_schedule({1: ("a", [0]), 2: ("b", [1])}, 2)
+    assert pipe.boundary(1, 0, 1)[0] == "ok" and pipe.boundary(1, 1, 1)[0] == "ok"   # a: pair 0
+    assert pipe.boundary(2, 0, 1)[0] == "ok"                                          # b: pair 1, running
+    pipe.set_schedule({1: ("a", [0])}, 1)                                             # b will be gone
+    done = {}
+    a0 = threading.Thread(target=lambda: done.setdefault("a0", pipe.boundary(1, 0, 1)))
+    a0.start()
+    wait_until(waiting(pipe, 1), "a waits for b's pair 1 in version 1")
+    pipe.leave(2)                                                                     # b fails and leaves
+    a0.join(timeout=5)
+    assert done["a0"] == ("ok", "")
+    assert pipe.boundary(1, 1, 1)[0] == "ok" and pipe.boundary(1, 0, 1)[0] == "ok"   # a alone in version 2
+    assert pipe.stats()["timeouts"] == 0

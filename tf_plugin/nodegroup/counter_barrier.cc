@@ -122,7 +122,11 @@ void NodeGroupPipeline::ReleaseReadyLocked(Version& v, int k, std::vector<Releas
     if (OpenLocked(v, k, w.generation)) *pair_start = true;
     counters_.wait_seconds += std::chrono::duration<double>(now - w.parked_at).count();
     (by_leave ? counters_.released_by_leave : counters_.released) += 1;
-    out->push_back({std::move(w.done), {}});
+    if (w.hand_over) {
+      hand_overs_.push_back({id, w.job, w.num_groups, std::move(w.done)});  // RunHandOversLocked
+    } else {
+      out->push_back({std::move(w.done), {}});
+    }
     waiters_.erase(it);
   }
   b.waiting = std::move(still);
@@ -185,6 +189,7 @@ void NodeGroupPipeline::Leave(JobKey job) {
     std::lock_guard<std::mutex> lock(mu_);
     RemoveJobFromVersionsLocked(job, /*keep=*/nullptr, &out, &pair_start);
     job_version_.erase(job);
+    RunHandOversLocked(&out, &pair_start);
   }
   Deliver(std::move(out), pair_start);
 }
@@ -203,68 +208,122 @@ void NodeGroupPipeline::Boundary(uint64_t waiter_id, JobKey job, int boundary, i
       counters_.cancellations += 1;
       now_outcome = {Code::kCancelled, "nodegroup barrier: the step was cancelled"};
     } else {
-      std::shared_ptr<Version>& current = job_version_[job];
-      if (boundary == 0 && current != latest_) {
-        // Leave every older version still in use, not only the one this job
-        // ran under: a version installed while it was between them names it
-        // too, and other jobs there would wait for it forever.
-        RemoveJobFromVersionsLocked(job, /*keep=*/latest_.get(), &out, &pair_start);
-        current = latest_;
-      }
-      Version* v = current.get();
-      auto js_it = v == nullptr ? decltype(v->jobs.end()){} : v->jobs.find(job);
-      if (v == nullptr || js_it == v->jobs.end()) {
-        counters_.passthrough += 1;  // not paced: alone, probing, or left
-      } else if (static_cast<int>(js_it->second.pair_of_group.size()) != num_groups ||
-                 boundary < 0 || boundary > num_groups) {
-        now_outcome = {Code::kInvalidArgument,
-                       "nodegroup barrier: job '" + js_it->second.name + "' (stream " +
-                           std::to_string(job) + ") reached boundary " + std::to_string(boundary) +
-                           " of a step cut into " + std::to_string(num_groups) +
-                           " node groups, but schedule version " + std::to_string(v->number) +
-                           " has " + std::to_string(js_it->second.pair_of_group.size()) +
-                           " groups for it; the schedule was made for another partition"};
+      std::shared_ptr<Version> current = job_version_[job];
+      auto old_it = current == nullptr ? decltype(current->jobs.end()){} : current->jobs.find(job);
+      if (boundary == 0 && current != latest_ && current != nullptr && old_it != current->jobs.end() &&
+          !old_it->second.pair_of_group.empty()) {
+        // Note [Hand-over at the old barrier]: first the wait this boundary
+        // makes in the version the job ran, then the newest version.
+        Version& old = *current;
+        int& next = old.next_boundary[job];
+        if (next != 0) FastForwardLocked(old, job, next, &out, &pair_start);
+        next = 0;
+        const int k = old_it->second.pair_of_group[0];
+        const int64_t generation = old.barriers[k].passed[job]++;
+        if (ReadyLocked(old, k, generation)) {
+          if (OpenLocked(old, k, generation)) pair_start = true;
+          parked = EnterLatestLocked(waiter_id, job, num_groups, &done, &out, &pair_start, &now_outcome);
+        } else {
+          ParkLocked(waiter_id, job, current, k, generation, &done, /*hand_over=*/true, num_groups);
+          parked = true;
+        }
+      } else if (boundary == 0 && current != latest_) {
+        parked = EnterLatestLocked(waiter_id, job, num_groups, &done, &out, &pair_start, &now_outcome);
       } else {
-        const std::vector<int>& pairs = js_it->second.pair_of_group;
-        int& next = v->next_boundary[job];
-        if (boundary == 0 && next != 0) FastForwardLocked(*v, job, next, &out, &pair_start);
-        next = boundary == num_groups ? 0 : boundary + 1;
-        if (boundary > 0) {
-          const int k = (pairs[boundary - 1] + 1) % v->num_pairs;
-          v->barriers[k].arrived[job] += 1;  // the seed's prev_count decrement
-          ReleaseReadyLocked(*v, k, &out, &pair_start, false);
-        }
-        if (boundary < num_groups) {
-          const int k = pairs[boundary];
-          Barrier& b = v->barriers[k];
-          const int64_t generation = b.passed[job]++;  // the seed's succ_count decrement
-          if (ReadyLocked(*v, k, generation)) {
-            if (OpenLocked(*v, k, generation)) pair_start = true;
-          } else {
-            Waiter w;
-            w.job = job;
-            w.version = current;
-            w.barrier = k;
-            w.generation = generation;
-            w.parked_at = std::chrono::steady_clock::now();
-            w.has_deadline = timeout_s_ > 0;
-            if (w.has_deadline) {
-              w.deadline = w.parked_at + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                             std::chrono::duration<double>(timeout_s_));
-            }
-            w.done = std::move(done);
-            waiters_.emplace(waiter_id, std::move(w));
-            b.waiting.push_back(waiter_id);
-            counters_.waits += 1;
-            parked = true;
-          }
-        }
+        parked = BoundaryInVersionLocked(waiter_id, job, boundary, num_groups, current, &done, &out,
+                                         &pair_start, &now_outcome);
       }
+      RunHandOversLocked(&out, &pair_start);
     }
   }
   if (parked) cv_.notify_all();  // a new deadline for the notifier
   Deliver(std::move(out), pair_start);
   if (!parked) done(now_outcome);
+}
+
+bool NodeGroupPipeline::EnterLatestLocked(uint64_t waiter_id, JobKey job, int num_groups, DoneFn* done,
+                                          std::vector<Release>* out, bool* pair_start, Outcome* outcome) {
+  // Leave every older version still in use, not only the one this job ran
+  // under: a version installed while it was between them names it too, and
+  // other jobs there would wait for it forever.
+  RemoveJobFromVersionsLocked(job, /*keep=*/latest_.get(), out, pair_start);
+  job_version_[job] = latest_;
+  return BoundaryInVersionLocked(waiter_id, job, 0, num_groups, latest_, done, out, pair_start, outcome);
+}
+
+bool NodeGroupPipeline::BoundaryInVersionLocked(uint64_t waiter_id, JobKey job, int boundary, int num_groups,
+                                                const std::shared_ptr<Version>& current, DoneFn* done,
+                                                std::vector<Release>* out, bool* pair_start,
+                                                Outcome* outcome) {
+  Version* v = current.get();
+  auto js_it = v == nullptr ? decltype(v->jobs.end()){} : v->jobs.find(job);
+  if (v == nullptr || js_it == v->jobs.end()) {
+    counters_.passthrough += 1;  // not paced: alone, probing, or left
+    return false;
+  }
+  if (static_cast<int>(js_it->second.pair_of_group.size()) != num_groups || boundary < 0 ||
+      boundary > num_groups) {
+    *outcome = {Code::kInvalidArgument,
+                "nodegroup barrier: job '" + js_it->second.name + "' (stream " + std::to_string(job) +
+                    ") reached boundary " + std::to_string(boundary) + " of a step cut into " +
+                    std::to_string(num_groups) + " node groups, but schedule version " +
+                    std::to_string(v->number) + " has " +
+                    std::to_string(js_it->second.pair_of_group.size()) +
+                    " groups for it; the schedule was made for another partition"};
+    return false;
+  }
+  const std::vector<int>& pairs = js_it->second.pair_of_group;
+  int& next = v->next_boundary[job];
+  if (boundary == 0 && next != 0) FastForwardLocked(*v, job, next, out, pair_start);
+  next = boundary == num_groups ? 0 : boundary + 1;
+  if (boundary > 0) {
+    const int k = (pairs[boundary - 1] + 1) % v->num_pairs;
+    v->barriers[k].arrived[job] += 1;  // the seed's prev_count decrement
+    ReleaseReadyLocked(*v, k, out, pair_start, false);
+  }
+  if (boundary < num_groups) {
+    const int k = pairs[boundary];
+    const int64_t generation = v->barriers[k].passed[job]++;  // the seed's succ_count decrement
+    if (ReadyLocked(*v, k, generation)) {
+      if (OpenLocked(*v, k, generation)) *pair_start = true;
+    } else {
+      ParkLocked(waiter_id, job, current, k, generation, done, /*hand_over=*/false, num_groups);
+      return true;
+    }
+  }
+  return false;
+}
+
+void NodeGroupPipeline::ParkLocked(uint64_t waiter_id, JobKey job, const std::shared_ptr<Version>& version,
+                                   int k, int64_t generation, DoneFn* done, bool hand_over, int num_groups) {
+  Waiter w;
+  w.job = job;
+  w.version = version;
+  w.barrier = k;
+  w.generation = generation;
+  w.parked_at = std::chrono::steady_clock::now();
+  w.has_deadline = timeout_s_ > 0;
+  if (w.has_deadline) {
+    w.deadline = w.parked_at + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                   std::chrono::duration<double>(timeout_s_));
+  }
+  w.hand_over = hand_over;
+  w.num_groups = num_groups;
+  w.done = std::move(*done);
+  waiters_.emplace(waiter_id, std::move(w));
+  version->barriers[k].waiting.push_back(waiter_id);
+  counters_.waits += 1;
+}
+
+void NodeGroupPipeline::RunHandOversLocked(std::vector<Release>* out, bool* pair_start) {
+  while (!hand_overs_.empty()) {
+    HandOver h = std::move(hand_overs_.back());
+    hand_overs_.pop_back();
+    Outcome outcome;
+    if (!EnterLatestLocked(h.waiter_id, h.job, h.num_groups, &h.done, out, pair_start, &outcome)) {
+      out->push_back({std::move(h.done), outcome});
+    }
+  }
 }
 
 void NodeGroupPipeline::Cancel(uint64_t waiter_id) {

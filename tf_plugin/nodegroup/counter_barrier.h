@@ -41,6 +41,28 @@
 // come and go: a job that ends or fails calls Leave(), which removes it from
 // every barrier of every version and releases waits that it was holding up.
 //
+// Note [Hand-over at the old barrier]
+// A job that ran an older version in which it is paced switches only once
+// that version lets it start its next iteration: it first waits at its own
+// first barrier there, for the generation it is about to start, and moves
+// to the newest version when that wait opens. Before, it switched at once:
+// version n+1's generation 0 needs no arrivals, so the job started its next
+// iteration while the others were still in the old version's last pairs,
+// and leaving the old version released their waits, so for the rest of that
+// iteration no two jobs were paired. That is the likely reason re-pairing two
+// Transformer jobs while they trained failed at batch 44 and 33 where 44 had
+// passed (benchmarks/RESULTS.md, Issue 20, twelfth session), and every
+// arrival into a running pipeline paid the same. Now the old pairing
+// holds until each job has finished its old iteration in step with the
+// others, and the jobs enter the new version one pair apart, as its own
+// barriers order them. The hand-over wait is the wait the job would have
+// made had no version been installed, and leaving a version only releases
+// waits, so the deadlock-freedom argument of Note [Generations instead of
+// resets] still holds within each version. A job new to the pipeline (in no
+// older version) and a job the old version did not pace enter at once; the
+// hand-over does not look at the step's node groups (its partition may have
+// changed with the version).
+//
 // Note [A step that did not finish]
 // A step that fails or is cancelled mid-way (an OOM, a timed-out wait) never
 // reaches its later boundaries, so its arrivals for this generation are
@@ -185,6 +207,10 @@ class NodeGroupPipeline {
     std::chrono::steady_clock::time_point parked_at;
     std::chrono::steady_clock::time_point deadline;
     bool has_deadline = false;
+    // Note [Hand-over at the old barrier]: released, the job moves to the
+    // newest version and makes its boundary 0 there (num_groups: its step's).
+    bool hand_over = false;
+    int num_groups = 0;
     DoneFn done;
   };
   struct Release {
@@ -209,6 +235,20 @@ class NodeGroupPipeline {
   // boundaries [from, num_groups] that the job's aborted step skipped.
   void FastForwardLocked(Version& v, JobKey job, int from, std::vector<Release>* out,
                          bool* pair_start);
+  // Boundary 0 of `job` in the newest version, after leaving the older ones:
+  // done goes to *out, or the job parks (true) under `waiter_id`.
+  bool EnterLatestLocked(uint64_t waiter_id, JobKey job, int num_groups, DoneFn* done,
+                         std::vector<Release>* out, bool* pair_start, Outcome* outcome);
+  // Boundary `boundary` of `job` in version `current`; parks (true) or sets *outcome.
+  bool BoundaryInVersionLocked(uint64_t waiter_id, JobKey job, int boundary, int num_groups,
+                               const std::shared_ptr<Version>& current, DoneFn* done,
+                               std::vector<Release>* out, bool* pair_start, Outcome* outcome);
+  // Parks `done` at barrier k of `version` for `generation`.
+  void ParkLocked(uint64_t waiter_id, JobKey job, const std::shared_ptr<Version>& version, int k,
+                  int64_t generation, DoneFn* done, bool hand_over, int num_groups);
+  // Moves the hand-over waiters that ReleaseReadyLocked released into the
+  // newest version, until none is left.
+  void RunHandOversLocked(std::vector<Release>* out, bool* pair_start);
   std::string JobLabelLocked(const Version& v, JobKey job) const;
   std::string TimeoutMessageLocked(const Waiter& w, double waited_s) const;
   void Deliver(std::vector<Release> releases, bool pair_start);
@@ -225,6 +265,13 @@ class NodeGroupPipeline {
   std::unordered_set<uint64_t> issued_;           // ids not yet given to Boundary
   std::unordered_set<uint64_t> cancelled_early_;  // ... and cancelled meanwhile
   std::deque<Release> ready_;
+  struct HandOver {
+    uint64_t waiter_id;
+    JobKey job;
+    int num_groups;
+    DoneFn done;
+  };
+  std::vector<HandOver> hand_overs_;  // released hand-over waits, to move on
   uint64_t next_waiter_id_ = 1;
   double timeout_s_ = 60.0;
   PipelineStats counters_;
