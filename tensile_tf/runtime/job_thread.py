@@ -116,8 +116,9 @@ def variables_digest(variables) -> str:
 class JobThread:
     """Trains one admitted job to its end in a thread of its own.
 
-    ``on_end(state)`` runs in the thread when the job ends (the pipeline
-    releases its barriers there, at once); then the state goes on ``ended``,
+    ``after_step(state)`` runs in the thread after each step (the pipeline
+    calibrates the job there); ``on_end(state)`` runs in the thread when the
+    job ends (the pipeline releases its barriers there, at once); then the state goes on ``ended``,
     where the host's run loop picks it up. Never raises. When ``stop`` is
     set (the run is interrupted) the job ends, ``interrupted``, before its
     next step.
@@ -126,7 +127,7 @@ class JobThread:
     def __init__(self, state: JobState, clock: RunClock, ended: "queue.Queue[JobState]", *,
                  record_weights: bool, on_end: Callable[[JobState], None] | None = None,
                  stop: threading.Event | None = None, gate: StepGate | None = None,
-                 model_dir: Path | None = None):
+                 model_dir: Path | None = None, after_step: Callable[[JobState], None] | None = None):
         self.state = state
         self.clock = clock
         self.ended = ended
@@ -135,6 +136,7 @@ class JobThread:
         self.stop = stop or threading.Event()
         self.gate = gate
         self.model_dir = model_dir
+        self.after_step = after_step
         self.thread = threading.Thread(target=self._train, name=f"job-{state.name}", daemon=True)
 
     def start(self) -> None:
@@ -185,6 +187,8 @@ class JobThread:
                     take_switch(state)   # Note [Hot swap]: a re-plan's new step, at this step boundary
                     first = state.steps_done == 0 and state.first_batch is not None
                     run_step(state, state.first_batch if first else state.train.next_batch(), self.clock)
+                    if self.after_step is not None:
+                        self.after_step(state)
                     if state.first_batch is not None:   # its first step ran (here or as its probe)
                         release_first_batch(state)
                     validator = state.train.validator

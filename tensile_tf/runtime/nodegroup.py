@@ -12,7 +12,10 @@ The host calls four hooks, in this order over a job's life:
    installs the result as a new schedule version; each job moves to it at its
    next iteration. An ended or failed job first leaves the pipeline, which
    releases every barrier it takes part in.
-4. ``summary()`` for results.json.
+4. ``step_ended(stream, peak)`` after each step: a step run paired
+   calibrates the job, and the jobs are paired again once every one has
+   one (Note [Overlap after measuring]).
+5. ``summary()`` for results.json.
 
 With ``split_size: auto`` the host also tunes each job's split when it
 builds it (Note [Split size tuning]): ``split_candidates``, then
@@ -37,13 +40,20 @@ class _JobEntry:
     stream: int
     partition: Partition
     persistent_bytes: int = 0
-    measured_temporary_bytes: int = 0
+    measured_temporary_bytes: int = 0     # its probe step's (Note [Calibrating the partition's sizes])
+    paired_temporary_bytes: int = 0       # the most of its steps run paired (Note [Overlap after measuring])
+    paired_steps: int = 0
+
+    @property
+    def temporary_bytes(self) -> int:
+        return max(self.measured_temporary_bytes, self.paired_temporary_bytes)
 
     def profile(self) -> JobProfile:
         """Algorithm 1's view of the job, sizes scaled to the measured peak."""
         p = self.partition
         est = p.temporary_peak_bytes
-        scale = self.measured_temporary_bytes / est if est > 0 and self.measured_temporary_bytes > 0 else 1.0
+        measured = self.temporary_bytes
+        scale = measured / est if est > 0 and measured > 0 else 1.0
         g = p.groups
         return JobProfile(self.stream, self.name, p.num_ang, self.persistent_bytes,
                           tuple(int(x.start_bytes * scale) for x in g), tuple(int(x.peak_bytes * scale) for x in g),
@@ -78,6 +88,27 @@ class _JobEntry:
 # first job's step ran out of memory asking 27.5 MiB with 26.9 MiB free.
 # Jobs that start together now join in one call, so the first version any of
 # them runs already pairs them all.
+
+
+# Note [Overlap after measuring]
+# Algorithm 1 overlaps p groups of neighbouring jobs where the calibrated
+# profiles leave room, and the probe that calibrates them runs alone. Paired,
+# a Transformer job's step peaks about 3 MiB above its probe (21.8 -> 24.9
+# MiB at batch 22), and four jobs interleave their tensors in the pool. Four
+# Transformer jobs in 64 MiB were paired with p = 4 at batch 22 (predicted
+# 50 MiB for a 54.4 MiB limit) and ran out of memory in their first paired
+# steps, while at batch 36-38, where only p = 0 fits, they trained
+# (benchmarks/RESULTS.md, Issue 20, thirteenth session). So a schedule made
+# before every one of its jobs has run a step paired overlaps nothing beyond
+# the seed's pairing (``max_p=0``: the least memory Algorithm 1 offers); each
+# step a job runs paired reports its stream's peak (``step_ended``), and once
+# every job has one the jobs are paired again with each job's temporary bytes
+# the larger of its probe's and its paired steps', p free. A paired step that
+# peaks more than PAIRED_PEAK_MARGIN above what its job was last paired with
+# pairs them again. Every re-pairing is a new version, entered at the old
+# version's barrier (Note [Hand-over at the old barrier] in
+# tf_plugin/nodegroup/counter_barrier.h), so no iteration runs unpaired.
+PAIRED_PEAK_MARGIN = 0.02
 
 
 # Note [Split size tuning]
@@ -130,6 +161,10 @@ class NodeGroupCoordinator:
         self.split_tuning: dict[str, dict[str, Any]] = {}  # by job name (Note [Split size tuning])
         self._traced: dict[tuple[int, int], Partition] = {}  # (stream, split) -> the partition traced with it
         self.last_schedule: PairSchedule | None = None
+        # Note [Overlap after measuring]: whether the installed schedule waits for paired steps, and
+        # the temporary bytes each job was last paired with
+        self._overlap_capped = False
+        self._paired_with: dict[int, int] = {}
 
     # -------------------------------------------------------------- hooks
 
@@ -229,22 +264,41 @@ class NodeGroupCoordinator:
                 self._running.discard(stream)
                 self._reschedule_locked()
 
+    def step_ended(self, stream: int, step_peak_bytes: int) -> None:
+        """A job's step ended with its stream at ``step_peak_bytes`` at most:
+        a paired step calibrates the job (Note [Overlap after measuring])."""
+        with self._lock:
+            entry = self._jobs.get(stream)
+            if entry is None or stream not in self._running or len(self._running) < 2:
+                return
+            temporary = max(0, int(step_peak_bytes) - entry.persistent_bytes)
+            entry.paired_steps += 1
+            entry.paired_temporary_bytes = max(entry.paired_temporary_bytes, temporary)
+            if not all(self._jobs[s].paired_steps > 0 for s in self._running):
+                return
+            if self._overlap_capped or temporary > (1 + PAIRED_PEAK_MARGIN) * self._paired_with.get(stream, 0):
+                self._reschedule_locked()
+
     # ---------------------------------------------------------- schedule
 
     def _reschedule_locked(self) -> None:
         entries = [self._jobs[s] for s in sorted(self._running)]
         profiles = [e.profile() for e in entries]
+        measured = all(e.paired_steps > 0 for e in entries)
         if len(profiles) < 2:
             # Alone, a job has nobody to pace; an empty schedule lets it run free.
             sched = schedule_pairs([], self.mem_limit, 1)
         else:
             split = max(e.partition.split_size for e in entries)
-            sched = schedule_pairs(profiles, self.mem_limit, split)
+            sched = schedule_pairs(profiles, self.mem_limit, split, max_p=None if measured else 0)
         version = install_schedule(sched, self.pipeline)
         self.last_schedule = sched
+        self._overlap_capped = len(profiles) >= 2 and not measured
+        self._paired_with = {e.stream: e.temporary_bytes for e in entries}
         self.schedules.append({"version": version, "jobs": [e.name for e in entries], "p": sched.p,
                                "num_pairs": sched.num_pairs, "predicted_peak_bytes": sched.predicted_peak_bytes,
-                               "fits": sched.fits})
+                               "fits": sched.fits, "overlap_capped": self._overlap_capped,
+                               "temporary_bytes": {e.name: e.temporary_bytes for e in entries}})
 
     def summary(self) -> dict[str, Any]:
         with self._lock:

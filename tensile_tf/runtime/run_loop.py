@@ -481,8 +481,11 @@ class JobHost:
         if self.pipeline is not None:   # a no-op for a job that joined with the run's start
             self.pipeline.job_started(state.name, state.stream, state.persistent_bytes, state.temporary_bytes)
         on_end = (lambda s: self.pipeline.job_ended(s.name, s.stream)) if self.pipeline is not None else None
+        # Note [Overlap after measuring] in nodegroup.py
+        after_step = (lambda s: self.pipeline.step_ended(s.stream, s.records[-1].peak_bytes)) \
+            if self.pipeline is not None else None
         thread = JobThread(state, self.clock, self._ended, record_weights=self.record_weights, on_end=on_end,
-                           stop=self._stop, gate=self._gate, model_dir=self.model_dir)
+                           stop=self._stop, gate=self._gate, model_dir=self.model_dir, after_step=after_step)
         self._threads[state.name] = thread
         # Jobs whose threads the host holds at once (an ended job counts until
         # the run loop joins it): what admission let run together.

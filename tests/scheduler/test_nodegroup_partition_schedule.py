@@ -126,6 +126,20 @@ def _two_ang_four_dng(job_id: int) -> JobProfile:
     return JobProfile(job_id, f"j{job_id}", 2, 2, starts, tuple(map(max, starts, ends)), ends)
 
 
+def test_max_p_caps_the_overlap_and_lowers_the_predicted_peak():
+    """The host's Note [Overlap after measuring] (tensile_tf/runtime/nodegroup.py):
+    until every job has run a paired step, its schedule overlaps nothing
+    beyond the seed's pairing (p = 0)."""
+    a = JobProfile.uniform(1, "a", 4, 4, 10, persistent_bytes=5)
+    b = JobProfile.uniform(2, "b", 4, 4, 10, persistent_bytes=5)
+    loose = schedule_pairs([a, b], mem_limit=1000, split_size=10)
+    capped = schedule_pairs([a, b], mem_limit=1000, split_size=10, max_p=0)
+    capped.validate()
+    assert loose.p == 4 and capped.p == 0 and capped.p_formula == loose.p_formula
+    assert capped.predicted_peak_bytes < loose.predicted_peak_bytes
+    assert schedule_pairs([a, b], mem_limit=1000, split_size=10, max_p=2).p == 2
+
+
 def test_four_jobs_are_staggered_where_the_seeds_packing_piles_up():
     """Note [Staggering N jobs]. Packed at p = 0 (the seed), each job's two
     ANGs follow the previous job's in ``av`` while the DNGs queue in ``dv``

@@ -274,8 +274,9 @@ def stagger_delays(order: Sequence[JobProfile], mem_limit: int) -> list[int]:
 
 
 def schedule_pairs(jobs: Sequence[JobProfile], mem_limit: int, split_size: int, *,
-                   adjust_p: bool = True) -> PairSchedule:
-    """Algorithm 1 (see the module docstring and Note [What the generalisation changes])."""
+                   adjust_p: bool = True, max_p: int | None = None) -> PairSchedule:
+    """Algorithm 1 (see the module docstring and Note [What the generalisation changes]).
+    ``max_p``: at most this much overlap (the host's Note [Overlap after measuring])."""
     if split_size <= 0:
         raise ValueError(f"split_size must be positive, got {split_size}")
     ids = [j.job_id for j in jobs]
@@ -292,6 +293,8 @@ def schedule_pairs(jobs: Sequence[JobProfile], mem_limit: int, split_size: int, 
     p = 0
     if len(order) > 1:
         p = max(0, min(p_formula, order[1].num_ang, first.num_ang))
+        if max_p is not None:
+            p = min(p, max(0, max_p))
     while True:
         av, dv = _compact(*_build_streams(order, p))
         peak = predict_peak(av, dv, order)
