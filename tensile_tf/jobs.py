@@ -188,7 +188,7 @@ class HostBatches:
     DNGs with the next job's ANGs, so a job's step boundary, where it holds
     both batches, meets the other jobs' peaks. Four small CNN jobs in 120 MiB
     (benchmarks/RESULTS.md, Issue 20, thirteenth session): 55 with the
-    prefetch, 61 without, against 65 and 66 alone. ``data.prefetch: true``
+    prefetch against 65 alone, 61 without against 68. ``data.prefetch: true``
     keeps the next batch in the pool for a user whose batches are worth
     holding early.
     """

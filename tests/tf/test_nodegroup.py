@@ -71,6 +71,25 @@ def test_two_jobs_fit_only_when_pipelined():
     assert rt["waits"] > 0 and rt["pair_starts"] > 0 and rt["timeouts"] == 0
 
 
+def test_jobs_overlap_only_after_each_has_run_a_paired_step():
+    """Note [Overlap after measuring]: the first schedule of two jobs pairs
+    them with no overlap (p = 0) even in a roomy pool; once each has run a
+    step paired, they are paired again with their paired steps' peaks, and
+    Algorithm 1 overlaps them as the room allows."""
+    out = last_json_line(run_python(TWO_JOBS.format(pool=1 << 30, pipeline="nodegroup", jobs=2, planner="none")))
+    assert [(n, s, k) for n, s, k, *_ in out["jobs"]] == [("j0", "finished", 4), ("j1", "finished", 4)], out
+    first, *later = out["schedules"]
+    assert first["jobs"] == ["j0", "j1"] and first["overlap_capped"] and first["p"] == 0, first
+    measured = [s for s in later if s["jobs"] == ["j0", "j1"]]
+    assert measured, out["schedules"]
+    repaired = measured[0]
+    assert not repaired["overlap_capped"] and repaired["p"] > 0, repaired
+    assert repaired["version"] == first["version"] + 1       # the re-pairing came before either job ended
+    # each job is now paired with the larger of its probe's and its paired steps' temporary bytes
+    assert all(repaired["temporary_bytes"][j] >= first["temporary_bytes"][j] for j in ("j0", "j1")), out["schedules"]
+    assert out["runtime"]["timeouts"] == 0
+
+
 BIT_IDENTICAL = """
 import dataclasses, json
 import numpy as np
