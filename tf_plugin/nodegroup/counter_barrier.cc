@@ -218,15 +218,9 @@ void NodeGroupPipeline::Boundary(uint64_t waiter_id, JobKey job, int boundary, i
         int& next = old.next_boundary[job];
         if (next != 0) FastForwardLocked(old, job, next, &out, &pair_start);
         next = 0;
-        const int k = old_it->second.pair_of_group[0];
-        const int64_t generation = old.barriers[k].passed[job]++;
-        if (ReadyLocked(old, k, generation)) {
-          if (OpenLocked(old, k, generation)) pair_start = true;
-          parked = EnterLatestLocked(waiter_id, job, num_groups, &done, &out, &pair_start, &now_outcome);
-        } else {
-          ParkLocked(waiter_id, job, current, k, generation, &done, /*hand_over=*/true, num_groups);
-          parked = true;
-        }
+        parked = WaitLocked(waiter_id, job, current, old_it->second.pair_of_group[0], &done, &pair_start,
+                            /*hand_over=*/true, num_groups) ||
+                 EnterLatestLocked(waiter_id, job, num_groups, &done, &out, &pair_start, &now_outcome);
       } else if (boundary == 0 && current != latest_) {
         parked = EnterLatestLocked(waiter_id, job, num_groups, &done, &out, &pair_start, &now_outcome);
       } else {
@@ -281,21 +275,17 @@ bool NodeGroupPipeline::BoundaryInVersionLocked(uint64_t waiter_id, JobKey job, 
     v->barriers[k].arrived[job] += 1;  // the seed's prev_count decrement
     ReleaseReadyLocked(*v, k, out, pair_start, false);
   }
-  if (boundary < num_groups) {
-    const int k = pairs[boundary];
-    const int64_t generation = v->barriers[k].passed[job]++;  // the seed's succ_count decrement
-    if (ReadyLocked(*v, k, generation)) {
-      if (OpenLocked(*v, k, generation)) *pair_start = true;
-    } else {
-      ParkLocked(waiter_id, job, current, k, generation, done, /*hand_over=*/false, num_groups);
-      return true;
-    }
-  }
-  return false;
+  return boundary < num_groups &&
+         WaitLocked(waiter_id, job, current, pairs[boundary], done, pair_start, /*hand_over=*/false, num_groups);
 }
 
-void NodeGroupPipeline::ParkLocked(uint64_t waiter_id, JobKey job, const std::shared_ptr<Version>& version,
-                                   int k, int64_t generation, DoneFn* done, bool hand_over, int num_groups) {
+bool NodeGroupPipeline::WaitLocked(uint64_t waiter_id, JobKey job, const std::shared_ptr<Version>& version,
+                                   int k, DoneFn* done, bool* pair_start, bool hand_over, int num_groups) {
+  const int64_t generation = version->barriers[k].passed[job]++;  // the seed's succ_count decrement
+  if (ReadyLocked(*version, k, generation)) {
+    if (OpenLocked(*version, k, generation)) *pair_start = true;
+    return false;
+  }
   Waiter w;
   w.job = job;
   w.version = version;
@@ -313,6 +303,7 @@ void NodeGroupPipeline::ParkLocked(uint64_t waiter_id, JobKey job, const std::sh
   waiters_.emplace(waiter_id, std::move(w));
   version->barriers[k].waiting.push_back(waiter_id);
   counters_.waits += 1;
+  return true;
 }
 
 void NodeGroupPipeline::RunHandOversLocked(std::vector<Release>* out, bool* pair_start) {

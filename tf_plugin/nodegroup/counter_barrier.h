@@ -243,9 +243,10 @@ class NodeGroupPipeline {
   bool BoundaryInVersionLocked(uint64_t waiter_id, JobKey job, int boundary, int num_groups,
                                const std::shared_ptr<Version>& current, DoneFn* done,
                                std::vector<Release>* out, bool* pair_start, Outcome* outcome);
-  // Parks `done` at barrier k of `version` for `generation`.
-  void ParkLocked(uint64_t waiter_id, JobKey job, const std::shared_ptr<Version>& version, int k,
-                  int64_t generation, DoneFn* done, bool hand_over, int num_groups);
+  // The job's next wait at barrier k of `version` (the seed's succ_count
+  // decrement): opens it if ready, else parks `done` there (true).
+  bool WaitLocked(uint64_t waiter_id, JobKey job, const std::shared_ptr<Version>& version, int k,
+                  DoneFn* done, bool* pair_start, bool hand_over, int num_groups);
   // Moves the hand-over waiters that ReleaseReadyLocked released into the
   // newest version, until none is left.
   void RunHandOversLocked(std::vector<Release>* out, bool* pair_start);
