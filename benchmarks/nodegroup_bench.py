@@ -39,6 +39,15 @@ ninth session). One trial per batch thus puts about +-5% into every ratio,
 the sole denominator included. ``--repeats N`` counts a batch as trainable
 only when all N trials pass.
 
+Note [Checking an edge]. A search is the way to find a row's largest batch,
+but it costs a trial per halving, and at the final commit a row only needs
+to show that its claimed batch still trains and the batch above it still
+does not. ``--check B [B ...]`` runs every repeat at each listed batch (no
+search, no early stop) and prints how many passed; the row reads "B passed
+k of R". A check proves a lower bound (all repeats passed) or, for the sole
+denominator, an upper bound (a repeat failed); it is not a search, so
+RESULTS.md says which one a cell is.
+
     PYTHONPATH=. python benchmarks/nodegroup_bench.py --model transformer --pool 160MiB --jobs 2 4 \\
         [--split 4MiB 16MiB auto] [--repeats 3] [--json out.json]
 """
@@ -154,13 +163,17 @@ def main() -> int:
                          "(Note [Edge batches are races])")
     ap.add_argument("--resolution", type=int, default=16,
                     help="stop the binary search within 1/N of the batch (default 16, 6%%; 0: to one sample)")
+    ap.add_argument("--check", type=int, nargs="+", metavar="BATCH",
+                    help="instead of searching, run every repeat at each of these batches and report how many "
+                         "passed (Note [Checking an edge])")
     ap.add_argument("--json", help="append results (one JSON object per line) here")
     args = ap.parse_args()
     cap = parse_bytes(args.pool)
     trials: list[dict] = []
 
     def search(label, jobs, pool, pipeline, split, planner="none"):
-        def ok(b):
+        def ok(b, stop_at_failure=True):
+            passed = True
             for attempt in range(1, args.repeats + 1):  # Note [Edge batches are races]
                 r = trial(args.model, pool, jobs, b, pipeline, split, args.steps, planner, args.num_batches)
                 trials.append({"label": label, "batch": b, "attempt": attempt, **r})
@@ -171,8 +184,16 @@ def main() -> int:
                 print(f"  {label:<24} batch {b:>5}{tag}: {'ok ' if r['ok'] else 'no '} ({r['seconds']:.0f} s){why}",
                       flush=True)
                 if not r["ok"]:
-                    return False
-            return True
+                    passed = False
+                    if stop_at_failure:
+                        return False
+            return passed
+        if args.check:  # Note [Checking an edge]
+            passing = [b for b in args.check if ok(b, stop_at_failure=False)]
+            for b in args.check:
+                k = sum(1 for t in trials if t["label"] == label and t["batch"] == b and t["ok"])
+                print(f"  {label:<24} batch {b:>5}: passed {k} of {args.repeats}", flush=True)
+            return max(passing, default=0)
         return max_batch(ok, args.start, None, args.resolution)
 
     results = {"model": args.model, "pool": args.pool, "steps": args.steps, "num_batches": args.num_batches,
