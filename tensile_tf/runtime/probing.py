@@ -27,7 +27,7 @@ from tensile_tf.memory import JobStream, host_fallback_scope, pool_stats
 from tensile_tf.runtime.admission import AdmissionControl
 from tensile_tf.runtime.failures import record_failure
 from tensile_tf.runtime.job_thread import RunClock, run_step
-from tensile_tf.runtime.nodegroup import NodeGroupCoordinator
+from tensile_tf.runtime.nodegroup import SPLIT_PROBE_RUNS, NodeGroupCoordinator
 from tensile_tf.runtime.planning import JobPlanning
 from tensile_tf.runtime.records import FINAL_STATUSES, JobState, JobStatus
 from tf_plugin.tf_internals import custom_gradient_names, forget_custom_gradients
@@ -160,9 +160,9 @@ class JobLifecycle:
 
     def _tune_split(self, state: JobState, alongside: Sequence[JobState]) -> None:
         """Note [Split size tuning] in tensile_tf/runtime/nodegroup.py: runs
-        the job's step once alone with each candidate split's barriers
-        (variables restored after each) and keeps the split that peaked
-        lowest. A candidate that fails is left out; a job planned on arrival
+        the job's step SPLIT_PROBE_RUNS times alone with each candidate
+        split's barriers (variables restored after each) and keeps the split
+        whose highest peak was lowest. A candidate that fails is left out; a job planned on arrival
         keeps the split it was planned with, and a job that arrives while
         others train keeps the static rule's: its candidates' steps would
         run unpaired beside theirs."""
@@ -188,10 +188,12 @@ class JobLifecycle:
                     if split not in steps:
                         transform = pipe.graph_transform(state.name, state.stream, split=split)
                         steps[split] = stream.step_function(state.train.step_fn, graph_transform=transform)
-                    before = stream.stats()["current"]
-                    stream.reset_peak()
-                    steps[split](*state.first_batch)
-                    peaks[split] = stream.stats()["peak"] - before
+                    for _ in range(SPLIT_PROBE_RUNS):
+                        before = stream.stats()["current"]
+                        stream.reset_peak()
+                        steps[split](*state.first_batch)
+                        peaks[split] = max(peaks.get(split) or 0, stream.stats()["peak"] - before)
+                        restore()
             except Exception:  # noqa: BLE001 - a candidate that fails is not chosen; the probe tells the rest
                 peaks[split] = None
             finally:

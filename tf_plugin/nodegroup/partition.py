@@ -388,3 +388,23 @@ def auto_split_size(nodes: Sequence[GraphNode], *, live_out: Iterable[str] = (),
         peak = max(peak, current + allocated)
         current += allocated - freed
     return max(minimum, peak // max(1, target_groups // 2))
+
+
+#: Note [Split size tuning] (tensile_tf/runtime/nodegroup.py)
+SPLIT_MIN_GAIN = 0.05   # a split other than the static rule's must peak this much lower
+SPLIT_TIE = 0.01        # candidates this close to the lowest peak peaked alike
+
+
+def tuned_split(static_split: int, measured_peaks: Mapping[int, int]) -> int:
+    """Note [Split size tuning] in tensile_tf/runtime/nodegroup.py: of the
+    candidate splits whose step peaks were measured alone, the smallest
+    within SPLIT_TIE of the lowest peak; the static rule's split unless that
+    one peaked at least SPLIT_MIN_GAIN lower than it."""
+    if not measured_peaks:
+        return static_split
+    lowest = min(measured_peaks.values())
+    best = min(s for s, p in measured_peaks.items() if p <= (1 + SPLIT_TIE) * lowest)
+    static_peak = measured_peaks.get(static_split)
+    if static_peak is not None and not measured_peaks[best] < (1 - SPLIT_MIN_GAIN) * static_peak:
+        return static_split
+    return best
