@@ -126,7 +126,8 @@ PAIRED_PEAK_MARGIN = 0.02
 # jobs of one run took splits of 10 and 20 MiB, and two jobs then trained
 # batch 40 where the static rule's split trained 52 (benchmarks/RESULTS.md,
 # Issue 20, seventh session). So a split other than the static rule's must
-# peak at least SPLIT_MIN_GAIN lower to be chosen. Among the candidates
+# peak at least SPLIT_MIN_GAIN lower to be chosen (``tuned_split`` and its
+# constants are in tf_plugin/nodegroup/partition.py). Among the candidates
 # within SPLIT_TIE of the lowest peak, the smallest split wins: alone they
 # peak alike, but paired a finer split holds its job's peak down. Four small
 # CNN jobs at batch 63 in 120 MiB (hybrid, fourteenth session): three jobs

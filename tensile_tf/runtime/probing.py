@@ -161,11 +161,12 @@ class JobLifecycle:
     def _tune_split(self, state: JobState, alongside: Sequence[JobState]) -> None:
         """Note [Split size tuning] in tensile_tf/runtime/nodegroup.py: runs
         the job's step SPLIT_PROBE_RUNS times alone with each candidate
-        split's barriers (variables restored after each) and keeps the split
-        whose highest peak was lowest. A candidate that fails is left out; a job planned on arrival
-        keeps the split it was planned with, and a job that arrives while
-        others train keeps the static rule's: its candidates' steps would
-        run unpaired beside theirs."""
+        split's barriers (variables restored after each run) and keeps the
+        split whose higher peak was lowest (``tuned_split``). A candidate
+        that fails is left out; a job planned on arrival keeps the split it
+        was planned with, and a job that arrives while others train keeps
+        the static rule's: its candidates' steps would run unpaired beside
+        theirs."""
         pipe = self.pipeline
         if pipe is None or not pipe.tunes_split or state.planned_step is not None:
             return
