@@ -118,8 +118,8 @@ class JobThread:
 
     ``after_step(state)`` runs in the thread after each step (the pipeline
     calibrates the job there); ``on_end(state)`` runs in the thread when the
-    job ends (the pipeline releases its barriers there, at once); then the state goes on ``ended``,
-    where the host's run loop picks it up. Never raises. When ``stop`` is
+    job ends (the pipeline releases its barriers there, at once); then the
+    state goes on ``ended``, where the host's run loop picks it up. Never raises. When ``stop`` is
     set (the run is interrupted) the job ends, ``interrupted``, before its
     next step.
     """

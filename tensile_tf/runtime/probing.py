@@ -189,12 +189,13 @@ class JobLifecycle:
                     if split not in steps:
                         transform = pipe.graph_transform(state.name, state.stream, split=split)
                         steps[split] = stream.step_function(state.train.step_fn, graph_transform=transform)
-                    for _ in range(SPLIT_PROBE_RUNS):
+                    for run in range(SPLIT_PROBE_RUNS):
+                        if run:
+                            restore()   # each run starts from the same variables (the last: in finally)
                         before = stream.stats()["current"]
                         stream.reset_peak()
                         steps[split](*state.first_batch)
                         peaks[split] = max(peaks.get(split) or 0, stream.stats()["peak"] - before)
-                        restore()
             except Exception:  # noqa: BLE001 - a candidate that fails is not chosen; the probe tells the rest
                 peaks[split] = None
             finally:

@@ -223,8 +223,6 @@ def test_a_merge_that_would_close_a_cycle_is_left_apart():
     assert [n for grp in part.groups for n in grp.nodes] == ["a", "b", "c"]
 
 
-MiB_ = 1 << 20
-
 
 def test_tuned_split_takes_the_smallest_of_the_candidates_that_peaked_alike():
     """Note [Split size tuning], the fourteenth session's run: a small CNN
@@ -235,17 +233,17 @@ def test_tuned_split_takes_the_smallest_of_the_candidates_that_peaked_alike():
     peaks = {1559689: 99169280, 6238756: 99169280, 12477512: 99169280, static: 115682304, 49910050: 116339968}
     assert tuned_split(static, peaks) == 1559689
     # within 1% of the lowest is a tie; 2% is not
-    assert tuned_split(static, {1 * MiB_: 101 * MiB_, 4 * MiB_: 100 * MiB_, static: 116 * MiB_}) == 1 * MiB_
-    assert tuned_split(static, {1 * MiB_: 102 * MiB_, 4 * MiB_: 100 * MiB_, static: 116 * MiB_}) == 4 * MiB_
+    assert tuned_split(static, {1 * MiB: 101 * MiB, 4 * MiB: 100 * MiB, static: 116 * MiB}) == 1 * MiB
+    assert tuned_split(static, {1 * MiB: 102 * MiB, 4 * MiB: 100 * MiB, static: 116 * MiB}) == 4 * MiB
 
 
 def test_tuned_split_keeps_the_static_rule_unless_another_split_peaks_5_percent_lower():
     """Note [Split size tuning]: on the Transformer every candidate peaked
     within noise of the others; the static rule's split stays then, even
     when a smaller one is in the tie."""
-    static = 8 * MiB_
-    assert tuned_split(static, {MiB_: 40 * MiB_, 4 * MiB_: 40 * MiB_, static: 40 * MiB_ + 1}) == static
-    assert tuned_split(static, {MiB_: 39 * MiB_, static: 40 * MiB_}) == static          # 2.5% lower
-    assert tuned_split(static, {MiB_: 37 * MiB_, static: 40 * MiB_}) == MiB_            # 7.5% lower
-    assert tuned_split(static, {MiB_: 37 * MiB_}) == MiB_      # the static candidate failed
+    static = 8 * MiB
+    assert tuned_split(static, {MiB: 40 * MiB, 4 * MiB: 40 * MiB, static: 40 * MiB + 1}) == static
+    assert tuned_split(static, {MiB: 39 * MiB, static: 40 * MiB}) == static          # 2.5% lower
+    assert tuned_split(static, {MiB: 37 * MiB, static: 40 * MiB}) == MiB            # 7.5% lower
+    assert tuned_split(static, {MiB: 37 * MiB}) == MiB      # the static candidate failed
     assert tuned_split(static, {}) == static                   # every candidate failed
