@@ -21,8 +21,10 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import statistics
 import tempfile
 import threading
+import time
 from collections import defaultdict
 from typing import Any, Callable, Sequence
 
@@ -274,30 +276,39 @@ _PROFILER = threading.Lock()
 
 
 def measure_op_latencies(step_fn: Callable, args: Sequence, *, graph: JobGraph | None = None,
-                         repeats: int = 3, warmup: int = 1) -> LatencyTable:
+                         repeats: int = 3, warmup: int = 1, run_fn: Callable | None = None) -> LatencyTable:
     """Per-op seconds (mean over ``repeats`` profiled steps) as a LatencyTable.
 
     Op names are the graph's node names; ops fused or removed by Grappler are not
     in the profile and fall back to their op type's median (see LatencyTable).
+    With ``graph``, the table is put on the profiled steps' median wall time
+    (Note [Latency time base] in tensile_tf/scheduler/latency.py).
+    ``run_fn``: the function profiled instead of ``step_fn`` (a rewrite of it
+    that updates the same variables); ``step_fn``'s variables are restored.
     """
     cf = step_fn.get_concrete_function(*args)
     restore = snapshot_variables(cf.graph)
+    run_fn = run_fn or step_fn
     logdir = tempfile.mkdtemp(prefix="tensile_profile_")
     try:
         for _ in range(warmup):
-            step_fn(*args)
+            run_fn(*args)
         with _PROFILER:   # one profiler per process (a running job may be sampling its latencies)
             tf.profiler.experimental.start(logdir)
+            walls = []
             try:
                 for _ in range(repeats):
-                    step_fn(*args)
+                    t0 = time.perf_counter()
+                    run_fn(*args)
+                    walls.append(time.perf_counter() - t0)
             finally:
                 tf.profiler.experimental.stop()
             xs = _load_xspace(logdir)
     finally:
         shutil.rmtree(logdir, ignore_errors=True)
         restore()
-    return _latencies_from_xspace(xs, graph, repeats)
+    table = _latencies_from_xspace(xs, graph, repeats)
+    return table.on_wall_time(graph, statistics.median(walls)) if graph is not None else table
 
 
 def _latencies_from_xspace(xs, graph: JobGraph | None, repeats: int) -> LatencyTable:
@@ -343,10 +354,13 @@ def profiled_step(step_fn: Callable, args: Sequence, graph: JobGraph) -> tuple[A
     try:
         tf.profiler.experimental.start(logdir)
         try:
+            t0 = time.perf_counter()
             out = step_fn(*args)
+            wall_s = time.perf_counter() - t0
         finally:
             tf.profiler.experimental.stop()
-        table = _latencies_from_xspace(_load_xspace(logdir), graph, 1)
+        # Note [Latency time base] in tensile_tf/scheduler/latency.py
+        table = _latencies_from_xspace(_load_xspace(logdir), graph, 1).on_wall_time(graph, wall_s)
     finally:
         shutil.rmtree(logdir, ignore_errors=True)
         _PROFILER.release()

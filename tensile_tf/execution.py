@@ -77,6 +77,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
+import tensorflow as tf
+
 import tf_plugin
 from tensile_tf.memory import traced_op_matches
 from tensile_tf.capture import capture_job_graph, measure_op_latencies, snapshot_variables
@@ -86,6 +88,7 @@ from tensile_tf.scheduler.concurrency import observed_concurrency_bytes
 from tensile_tf.scheduler.planner import plan_in_step_order
 from tensile_tf.scheduler.latency_predictor import cold_start_latency
 from tensile_tf.scheduler.job_graph import HELD_BESIDE_STEP, JobGraph, TensorInfo
+from tensile_tf.scheduler.plan import JobPlan
 
 
 def _size_matches(a: int, b: int) -> bool:
@@ -374,20 +377,44 @@ class CapturedJob:
     cold: bool = False           # captured without running the step (capture_cold)
 
 
-def capture_for_planning(job: JobToPlan, *, latency_repeats: int = 3, with_temp: bool = True) -> CapturedJob:
+def capture_for_planning(job: JobToPlan, *, latency_repeats: int = 3, with_temp: bool = True,
+                         step_order: str = "plan") -> CapturedJob:
     """Runs the job's step a few times (variables restored afterwards, also
     when a step fails) to capture its graph, scratch bytes and op latencies.
+    ``step_order``: how the planned step will run its ops (the planner's
+    ``step_order``, or "auto"); the latencies are measured on a step that runs
+    them that way (Note [Latency time base] in tensile_tf/scheduler/latency.py).
     Errors name the job."""
     try:
         graph = capture_job_graph(job.name, job.step_fn, job.example_args, optimizer=job.optimizer)
         graph = executor_order(graph, job.step_fn, job.example_args)
         if with_temp:
             apply_step_memory(graph, measure_step_memory(job.step_fn, job.example_args, graph))
-        lat = measure_op_latencies(job.step_fn, job.example_args, graph=graph, repeats=latency_repeats)
+        lat = None
+        if step_order != "free":
+            lat = measure_plan_order_latencies(job, graph, repeats=latency_repeats)
+        if lat is None:
+            lat = measure_op_latencies(job.step_fn, job.example_args, graph=graph, repeats=latency_repeats)
     except Exception as e:  # noqa: BLE001 - name the job
         raise RuntimeError(f"job '{job.name}': could not capture or profile its train step: {e}") from e
     job = replace(job, example_args=batch_specs(job.example_args))   # Note [Example batch]
     return CapturedJob(job, graph, PlannerJob(graph, lat, job.start_offset_s, job.max_swapping_rate))
+
+
+def measure_plan_order_latencies(job: JobToPlan, graph: JobGraph, *, repeats: int = 3):
+    """The op latencies of the job's step with its ops chained in plan order
+    (an empty plan's rewrite, Note [Plan order] in tensile_tf/rewrite.py), as
+    a planned step runs them (Note [Latency time base] in
+    tensile_tf/scheduler/latency.py); the variables are restored. None when
+    the chained step does not fit the pool (it can peak above the free one on
+    a branchy graph): the caller measures the step as it runs free."""
+    chained = apply_plan(job.step_fn, job.example_args, JobPlan(job.name, step_order="plan"), graph,
+                         check_lateness=False, enforce_order=True)
+    try:
+        table = measure_op_latencies(job.step_fn, job.example_args, graph=graph, repeats=repeats, run_fn=chained.fn)
+    except tf.errors.ResourceExhaustedError:
+        return None
+    return replace(table, source=f"{table.source}, plan order")
 
 
 def capture_cold(job: JobToPlan) -> CapturedJob:

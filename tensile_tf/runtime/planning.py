@@ -126,7 +126,7 @@ class JobPlanning:
         out_of_memory = False
         try:
             with state.job_stream.eager_scope():
-                state.captured = capture_for_planning(job)
+                state.captured = capture_for_planning(job, step_order=self.settings.plan_order.value)
         except Exception as e:  # noqa: BLE001 - the job still runs, unplanned
             out_of_memory = isinstance(e.__cause__, tf.errors.ResourceExhaustedError)
             state.plan_error = summarize_error(e)

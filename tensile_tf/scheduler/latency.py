@@ -7,6 +7,31 @@ step does not fit the pool, so it cannot be profiled) the planner uses
 ``ColdStartLatency``: the seed predicts cold-start latencies with an MLP over
 op features (§IV-A); this is the simplest model of that kind, one that needs
 no training data: each op streams its tensors at a fixed rate.
+
+Note [Latency time base]
+The planner lays a step's ops end to end (a Tensor Access Sequence's times)
+and places every transfer by those seconds: the channel's transfers are
+planned against them, and a swap-in starts its trigger op's end plus delta t
+seconds. So the table must add up to the time the planned step takes.
+tf.profiler times each op from its start to its end on the executor's
+threads; on two cores the executor runs two ops side by side and each takes
+longer than alone, so one free-running step's op times add up to far more
+than the step took: Transformer 64x128, batch 48, 193 ms of op time in
+steps of 90-108 ms. Planned on those, the 3x batch's swap-ins came late
+(230 of 420 in 10 steps) and its step took 195 ms against 110 unplanned.
+Two corrections, both measured, not modelled:
+* A table is put on its step's wall time (``LatencyTable.on_wall_time``):
+  scaled down so that its ops add up to the profiled steps' median wall
+  time, where they add up to more.
+* A step planned in plan order (Note [Plan order] in tensile_tf/rewrite.py)
+  runs its ops one after another, slower than free (130 ms on that row) and
+  faster than the op times' sum. Its latencies are measured on the step
+  chained in plan order (``execution.measure_plan_order_latencies``: an
+  empty plan's rewrite, profiled): ops that run alone, adding up to the
+  chained step's time (135-140 ms there). Free-order plans keep the free
+  step's table on its wall time.
+A running job's profiled steps (Note [Latency drift]) are put on their wall
+time too; a planned job's profiled step runs its plan, in its order.
 """
 from __future__ import annotations
 
@@ -80,6 +105,20 @@ class LatencyTable:
         """§IV-E: |s' - s| / s over the summed op latencies; re-plan above a threshold."""
         s, s2 = self.total_s(graph), other.total_s(graph)
         return abs(s2 - s) / s if s > 0 else float("inf")
+
+    def on_wall_time(self, graph: JobGraph, wall_s: float) -> "LatencyTable":
+        """Note [Latency time base]: the table scaled down so that the step's
+        ops add up to ``wall_s``, the step's measured wall time, where they add
+        up to more (ops that ran side by side on the executor's threads). A
+        table that adds up to no more than the wall time is returned as it is."""
+        if not wall_s > 0:
+            raise ValueError(f"a step's wall time must be > 0 s, got {wall_s!r}")
+        total = self.total_s(graph)
+        if total <= wall_s:
+            return self
+        k = wall_s / total
+        return LatencyTable({n: s * k for n, s in self.seconds.items()}, {t: s * k for t, s in self.by_type.items()},
+                            self.default_s * k, f"{self.source}, x{k:.2f} to the step's wall time")
 
     def to_json(self) -> str:
         return json.dumps({"seconds": self.seconds, "by_type": self.by_type,

@@ -165,7 +165,7 @@ if args.planned:
         # in the job's scope, as the runtime captures (tensile_tf/runtime/planning.py): the variables the
         # capture restores stay the job's, so Note [Data held beside the step] sees what the job holds
         with j["stream"].eager_scope():
-            captured.append(capture_cold(job) if args.cold else capture_for_planning(job))
+            captured.append(capture_cold(job) if args.cold else capture_for_planning(job, step_order=args.step_order))
     budget = None
     if args.budget_frac:  # of the predicted vanilla pool peak (a plan with no events)
         vanilla = Planner([c.planner_job for c in captured], max_iterations=0,
