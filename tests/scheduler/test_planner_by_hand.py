@@ -154,6 +154,25 @@ def test_latency_table_falls_back_by_op_type_and_updates_by_ewma():
         LatencyTable.from_measurements({"bad": -1.0})
 
 
+def test_a_table_is_put_on_its_steps_wall_time():
+    """Note [Latency time base]: ops that ran side by side add up to more than
+    the step took; the table is scaled so that the planner's step lasts the
+    measured wall time, and a table that adds up to less is left as it is."""
+    g = fig1_graph()
+    types = {o.name: o.op_type for o in g.ops} | {"f1": "X", "b1": "X"}
+    t = LatencyTable.from_measurements({o.name: 1.0 for o in g.ops} | {"f1": 2.0, "b1": 4.0}, types)
+    total = t.total_s(g)
+    half = t.on_wall_time(g, total / 2)
+    assert half.total_s(g) == pytest.approx(total / 2)
+    assert half.seconds["f1"] == pytest.approx(1.0) and half.seconds["b1"] == pytest.approx(2.0)
+    assert half.by_type["X"] == pytest.approx(t.by_type["X"] / 2) and half.default_s == pytest.approx(t.default_s / 2)
+    assert "x0.50 to the step's wall time" in half.source
+    assert TensorAccessSequence(g, half).period_s == pytest.approx(total / 2)
+    assert t.on_wall_time(g, total * 2) is t
+    with pytest.raises(ValueError, match="wall time must be > 0"):
+        t.on_wall_time(g, 0.0)
+
+
 def test_graph_validation_names_the_problem():
     b = GraphBuilder("bad").tensor("x", 1, "input")
     b.op("f", inputs=["x"], outputs={"y": 1})

@@ -89,6 +89,23 @@ def test_measured_latencies_cover_the_graph_and_do_not_train(mlp_job):
     assert 0 < TensorAccessSequence(g, lat).period_s < 1.0
 
 
+@pytest.mark.parametrize("order", ["plan", "free"])
+def test_latencies_are_measured_on_the_step_as_its_plan_runs_it_and_do_not_train(mlp_job, order):
+    """Note [Latency time base]: a plan-order capture profiles the step chained
+    in plan order (an empty plan's rewrite, every op measured by its graph
+    name), a free-order capture the step as it runs free; neither trains."""
+    model, opt, step, args = mlp_job
+    before = [v.numpy().copy() for v in model.weights + list(opt.variables)]
+    c = capture_for_planning(JobToPlan("mlp", step, args, optimizer=opt), latency_repeats=2, step_order=order)
+    after = [v.numpy() for v in model.weights + list(opt.variables)]
+    assert all(np.array_equal(a, b) for a, b in zip(before, after)), "measuring must not change the weights"
+    lat = c.planner_job.latencies
+    assert ("plan order" in lat.source) == (order == "plan"), lat.source
+    assert lat.covered(c.graph) > 0.6
+    assert all(s >= 0 for s in lat.seconds.values())
+    assert 0 < TensorAccessSequence(c.graph, lat).period_s < 1.0
+
+
 def test_capture_and_plan_end_to_end_on_two_mlp_jobs(mlp_job):
     model, opt, step, args = mlp_job
     probe = Planner([PlannerJob(capture_job_graph("p", step, args, optimizer=opt),
