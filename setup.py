@@ -60,6 +60,7 @@ plugin = Pybind11Extension(
         "tf_plugin/allocator/event_trace.h",
         "tf_plugin/allocator/device_pool.h",
         "tf_plugin/nodegroup/counter_barrier.h",
+        "tf_plugin/swap/host_copy.h",
         "tf_plugin/swap/host_store.h",
         "tf_plugin/swap/swap_channel.h",
     ],

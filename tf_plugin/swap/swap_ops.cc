@@ -58,6 +58,7 @@
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tf_plugin/allocator/device_pool.h"
+#include "tf_plugin/swap/host_copy.h"
 #include "tf_plugin/swap/host_store.h"
 #include "tf_plugin/swap/swap_channel.h"
 #include "tsl/profiler/lib/scoped_memory_debug_annotation.h"
@@ -261,7 +262,7 @@ class SwapOutOp : public TransferKernel {
         in = Tensor();
         return 0;
       }
-      if (bytes > 0) std::memcpy(e->data.get(), in.tensor_data().data(), bytes);
+      if (bytes > 0) CopyToHost(e->data.get(), in.tensor_data().data(), bytes);  // Note [Swap-outs bypass the cache]
       e->dtype = static_cast<int>(in.dtype());
       for (int d = 0; d < in.dims(); ++d) e->shape.push_back(in.dim_size(d));
       e->refs = refs;
@@ -402,7 +403,7 @@ class VarSwapOutOp : public TransferKernel {
             if (e == nullptr) {
               *status = absl::ResourceExhaustedError(error);
             } else {
-              if (bytes > 0) std::memcpy(e->data.get(), cur->tensor_data().data(), bytes);
+              if (bytes > 0) CopyToHost(e->data.get(), cur->tensor_data().data(), bytes);
               e->dtype = static_cast<int>(cur->dtype());
               for (int d = 0; d < cur->dims(); ++d) e->shape.push_back(cur->dim_size(d));
               e->stream = stream;
