@@ -53,6 +53,18 @@ runs the whole row group R times, each repeat with its own vanilla run, and
 then prints per method the median MSR, EOR and CBR and, against each other
 method, in how many repeats its CBR was at least the other's: a method is
 compared only with runs made beside it, on the same vanilla.
+
+Note [Paired vanilla steps]. A time ratio divides the planned step's median by
+the unplanned one's, and the two came from separate processes run a minute
+apart: on the 2-core VM the same unplanned Transformer step (batch 48) took a
+median 110-117 ms in two runs and 84-89 ms in three runs a quarter of an hour later,
+so one plan's ratio read 1.5 to 1.9 depending on when its reference ran.
+``--largest-batch --paired`` builds the planned job's unplanned twin in the
+same process (same seed: same weights and batches) and steps it right after
+each planned step (``plan_execution_reference.py --paired-vanilla``): the
+ratio is of steps that ran side by side in time, and bit for bit compares
+the two jobs of that process. The peaks are each job's pool peak less what
+the other job holds meanwhile.
 """
 from __future__ import annotations
 
@@ -78,7 +90,7 @@ TENSILE_VARIANTS = {"tensile-swap": "plan", "tensile-free": "free", "tensile-aut
 
 
 def run_method(strategy: str, model: str, shape: str, k: int, steps: int, *, budget_frac: float,
-               bandwidth: float, batch: int, budget_bytes: int = 0) -> dict:
+               bandwidth: float, batch: int, budget_bytes: int = 0, paired_vanilla: bool = False) -> dict:
     """One configuration under one method (module docstring), in its own process."""
     if strategy in GRAPPLER or strategy == "recompute-grad":
         return run(model, shape, k, steps, planned=False, budget_frac=0, bandwidth=0, batch=batch,
@@ -87,7 +99,7 @@ def run_method(strategy: str, model: str, shape: str, k: int, steps: int, *, bud
     return run(model, shape, k, steps, planned=True, budget_frac=budget_frac, bandwidth=bandwidth,
                strategy="tensile" if strategy in TENSILE_VARIANTS else strategy, batch=batch,
                budget_bytes=budget_bytes, no_recompute=strategy == "tensile-swap",
-               step_order=TENSILE_VARIANTS.get(strategy, "plan"))
+               step_order=TENSILE_VARIANTS.get(strategy, "plan"), paired_vanilla=paired_vanilla)
 
 
 def largest_batch(a, cap: float) -> list[dict]:
@@ -104,19 +116,24 @@ def largest_batch(a, cap: float) -> list[dict]:
                 if bw and (strategy in GRAPPLER or strategy == "recompute-grad"):
                     continue
                 best = {"any": a.batch, "eor_1.5": a.batch}
+                paired = a.paired and k == 1 and strategy not in GRAPPLER and strategy != "recompute-grad"
                 for f in factors:
                     b = int(round(a.batch * f))
-                    if b not in vanilla_at:
-                        vanilla_at[b] = run(model, shape, k, a.steps, planned=False, budget_frac=0, bandwidth=0, batch=b)
-                    van = vanilla_at[b]
                     got = run_method(strategy, model, shape, k, a.steps, budget_frac=0, bandwidth=bw, batch=b,
-                                     budget_bytes=int(pool * a.pool_margin))
+                                     budget_bytes=int(pool * a.pool_margin), paired_vanilla=paired)
+                    if paired:   # Note [Paired vanilla steps]: the reference ran beside the plan
+                        van = got.get("paired_vanilla") or {"error": got.get("error", "no paired vanilla run")}
+                    else:
+                        if b not in vanilla_at:
+                            vanilla_at[b] = run(model, shape, k, a.steps, planned=False, budget_frac=0, bandwidth=0,
+                                                batch=b)
+                        van = vanilla_at[b]
                     if "error" in got or "error" in van:
                         print(f"{name} x{k} {link} {strategy} batch {b}: failed: {(got.get('error') or van.get('error'))[-300:]}",
                               flush=True)
                         break
                     row = {"model": name, "jobs": k, "link": link, "strategy": strategy, "batch": b,
-                           "pool_MiB": pool / 2**20, **compare(van, got)}
+                           "pool_MiB": pool / 2**20, "paired": paired, **compare(van, got)}
                     row["fits"] = max(got["peaks"][1:]) <= pool
                     floor = (got.get("plan") or {}).get("working_set_floor")
                     row["working_set_floor_MiB"] = floor / 2**20 if floor else None
@@ -160,6 +177,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1,
                     help="run each row group this many times and print medians and paired wins (Note [Paired repeats])")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--paired", action="store_true",
+                    help="--largest-batch, one job: the time ratio and bit for bit from the plan's unplanned twin, "
+                         "stepped right after each planned step in the same process (Note [Paired vanilla steps])")
     a = ap.parse_args()
     cap = capped_link(a.cap_mib_s)
     if a.largest_batch:

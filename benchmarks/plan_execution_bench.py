@@ -76,7 +76,7 @@ def capped_link(cap_mib_s: float | None) -> float:
 def run(model: str, shape: str, jobs: int, steps: int, *, planned: bool, budget_frac: float,
         bandwidth: float, strategy: str = "tensile", batch: int = 16, grappler_memory: str = "",
         recompute_segments: int = -1, budget_bytes: int = 0, no_recompute: bool = False,
-        step_order: str = "plan") -> dict:
+        step_order: str = "plan", paired_vanilla: bool = False) -> dict:
     cmd = [sys.executable, REFERENCE, "--model", model, "--input-shape", shape, "--batch", str(batch),
            "--steps", str(steps), "--jobs", str(jobs), "--recompute-segments", str(recompute_segments)]
     if grappler_memory:
@@ -86,6 +86,8 @@ def run(model: str, shape: str, jobs: int, steps: int, *, planned: bool, budget_
                 "--strategy", strategy, "--budget-bytes", str(budget_bytes), "--step-order", step_order]
         if no_recompute:
             cmd.append("--no-recompute")
+        if paired_vanilla:
+            cmd.append("--paired-vanilla")
     env = dict(os.environ, PYTHONPATH=ROOT, TENSILE_POOL_BYTES="8GiB", TF_CPP_MIN_LOG_LEVEL="2")
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]

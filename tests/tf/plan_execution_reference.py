@@ -52,7 +52,14 @@ parser.add_argument("--step-order", default="plan", choices=("plan", "free", "au
                     help="run planned steps chained in plan order, or free on the executor's threads, or free when "
                          "that plan meets the budget "
                          "(Note [Free-order plans] in tensile_tf.scheduler.peak_analysis)")
+parser.add_argument("--paired-vanilla", action="store_true",
+                    help="with --planned and one job: also build the job's unplanned twin (same seed: same weights and "
+                         "batches) and run its step right after each planned step, in this process; its steps' times, "
+                         "peaks, losses and weights are in the output's 'paired_vanilla' (Note [Paired vanilla steps] "
+                         "in benchmarks/baseline_suite.py)")
 args = parser.parse_args()
+if args.paired_vanilla and not (args.planned and args.jobs == 1):
+    parser.error("--paired-vanilla needs --planned and --jobs 1")
 
 import tensile_tf  # noqa: E402  (first: its defaults, oneDNN's graph rewrites off, must precede TensorFlow)
 import tensorflow as tf  # noqa: E402
@@ -232,6 +239,8 @@ else:
     for j in jobs:
         j["run"] = j["step"]
 
+twin = build("vanilla", 0) if args.paired_vanilla else None   # job0's twin: seed 0 as job0
+twin_times, twin_peaks = [], []
 swap.reset_swap_stats()
 if args.trace_json:
     swap.set_swap_log_capacity(1 << 16)
@@ -243,6 +252,8 @@ for i in range(args.steps):
     if args.trace_json and i == 0:
         pool.clear_trace()
         pool.set_trace_enabled(True)
+    # the twin's tensors sit in the pool while job0 steps: its held bytes are not job0's peak
+    twin_held = twin["stream"].stats().get("current", 0) if twin else 0
     pool.reset_peak()
     for j in jobs:
         j["stream"].reset_peak()
@@ -259,23 +270,35 @@ for i in range(args.steps):
         [t.start() for t in threads]
         [t.join() for t in threads]
     times.append(time.perf_counter() - t0)
-    peaks.append(pool.stats()["peak"])
+    peaks.append(pool.stats()["peak"] - twin_held)
     for j in jobs:
         job_peaks[j["name"]].append(j["stream"].stats()["peak"])
+    if twin:   # right after, so the machine's drift meets both (Note [Paired vanilla steps])
+        planned_held = pool.stats()["current"] - twin_held
+        pool.reset_peak()
+        t0 = time.perf_counter()
+        with twin["stream"].eager_scope():
+            twin.setdefault("losses", []).append(twin["step"](*twin["batches"][i % 3]))
+        twin_times.append(time.perf_counter() - t0)
+        twin_peaks.append(pool.stats()["peak"] - planned_held)
 if args.trace_json:
     with open(args.trace_json, "w") as f:
         json.dump({"streams": {j["name"]: j["stream"].stream for j in jobs}, "events": pool.trace(),
                    "transfers": swap.swap_channel_log(), "step_starts_ns": step_starts}, f)
+def trained(j) -> dict:
+    weights = j["model"].weights + list(j["opt"].variables)
+    return {"losses": [np.asarray(x.numpy()).tobytes().hex() for x in j["losses"]],
+            "loss_values": [float(np.mean(x.numpy())) for x in j["losses"]],
+            "weights_sha256": hashlib.sha256(b"".join(np.asarray(v.numpy()).tobytes() for v in weights)).hexdigest()}
+
+
 for j in jobs:
     if j["run"] is not j["step"]:
         with j["stream"].eager_scope():
             j["run"].restore()
-    weights = j["model"].weights + list(j["opt"].variables)
-    digest = hashlib.sha256(b"".join(np.asarray(v.numpy()).tobytes() for v in weights)).hexdigest()
-    rec = out["jobs"].setdefault(j["name"], {})
-    rec["losses"] = [np.asarray(x.numpy()).tobytes().hex() for x in j["losses"]]
-    rec["loss_values"] = [float(np.mean(x.numpy())) for x in j["losses"]]
-    rec["weights_sha256"] = digest
+    out["jobs"].setdefault(j["name"], {}).update(trained(j))
+if twin:   # shaped as an unplanned run's output, its job named as job0
+    out["paired_vanilla"] = {"jobs": {jobs[0]["name"]: trained(twin)}, "step_s": twin_times, "peaks": twin_peaks}
 out["step_graph_ops"] = len(jobs[0]["step"].get_concrete_function(*jobs[0]["batches"][0]).graph.get_operations())
 out["peaks"] = peaks
 out["job_peaks"] = job_peaks

@@ -61,6 +61,23 @@ def test_measured_peak_drops_below_vanilla(runs):
     assert steady_planned < min(vanilla["peaks"]), (name, vanilla["peaks"], planned["peaks"])
 
 
+def test_a_paired_vanilla_twin_trains_what_the_unplanned_run_trains():
+    """Note [Paired vanilla steps] in benchmarks/baseline_suite.py: the twin
+    stepped beside the planned job is the unplanned run, in the same process."""
+    common = [*MODELS["mlp"], "--steps", "3"]
+    vanilla = _run(common)
+    paired = _run([*common, "--planned", "--budget-frac", "0.6", "--paired-vanilla"])
+    twin, planned, alone = paired["paired_vanilla"]["jobs"]["job0"], paired["jobs"]["job0"], vanilla["jobs"]["job0"]
+    assert twin["losses"] == alone["losses"] == planned["losses"]
+    assert twin["weights_sha256"] == alone["weights_sha256"] == planned["weights_sha256"]
+    assert len(paired["paired_vanilla"]["step_s"]) == len(paired["step_s"]) == 3
+    # each job's peak is its own: the twin's is the unplanned run's, above the plan's
+    twin_peak, alone_peak = max(paired["paired_vanilla"]["peaks"][1:]), max(vanilla["peaks"][1:])
+    assert abs(twin_peak - alone_peak) <= 0.05 * alone_peak, (paired["paired_vanilla"]["peaks"], vanilla["peaks"])
+    assert max(paired["peaks"][1:]) < min(paired["paired_vanilla"]["peaks"]), (paired["peaks"],
+                                                                             paired["paired_vanilla"]["peaks"])
+
+
 def test_mlp_peak_matches_prediction():
     # A planned step peaks as predicted when the swap channel's thread keeps up
     # with the plan; when other work on the machine holds that thread back, a
