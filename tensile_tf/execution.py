@@ -383,7 +383,8 @@ def capture_for_planning(job: JobToPlan, *, latency_repeats: int = 3, with_temp:
     when a step fails) to capture its graph, scratch bytes and op latencies.
     ``step_order``: how the planned step will run its ops (the planner's
     ``step_order``, or "auto"); the latencies are measured on a step that runs
-    them that way (Note [Latency time base] in tensile_tf/scheduler/latency.py).
+    them that way, "auto" in plan order, where it falls back to (Note [Latency
+    time base] in tensile_tf/scheduler/latency.py).
     Errors name the job."""
     try:
         graph = capture_job_graph(job.name, job.step_fn, job.example_args, optimizer=job.optimizer)
