@@ -285,6 +285,8 @@ if args.trace_json:
     with open(args.trace_json, "w") as f:
         json.dump({"streams": {j["name"]: j["stream"].stream for j in jobs}, "events": pool.trace(),
                    "transfers": swap.swap_channel_log(), "step_starts_ns": step_starts}, f)
+
+
 def trained(j) -> dict:
     weights = j["model"].weights + list(j["opt"].variables)
     return {"losses": [np.asarray(x.numpy()).tobytes().hex() for x in j["losses"]],
