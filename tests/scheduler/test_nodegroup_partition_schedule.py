@@ -223,7 +223,6 @@ def test_a_merge_that_would_close_a_cycle_is_left_apart():
     assert [n for grp in part.groups for n in grp.nodes] == ["a", "b", "c"]
 
 
-
 def test_tuned_split_takes_the_smallest_of_the_candidates_that_peaked_alike():
     """Note [Split size tuning], the fourteenth session's run: a small CNN
     job's 1.5, 6 and 12 MiB candidates all peaked at 99.17 MiB alone and the
