@@ -415,7 +415,7 @@ def measure_plan_order_latencies(job: JobToPlan, graph: JobGraph, *, repeats: in
         table = measure_op_latencies(job.step_fn, job.example_args, graph=graph, repeats=repeats, run_fn=chained.fn)
     except tf.errors.ResourceExhaustedError:
         return None
-    return replace(table, source=f"{table.source}, plan order")
+    return replace(table, source=f"{table.source}, plan order", step_order="plan")
 
 
 def capture_cold(job: JobToPlan) -> CapturedJob:

@@ -366,6 +366,7 @@ class DriftCheck:
     profiled_step_s: float        # the profiled step's wall time
     median_step_s: float | None   # the job's median step before it
     replan_requested: bool
+    step_order_changed: bool = False   # the table was of the step run in another order: replaced, no re-plan
 
 
 @dataclass

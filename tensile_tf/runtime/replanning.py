@@ -48,6 +48,17 @@ on predicted latencies (seed 000 §IV-A); its first check replaces the
 prediction with the measured table, and the change rate against the
 prediction decides its re-plan: predicted at cold start, corrected while
 running.
+A table is compared only with a table of a step that ran its ops the same
+way (``LatencyTable.step_order``). A plan-order plan is made on the step
+chained in plan order (Note [Latency time base] in
+tensile_tf/scheduler/latency.py), but a job whose plan leaves its step as it
+is runs its own step, free: the Transformer's chained step takes 1.3x the
+free one, so its first check read that as drift and asked for a re-plan
+nobody needed. Where the profiled step ran in another order than the job's
+table, its measurement replaces the table (EWMA starts again from it) and
+becomes the baseline, without a re-plan; the check is recorded with
+``step_order_changed``. A later plan that chains the step is again first
+measured that way.
 
 Note [Joint re-plan on arrival]
 A job that arrives (``arrive_at_s``, or a search driver's next trial) and
@@ -86,7 +97,7 @@ import math
 import statistics
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 from tensile_tf.runtime.failures import summarize_error
@@ -224,22 +235,34 @@ class LatencyMonitor:
             return
         job = state.captured.planner_job
         graph = state.captured.graph
+        measured = replace(measured, step_order=self.step_order())
         # A cold-started job's latencies are a model's predictions, not a
-        # table: its first measurement replaces them (Note [Latency drift]).
+        # table: its first measurement replaces them, as it replaces a table
+        # of the step run in another order (Note [Latency drift]).
+        reordered = isinstance(job.latencies, LatencyTable) and job.latencies.step_order != measured.step_order
         corrected = (job.latencies.ewma_update(measured.seconds, EWMA_ALPHA)
-                     if isinstance(job.latencies, LatencyTable) else measured)
+                     if isinstance(job.latencies, LatencyTable) and not reordered else measured)
         job.latencies = corrected
         before = sum(self.baseline.latency_s(op) for op in graph.ops)
         after = corrected.total_s(graph)
         rate = abs(after - before) / before if before > 0 else math.inf
-        drifted = rate > self.threshold
-        self.checks.append(DriftCheck(state.name, state.steps_done, self.now(), rate, step_s, median, drifted))
+        drifted = rate > self.threshold and not reordered
+        self.checks.append(DriftCheck(state.name, state.steps_done, self.now(), rate, step_s, median, drifted,
+                                      step_order_changed=reordered))
+        if reordered:
+            self.baseline = corrected
         if drifted:
             self.request(state.name, f"latency drift of {state.name} ({rate:+.0%} vs its plan)")
         extra = max(0.0, step_s - (median or step_s))
         self.spent_s += extra
         self.expected_extra_s = extra
         self.next_step = state.steps_done + MIN_CHECK_INTERVAL
+
+    def step_order(self) -> str:
+        """How the job's step runs its ops now: "plan" where its plan
+        replaced the step with one chained in plan order, else "free"."""
+        plan = self.state.plan
+        return "plan" if plan is not None and plan.changes_step and plan.step_order == "plan" else "free"
 
     def replanned(self) -> None:
         self.baseline = self.state.captured.planner_job.latencies

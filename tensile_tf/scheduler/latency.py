@@ -64,6 +64,10 @@ class LatencyTable:
     by_type: dict[str, float] = field(default_factory=dict)   # op_type -> median seconds
     default_s: float = 1e-6
     source: str = "measured"
+    # How the measured step ran its ops: "free" on the executor's threads, or
+    # "plan" chained in plan order (Note [Latency time base]; a running job's
+    # check compares tables of the same order, Note [Latency drift]).
+    step_order: str = "free"
 
     def latency_s(self, op: OpNode) -> float:
         s = self.seconds.get(op.name)
@@ -99,7 +103,7 @@ class LatencyTable:
         new = dict(self.seconds)
         for name, s in measured.items():
             new[name] = s if name not in new else (1 - alpha) * new[name] + alpha * s
-        return LatencyTable(new, dict(self.by_type), self.default_s, self.source)
+        return LatencyTable(new, dict(self.by_type), self.default_s, self.source, self.step_order)
 
     def change_rate(self, other: "LatencyTable", graph: JobGraph) -> float:
         """§IV-E: |s' - s| / s over the summed op latencies; re-plan above a threshold."""
@@ -118,16 +122,17 @@ class LatencyTable:
             return self
         k = wall_s / total
         return LatencyTable({n: s * k for n, s in self.seconds.items()}, {t: s * k for t, s in self.by_type.items()},
-                            self.default_s * k, f"{self.source}, x{k:.2f} to the step's wall time")
+                            self.default_s * k, f"{self.source}, x{k:.2f} to the step's wall time", self.step_order)
 
     def to_json(self) -> str:
         return json.dumps({"seconds": self.seconds, "by_type": self.by_type,
-                           "default_s": self.default_s, "source": self.source})
+                           "default_s": self.default_s, "source": self.source, "step_order": self.step_order})
 
     @classmethod
     def from_json(cls, text: str) -> "LatencyTable":
         d = json.loads(text)
-        return cls(d["seconds"], d.get("by_type", {}), d.get("default_s", 1e-6), d.get("source", "measured"))
+        return cls(d["seconds"], d.get("by_type", {}), d.get("default_s", 1e-6), d.get("source", "measured"),
+                   d.get("step_order", "free"))
 
 
 # Op types whose time is dominated by arithmetic rather than by moving their tensors.

@@ -1,5 +1,6 @@
 """Plans for small graphs, checked against answers worked out by hand (see graphs.py)."""
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -171,6 +172,12 @@ def test_a_table_is_put_on_its_steps_wall_time():
     assert t.on_wall_time(g, total * 2) is t
     with pytest.raises(ValueError, match="wall time must be > 0"):
         t.on_wall_time(g, 0.0)
+    # the order the measured step ran its ops in stays with the table (Note [Latency drift])
+    chained = replace(t, step_order="plan")
+    assert chained.on_wall_time(g, total / 2).step_order == "plan"
+    assert chained.ewma_update({"f1": 3.0}).step_order == "plan"
+    assert LatencyTable.from_json(chained.to_json()) == chained
+    assert LatencyTable.from_json(t.to_json()).step_order == "free"
 
 
 def test_graph_validation_names_the_problem():

@@ -101,6 +101,7 @@ def test_latencies_are_measured_on_the_step_as_its_plan_runs_it_and_do_not_train
     assert all(np.array_equal(a, b) for a, b in zip(before, after)), "measuring must not change the weights"
     lat = c.planner_job.latencies
     assert ("plan order" in lat.source) == (order == "plan"), lat.source
+    assert lat.step_order == order   # what a running job's drift checks compare by (Note [Latency drift])
     assert lat.covered(c.graph) > 0.6
     assert all(s >= 0 for s in lat.seconds.values())
     assert 0 < TensorAccessSequence(c.graph, lat).period_s < 1.0
