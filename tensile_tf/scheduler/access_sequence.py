@@ -46,6 +46,12 @@ def recompute_step_name(op: str, target: str) -> str:
     return f"{op}@recompute[{target}]"
 
 
+def parse_recompute_step_name(name: str) -> tuple[str, str] | None:
+    """(op, target) of a step named by ``recompute_step_name``; None for a graph op."""
+    op, sep, rest = name.partition("@recompute[")
+    return (op, rest[:-1]) if sep and rest.endswith("]") else None
+
+
 class TensorAccessSequence:
     """The Tensor Access Sequence of one job, stored as flat arrays for speed.
 

@@ -232,3 +232,74 @@ def test_optimizer_updates_run_as_their_gradients_exist_not_after_all_of_them():
         v.assign(value)
     assert [step(*args).numpy().tobytes() for _ in range(2)] == losses
     assert all(np.array_equal(v.numpy(), a) for v, a in zip(model.weights + list(opt.variables), after))
+
+
+def test_a_tensor_swapped_in_for_a_recomputation_leaves_the_device_across_its_gap():
+    """Note [Swap-ins for recomputation]: b = sin(a) is recomputed before its
+    late use, so its clone reads a there; the plan swaps a out after its
+    forward use and back in for that recompute step. The rewrite carries the
+    swap out (it skipped it before), the gate reads the swap-in, a's buffer
+    leaves the pool in the gap, and the step computes what it computed."""
+    import tf_plugin
+    from tf_plugin import swap
+
+    from tensile_tf.scheduler.access_sequence import recompute_step_name
+
+    @tf.function(jit_compile=False, autograph=False)
+    def step(x):
+        a = tf.tanh(x)                    # 4 MiB, read by sin only
+        b = tf.sin(a)                     # dropped after its early use, recomputed for the late one
+        early = tf.reduce_sum(b)
+        d = tf.cos(tf.exp(x))             # the peak: x, exp's 4 MiB and cos's 4 MiB (and a, unless swapped)
+        middle = tf.reduce_sum(d)
+        return early + middle + tf.reduce_max(b)
+
+    x = tf.constant(np.linspace(-1, 1, 1 << 20, dtype=np.float32).reshape(1024, 1024))
+    graph = capture_job_graph("regrown", step, (x,))
+    names = [o.name for o in graph.ops]
+    by_type = {o.op_type: o.name for o in graph.ops}
+    sin, cos, late = by_type["Sin"], by_type["Cos"], by_type["Max"]
+    early = next(c for c in graph.tensors[f"{sin}:0"].consumers if c != late)
+    middle = next(c for c in graph.tensors[f"{cos}:0"].consumers)
+    a, size = f"{by_type['Tanh']}:0", 1 << 22
+    recompute_b = RecomputeEvent("regrown", f"{sin}:0", release_after_op=early, before_op=late,
+                                 trigger_op=names[names.index(late) - 1], ops=[sin], size_bytes=size, time_s=0.0,
+                                 msps=0.0)
+    swap_a = dict(swap_outs=[SwapEvent("regrown", a, "swap_out", sin, 0.0, 0.0, 0.0, size, release_after_op=sin)],
+                  swap_ins=[SwapEvent("regrown", a, "swap_in", middle, 0.0, 0.0, 0.0, size,
+                                      serves_op=recompute_step_name(sin, f"{sin}:0"))])
+    assert names.index(early) < names.index(cos) < names.index(middle) < names.index(late)
+    pool = tf_plugin.device_pool()   # its event trace is on by default (capture reads it): left on
+    pool.set_trace_enabled(True)
+    freed_before = {}
+    for name, plan in {"recompute": JobPlan("regrown", recomputes=[recompute_b]),
+                       "recompute and swap": JobPlan("regrown", recomputes=[recompute_b], **swap_a)}.items():
+        planned = apply_plan(step, (x,), plan, graph)
+        assert not planned.report.skipped, planned.report.skipped
+        planned(x)   # traces
+        swap.drain_swap_channel()
+        swap.reset_swap_stats()
+        pool.clear_trace()
+        out = planned(x).numpy()
+        swap.drain_swap_channel()
+        trace = pool.trace()
+        assert out.tobytes() == step(x).numpy().tobytes(), name
+        # when a's buffer is freed: before the exp op allocates (the gap), or after
+        a_at = next(e["offset"] for e in trace if e["kind"] == "alloc" and e["op"].endswith(by_type["Tanh"]))
+        a_freed = next(k for k, e in enumerate(trace) if e["kind"] == "free" and e["offset"] == a_at)
+        freed_before[name] = {
+            "exp": a_freed < next(k for k, e in enumerate(trace) if e["kind"] == "alloc" and e["op"].endswith(by_type["Exp"])),
+            "swap-in": a_freed < next((k for k, e in enumerate(trace) if e["kind"] == "alloc" and "swap_in" in e["op"]),
+                                      len(trace))}
+        moved = swap.swap_stats()["channel"]
+        if "swap" in name:
+            assert planned.report.activation_swap_ins == 1 and planned.report.recomputes == 1
+            assert (moved["swap_outs"], moved["swap_ins"], moved["bytes_in"]) == (1, 1, size), moved
+            gate = next(n for n in planned.graph_def.node if n.op == "TensileRecomputeGate")
+            data = [i for i in gate.input if not i.startswith("^")]
+            assert len(data) == 1 and data[0].startswith("tensile/swap_in_"), gate.input
+    # Without the swap, the gate holds a across the gap; with it, a's buffer is
+    # freed once copied out, before the swap-in allocates its copy (the
+    # swap-in reads the swap-out's handle; the exp op may come first or not).
+    assert not freed_before["recompute"]["exp"], freed_before
+    assert freed_before["recompute and swap"]["swap-in"], freed_before
