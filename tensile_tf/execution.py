@@ -59,6 +59,29 @@ tensor, ``HELD_BESIDE_STEP``: an input (held all step, never swapped, Algorithm
 count it, and a plan refers to nothing of it (``JobGraph.fingerprint`` skips
 it).
 
+Note [Memory of the step as planned]
+The buffers an op allocates depend on the graph TensorFlow runs, and
+Grappler rewrites the free-running step and the step chained in plan order
+(Note [Plan order] in tensile_tf/rewrite.py) differently: its remapper fuses
+a convolution with its bias add (one buffer, allocated by the fused op under
+the BiasAdd's name) where no control edge is in the way, and the chain puts
+control edges on both. So in the free step's trace ResNet50's convolutions
+allocate nothing and their outputs read as views of a same-sized input (Note
+[Views] in tensile_tf/scheduler/job_graph.py): no bytes of their own. The
+chained step allocates each convolution's output and writes the bias add
+into it. The planner, taking a convolution's output for free, recomputed the
+bias add from it and counted its megabyte off; the planned step kept both
+(ResNet50 64x64, batch 16, half its peak on the 110 MiB/s link: planned
+356.2 MiB, measured 394.1, about 1 MiB more per convolution). So a
+plan-order capture (``capture_for_planning`` with ``step_order`` "plan" or
+"auto") reads scratch, forwarded bytes and views from the chained step's
+trace (an empty plan's rewrite, whose op names carry the rewrite's prefix),
+as it measures its latencies there (Note [Latency time base] in
+tensile_tf/scheduler/latency.py); the free step still gives what the
+executor's threads hold beside each op (Note [Concurrent scratch]) and what
+the job holds between steps. Where the chained step runs out of memory, the
+free step's trace stands.
+
 Note [Example batch]
 Capture and tracing need an example of the step's arguments. The batch a
 job's probe ran is one more batch in the pool, beside the batch each step
@@ -82,7 +105,7 @@ import tensorflow as tf
 import tf_plugin
 from tensile_tf.memory import traced_op_matches
 from tensile_tf.capture import capture_job_graph, measure_op_latencies, snapshot_variables
-from tensile_tf.rewrite import PlannedStep, apply_plan, bypassed_identity_n
+from tensile_tf.rewrite import REWRITE_PREFIX, PlannedStep, apply_plan, bypassed_identity_n
 from tensile_tf.scheduler import DEFAULT_BANDWIDTH_BYTES_PER_S, Plan, Planner, PlannerJob
 from tensile_tf.scheduler.concurrency import observed_concurrency_bytes
 from tensile_tf.scheduler.planner import plan_in_step_order
@@ -115,27 +138,33 @@ MIN_TRACED_STEPS = 2
 TRACED_SECONDS = 2.0
 
 
-def measure_step_memory(step_fn, args: Sequence, graph: JobGraph, *, steps: int = TRACED_STEPS) -> StepMemory:
+def measure_step_memory(step_fn, args: Sequence, graph: JobGraph, *, steps: int = TRACED_STEPS,
+                        run_fn=None, op_name_prefix: str = "") -> StepMemory:
     """Each op's scratch and forwarded bytes, the tensors that are views,
     and what each traced step held at each op's allocations, from the pool's
-    trace of up to ``steps`` steps. The variables are restored afterwards."""
+    trace of up to ``steps`` steps. The variables are restored afterwards.
+    ``run_fn``: the function traced instead of ``step_fn`` (a rewrite of it
+    that updates the same variables, whose op names carry ``op_name_prefix``;
+    Note [Memory of the step as planned])."""
     pool = tf_plugin.device_pool()
     restore = snapshot_variables(step_fn.get_concrete_function(*args).graph)
+    run_fn = run_fn or step_fn
     traces = []
     between: list[dict[int, int]] = []   # per traced step: stream -> its bytes once the step ended
     try:
-        step_fn(*args)   # untraced: a function's first run also allocates what later runs reuse
+        run_fn(*args)   # untraced: a function's first run also allocates what later runs reuse
         began = time.perf_counter()
         while len(traces) < max(1, steps):
             pool.clear_trace()
-            step_fn(*args)
+            run_fn(*args)
             traces.append(pool.trace())
             between.append({j["stream"]: j["current"] for j in pool.stats()["jobs"].values()})
             if len(traces) >= MIN_TRACED_STEPS and time.perf_counter() - began > TRACED_SECONDS:
                 break
     finally:
         restore()  # also when a step fails (out of memory)
-    ops_of = _ops_of_traced_names(graph, {ev["op"] for tr in traces for ev in tr if ev["kind"] == "alloc"})
+    ops_of = _ops_of_traced_names(graph, {ev["op"] for tr in traces for ev in tr if ev["kind"] == "alloc"},
+                                  op_name_prefix)
     scratch, forwarded, views = _buffers(traces[0], graph, ops_of)
     stream = _job_stream(traces[0], ops_of)
     # the default stream holds whatever the process made outside jobs: only a job's own stream tells
@@ -152,16 +181,17 @@ def _job_stream(trace: list[dict], ops_of: dict[str, list]) -> int | None:
     return max(set(streams), key=streams.count) if streams else None
 
 
-def _ops_of_traced_names(graph: JobGraph, names) -> dict[str, list]:
+def _ops_of_traced_names(graph: JobGraph, names, prefix: str = "") -> dict[str, list]:
     """Traced op name -> the graph's ops it stands for (Note [Truncated op
-    names]: a long name may stand for several)."""
-    by_name = {o.name: o for o in graph.ops}
+    names]: a long name may stand for several). ``prefix``: what a rewrite's
+    import put before every op name."""
+    by_name = {prefix + o.name: o for o in graph.ops}
     ops_of: dict[str, list] = {}
     for name in names:
         if name in by_name:
             ops_of[name] = [by_name[name]]
         elif "~" in name:
-            ops_of[name] = [o for o in graph.ops if traced_op_matches(name, o.name)]
+            ops_of[name] = [o for o in graph.ops if traced_op_matches(name, prefix + o.name)]
     return ops_of
 
 
@@ -214,16 +244,17 @@ def _buffers(trace: list[dict], graph: JobGraph, ops_of: dict[str, list]
         ops = ops_of.get(name)
         if not ops:
             continue
+        if len(ops) > 1:
+            _scratch_of_namesakes(entries, ops, graph, scratch)
+            continue
         outputs = [(t, graph.tensors[t].size_bytes) for o in ops for t in o.outputs]
         for size, was_freed in sorted(entries, key=lambda a: -a[0]):
             match = next((i for i, (_, b) in enumerate(outputs) if _size_matches(size, b)), None)
             if match is not None:
                 outputs.pop(match)   # one of the op's outputs, counted as a tensor already
             elif was_freed:
-                for o in ops:        # a truncated name's buffers are shared out among its ops (rare)
-                    scratch[o.name] = scratch.get(o.name, 0) + size // len(ops)
-        if len(ops) == 1:
-            unallocated[ops[0].name] = [t for t, _ in outputs]
+                scratch[ops[0].name] = scratch.get(ops[0].name, 0) + size
+        unallocated[ops[0].name] = [t for t, _ in outputs]
     # An op that allocated nothing never shows up in the trace: all its outputs are unallocated.
     traced = {o.name for name in allocs for o in ops_of.get(name, ())}
     for op in graph.ops:
@@ -240,8 +271,13 @@ def _buffers(trace: list[dict], graph: JobGraph, ops_of: dict[str, list]
         candidates = list(dict.fromkeys(op.inputs))
         for t in outs:
             size = graph.tensors[t].size_bytes
-            donor = next((d for d in candidates if size > 0 and _size_matches(graph.tensors[d].size_bytes, size)),
-                         None)
+            fits = [d for d in candidates if size > 0 and _size_matches(graph.tensors[d].size_bytes, size)]
+            # an input this op reads last before one read later: TensorFlow
+            # forwards only into a buffer nothing else will read (ResNet50's
+            # residual Add writes into its batch norm's output, not into the
+            # shortcut, which the backward pass reads again)
+            donor = next((d for d in fits if last_use.get(d) == op.name and not graph.tensors[d].persistent),
+                         fits[0] if fits else None)
             if donor is None:
                 continue
             candidates.remove(donor)
@@ -250,6 +286,31 @@ def _buffers(trace: list[dict], graph: JobGraph, ops_of: dict[str, list]
             else:
                 views[t] = views.get(donor, donor)
     return scratch, forwarded, views
+
+
+def _scratch_of_namesakes(entries: list[list], ops: list, graph: JobGraph, scratch: dict[str, int]) -> None:
+    """Scratch bytes of ops that one truncated traced name stands for (Note
+    [Truncated op names]: ResNet50's sixteen ".../_2_conv_1/convolution/
+    Conv2DBackpropFilter" ops, whose im2col buffers run from 2 to 22.5 MiB).
+    ``entries``: the name's allocations in trace order, ``[bytes, freed]``;
+    ``ops``: in plan order, the order they run in. An allocation of the size
+    of an output of one of them not seen yet is that op's output, and that op
+    (the first such one; the ones before it made no allocation of their own)
+    runs from then on; an allocation freed within the step that is no output
+    is the scratch of the op that runs. Sharing the bytes out evenly, as
+    before, put 1.4 MiB of scratch on each and missed ResNet50's peak at
+    half its size by the largest one's 21 MiB."""
+    pending = [[graph.tensors[t].size_bytes for t in o.outputs] for o in ops]
+    first, running = 0, None
+    for size, was_freed in entries:
+        hit = next((k for k in range(first, len(ops)) if any(_size_matches(size, b) for b in pending[k])), None)
+        if hit is not None:
+            outs = pending[hit]
+            outs.pop(next(i for i, b in enumerate(outs) if _size_matches(size, b)))
+            first, running = hit if outs else hit + 1, ops[hit]
+        elif was_freed:
+            for o in ([running] if running is not None else ops):
+                scratch[o.name] = scratch.get(o.name, 0) + (size if running is not None else size // len(ops))
 
 
 def apply_step_memory(graph: JobGraph, memory: StepMemory) -> None:
@@ -389,11 +450,15 @@ def capture_for_planning(job: JobToPlan, *, latency_repeats: int = 3, with_temp:
     try:
         graph = capture_job_graph(job.name, job.step_fn, job.example_args, optimizer=job.optimizer)
         graph = executor_order(graph, job.step_fn, job.example_args)
+        chained = chained_step(job, graph) if step_order != "free" else None
         if with_temp:
-            apply_step_memory(graph, measure_step_memory(job.step_fn, job.example_args, graph))
+            memory = measure_step_memory(job.step_fn, job.example_args, graph)
+            if chained is not None:   # Note [Memory of the step as planned]
+                memory = _as_planned(memory, job, graph, chained)
+            apply_step_memory(graph, memory)
         lat = None
-        if step_order != "free":
-            lat = measure_plan_order_latencies(job, graph, repeats=latency_repeats)
+        if chained is not None:
+            lat = measure_plan_order_latencies(job, graph, repeats=latency_repeats, chained=chained)
         if lat is None:
             lat = measure_op_latencies(job.step_fn, job.example_args, graph=graph, repeats=latency_repeats)
     except Exception as e:  # noqa: BLE001 - name the job
@@ -402,15 +467,35 @@ def capture_for_planning(job: JobToPlan, *, latency_repeats: int = 3, with_temp:
     return CapturedJob(job, graph, PlannerJob(graph, lat, job.start_offset_s, job.max_swapping_rate))
 
 
-def measure_plan_order_latencies(job: JobToPlan, graph: JobGraph, *, repeats: int = 3):
+def chained_step(job: JobToPlan, graph: JobGraph) -> PlannedStep:
+    """The job's step with its ops chained in plan order and no events (an
+    empty plan's rewrite, Note [Plan order] in tensile_tf/rewrite.py)."""
+    return apply_plan(job.step_fn, job.example_args, JobPlan(job.name, step_order="plan"), graph,
+                      check_lateness=False, enforce_order=True)
+
+
+def _as_planned(free: StepMemory, job: JobToPlan, graph: JobGraph, chained: PlannedStep) -> StepMemory:
+    """Note [Memory of the step as planned]: scratch, forwarded bytes and
+    views from the chained step's trace; what the executor's threads hold
+    and what the job holds between steps from the free step's. The free
+    step's trace stands where the chained step does not fit the pool."""
+    try:
+        as_planned = measure_step_memory(job.step_fn, job.example_args, graph, steps=MIN_TRACED_STEPS,
+                                         run_fn=chained.fn, op_name_prefix=REWRITE_PREFIX + "/")
+    except tf.errors.ResourceExhaustedError:
+        return free
+    return replace(free, scratch=as_planned.scratch, forwarded=as_planned.forwarded, views=as_planned.views)
+
+
+def measure_plan_order_latencies(job: JobToPlan, graph: JobGraph, *, repeats: int = 3,
+                                 chained: PlannedStep | None = None):
     """The op latencies of the job's step with its ops chained in plan order
-    (an empty plan's rewrite, Note [Plan order] in tensile_tf/rewrite.py), as
-    a planned step runs them (Note [Latency time base] in
-    tensile_tf/scheduler/latency.py); the variables are restored. None when
-    the chained step does not fit the pool (it can peak above the free one on
-    a branchy graph): the caller measures the step as it runs free."""
-    chained = apply_plan(job.step_fn, job.example_args, JobPlan(job.name, step_order="plan"), graph,
-                         check_lateness=False, enforce_order=True)
+    (``chained``, else ``chained_step``), as a planned step runs them (Note
+    [Latency time base] in tensile_tf/scheduler/latency.py); the variables
+    are restored. None when the chained step does not fit the pool (it can
+    peak above the free one on a branchy graph): the caller measures the step
+    as it runs free."""
+    chained = chained or chained_step(job, graph)
     try:
         table = measure_op_latencies(job.step_fn, job.example_args, graph=graph, repeats=repeats, run_fn=chained.fn)
     except tf.errors.ResourceExhaustedError:

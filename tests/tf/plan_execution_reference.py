@@ -274,6 +274,7 @@ for i in range(args.steps):
     for j in jobs:
         job_peaks[j["name"]].append(j["stream"].stats()["peak"])
     if twin:   # right after, so the machine's drift meets both (Note [Paired vanilla steps])
+        swap.drain_swap_channel()   # transfers still in flight would move the planned job's bytes under the twin's step
         planned_held = pool.stats()["current"] - twin_held
         pool.reset_peak()
         t0 = time.perf_counter()
