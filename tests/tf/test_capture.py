@@ -149,3 +149,83 @@ def test_step_memory_finds_outputs_written_into_a_dying_inputs_buffer():
     tas = TensorAccessSequence(graph, UniformLatency())
     k = tas.step_index[relu.name]
     assert tas.temp[k] == -256 * 256 * 4
+
+
+def test_an_add_writes_into_the_input_it_reads_last_not_into_one_read_later():
+    # Note [Buffer forwarding]: r = relu(h) + h2, where h is read again later
+    # (as ResNet50's shortcut is, by the backward pass) and h2 only here: the
+    # Add's output lives in h2's buffer, forwarded; it is no view of h.
+    @tf.function
+    def step(x):
+        h = tf.nn.relu(tf.matmul(x, x))
+        h2 = tf.matmul(h, x)
+        r = h + h2
+        return tf.reduce_sum(tf.matmul(r, h))
+
+    x = tf.random.normal([256, 256])
+    graph = executor_order(capture_job_graph("residual", step, (x,)), step, (x,))
+    memory = measure_step_memory(step, (x,), graph)
+    add = next(o for o in graph.ops if o.op_type in ("AddV2", "Add"))
+    assert memory.forwarded.get(add.name) == 256 * 256 * 4, memory.forwarded
+    assert add.outputs[0] not in memory.views, memory.views
+
+
+def test_the_scratch_of_ops_one_truncated_name_stands_for_goes_to_the_op_that_ran():
+    # Note [Truncated op names]: two ops whose traced names are cut to the
+    # same head~tail; each allocates its output, then scratch it frees. The
+    # scratch is each op's own, not the two shared out evenly.
+    from tensile_tf.execution import _buffers
+    from tensile_tf.memory import traced_op_matches
+    from tensile_tf.scheduler import GraphBuilder
+
+    traced = "gradient_tap~_2_conv_1/convolution/Conv2DBackpropFilter"   # as the pool's trace cuts both
+    a = "gradient_tape/resnet50_1/conv2_block1_2_conv_1/convolution/Conv2DBackpropFilter"
+    b = "gradient_tape/resnet50_1/conv3_block1_2_conv_1/convolution/Conv2DBackpropFilter"
+    graph = (GraphBuilder("namesakes").tensor("in", 4096, "input")
+             .op(a, inputs=["in"], outputs={"ga": 4096}).op("between", inputs=["in"], outputs={"m": 8192})
+             .op(b, inputs=["in", "m"], outputs={"gb": 1024}).build())
+    trace, offset = [], 0
+    for op, size, freed in ((a, 4096, False), (a, 900_000, True), ("between", 8192, False),
+                            (b, 1024, False), (b, 20_000, True)):
+        name = traced if op != "between" else op
+        trace.append({"kind": "alloc", "op": name, "bytes": size, "offset": offset, "stream": 1})
+        if freed:
+            trace.append({"kind": "free", "op": "", "bytes": size, "offset": offset, "stream": 1})
+        offset += size
+    ops = {o.name: o for o in graph.ops}
+    assert traced_op_matches(traced, a) and traced_op_matches(traced, b)
+    scratch, forwarded, views = _buffers(trace, graph, {traced: [ops[a], ops[b]], "between": [ops["between"]]})
+    assert scratch == {a: 900_000, b: 20_000}, scratch
+
+
+def test_a_plan_order_capture_reads_buffers_from_the_step_chained_in_plan_order():
+    # Note [Memory of the step as planned]: in the free step Grappler fuses
+    # each convolution with its bias add (the fused op allocates under the
+    # BiasAdd's name), so a convolution's output reads as a view of its
+    # same-sized input; the chained step allocates it. A plan-order capture
+    # reads the chained step, a free-order one the free step.
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((16, 16, 8)), keras.layers.Conv2D(8, 3, padding="same", activation="relu"),
+                              keras.layers.Conv2D(8, 3, padding="same"), keras.layers.GlobalAveragePooling2D(),
+                              keras.layers.Dense(4)])
+    opt = keras.optimizers.Adam(1e-3)
+    lossf = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function(jit_compile=False)
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = lossf(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    args = (tf.random.normal([8, 16, 16, 8]), tf.zeros([8], tf.int32))
+    step(*args)
+    views = {}
+    for order in ("free", "plan"):
+        c = capture_for_planning(JobToPlan("conv", step, args, optimizer=opt), latency_repeats=1, step_order=order)
+        convs = [o.outputs[0] for o in c.graph.ops if o.op_type == "Conv2D"]
+        assert len(convs) == 2
+        views[order] = [c.graph.tensors[t].view_of for t in convs]
+    assert all(views["free"]), views    # Grappler's fused op: the convolution allocated nothing of its own
+    assert not any(views["plan"]), views
