@@ -303,3 +303,65 @@ def test_a_tensor_swapped_in_for_a_recomputation_leaves_the_device_across_its_ga
     # swap-in reads the swap-out's handle; the exp op may come first or not).
     assert not freed_before["recompute"]["exp"], freed_before
     assert freed_before["recompute and swap"]["swap-in"], freed_before
+
+
+def test_a_variable_swapped_in_for_a_recomputation_is_read_again_by_its_gate():
+    """Note [Swap-ins for recomputation], for a variable: h = x @ w is
+    recomputed before its late use, and the plan swaps w out after the
+    forward MatMul and back in for that recompute step. The gate reads w
+    through a fresh read after the swap-in (a read made before the gap would
+    pin the old buffer), the old buffer is freed before the swap-in allocates
+    the new one, and the step computes what it computed."""
+    import tf_plugin
+    from tf_plugin import swap
+
+    from tensile_tf.scheduler.access_sequence import recompute_step_name
+
+    rng = np.random.default_rng(0)
+    w = tf.Variable(tf.constant(rng.standard_normal((1024, 1024)).astype(np.float32)) * 0.05, name="w_regrown")
+
+    @tf.function(jit_compile=False, autograph=False)
+    def step(x):
+        h = tf.matmul(x, w)
+        early = tf.reduce_sum(h)
+        middle = tf.reduce_sum(tf.cos(tf.exp(x)))
+        return early + middle + tf.reduce_max(h)
+
+    x = tf.constant(rng.standard_normal((1024, 1024)).astype(np.float32))
+    graph = capture_job_graph("regrown_w", step, (x,))
+    names = [o.name for o in graph.ops]
+    by_type = {o.op_type: o.name for o in graph.ops}
+    matmul, late = by_type["MatMul"], by_type["Max"]
+    early = next(c for c in graph.tensors[f"{matmul}:0"].consumers if c != late)
+    middle = names[names.index(late) - 2]
+    key, size = "var:" + w.name.split(":")[0], 1 << 22
+    assert matmul in graph.tensors[key].consumers
+    recompute_h = RecomputeEvent("regrown_w", f"{matmul}:0", release_after_op=early, before_op=late,
+                                 trigger_op=names[names.index(late) - 1], ops=[matmul], size_bytes=size, time_s=0.0,
+                                 msps=0.0)
+    plan = JobPlan("regrown_w", recomputes=[recompute_h],
+                   swap_outs=[SwapEvent("regrown_w", key, "swap_out", matmul, 0.0, 0.0, 0.0, size,
+                                        release_after_op=matmul)],
+                   swap_ins=[SwapEvent("regrown_w", key, "swap_in", middle, 0.0, 0.0, 0.0, size,
+                                       serves_op=recompute_step_name(matmul, f"{matmul}:0"))])
+    planned = apply_plan(step, (x,), plan, graph)
+    assert not planned.report.skipped, planned.report.skipped
+    assert planned.report.variable_swap_ins == 1 and planned.report.recomputes == 1, planned.report
+    gate = next(n for n in planned.graph_def.node if n.op == "TensileRecomputeGate")
+    data = [i for i in gate.input if not i.startswith("^")]
+    again = {n.name for n in planned.graph_def.node if n.op == "ReadVariableOp" and "var_read_again" in n.name}
+    assert any(i.split(":")[0] in again for i in data), (gate.input, again)
+
+    pool = tf_plugin.device_pool()   # its event trace is on by default (capture reads it): left on
+    pool.set_trace_enabled(True)
+    planned(x)
+    swap.drain_swap_channel()
+    pool.clear_trace()
+    out = planned(x).numpy()
+    swap.drain_swap_channel()
+    trace = pool.trace()
+    # the buffer w held before the step is freed before the swap-in allocates w again
+    swap_in = next(k for k, ev in enumerate(trace) if ev["kind"] == "alloc" and "var_swap_in" in ev["op"])
+    made = {ev["offset"] for ev in trace[:swap_in] if ev["kind"] == "alloc"}
+    assert any(ev["kind"] == "free" and ev["offset"] not in made and ev["bytes"] >= size for ev in trace[:swap_in])
+    assert out.tobytes() == step(x).numpy().tobytes()
