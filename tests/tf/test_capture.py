@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from tensile_tf.capture import capture_job_graph, measure_op_latencies
 from tensile_tf.execution import JobToPlan, capture_for_planning, executor_order, measure_step_memory
+from tensile_tf.jobs import supervised_train_step
 from tensile_tf.reports import format_plan_summary
 from tensile_tf.scheduler import Plan, Planner, PlannerJob, TensorAccessSequence, UniformLatency
 
@@ -209,16 +210,8 @@ def test_a_plan_order_capture_reads_buffers_from_the_step_chained_in_plan_order(
                               keras.layers.Conv2D(8, 3, padding="same"), keras.layers.GlobalAveragePooling2D(),
                               keras.layers.Dense(4)])
     opt = keras.optimizers.Adam(1e-3)
-    lossf = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    @tf.function(jit_compile=False)
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = lossf(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
+    step = tf.function(supervised_train_step(model, opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True)),
+                       jit_compile=False)
     args = (tf.random.normal([8, 16, 16, 8]), tf.zeros([8], tf.int32))
     step(*args)
     views = {}
