@@ -174,9 +174,9 @@ def main() -> None:
     ap.add_argument("--batch-factors", default="1.5,2,3,4,6,8")
     ap.add_argument("--pool-margin", type=float, default=0.85,
                     help="--largest-batch: plan for this fraction of the fixed pool (0.85: below the 0.90 a run "
-                         "plans a job for, 1 - POOL_HEADROOM in tensile_tf/runtime/admission.py, as the Transformer's "
-                         "measured peaks sit up to 9%% above their predictions; at 0.90 its 3x rows peaked at 19.8 MiB in "
-                         "a 20.3 MiB pool and swapped no fewer bytes, benchmarks/RESULTS.md)")
+                         "plans a job for, 1 - POOL_HEADROOM in tensile_tf/runtime/admission.py; at 0.90 the "
+                         "Transformer's 3x rows peaked at 19.8 MiB in a 20.3 MiB pool and swapped no fewer bytes, "
+                         "benchmarks/RESULTS.md)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="run each row group this many times and print medians and paired wins (Note [Paired repeats])")
     ap.add_argument("--json", default=None)

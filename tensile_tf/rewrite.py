@@ -458,7 +458,8 @@ class _Rewriter:
         if parsed is None:
             return None
         op, target = parsed
-        found = sorted((r for r in self.plan.recomputes if r.target == target and op in r.ops and r.before_op in self.pos),
+        found = sorted((r for r in self.plan.recomputes
+                        if r.target == target and op in r.ops and r.before_op in self.pos),
                        key=lambda r: self.pos[r.before_op])
         after = self.pos.get(ev.trigger_op, -1)
         return next((r for r in found if self.pos[r.before_op] > after), found[-1] if found else None)
@@ -516,8 +517,11 @@ class _Rewriter:
     def _group_gaps(self, tensor: str, outs: list[SwapEvent], ins: list[SwapEvent]):
         """Pairs each swap-in with the swap-out whose host copy it reads
         (Note [Host copies serve several gaps])."""
-        ins = sorted(ins, key=lambda e: (self._served_position(e) if self._served_position(e) is not None else -1)
-                     + e.iteration_shift * len(self.pos))
+        def at(e: SwapEvent) -> int:
+            q = self._served_position(e)
+            return (q if q is not None else -1) + e.iteration_shift * len(self.pos)
+
+        ins = sorted(ins, key=at)
         outs = sorted(outs, key=self._out_position)
         groups: list[tuple[SwapEvent | None, list[SwapEvent]]] = []
         for ev in ins:
@@ -572,7 +576,8 @@ class _Rewriter:
                 self._anchor(ev.trigger_op, si)
                 rec = self._recompute_served(ev)
                 if rec is not None:
-                    self.swap_in_for_recompute[(_tname(*self.edit.canonical(node, idx)), rec.target, rec.before_op)] = si
+                    read_as = _tname(*self.edit.canonical(node, idx))
+                    self.swap_in_for_recompute[(read_as, rec.target, rec.before_op)] = si
                 for p, cname, k in edges:
                     if bounds[j] <= p < bounds[j + 1]:
                         self.edit.set_input(cname, k, _tname(si, 0))

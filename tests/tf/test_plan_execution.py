@@ -71,9 +71,12 @@ def test_a_paired_vanilla_twin_trains_what_the_unplanned_run_trains():
     assert twin["losses"] == alone["losses"] == planned["losses"]
     assert twin["weights_sha256"] == alone["weights_sha256"] == planned["weights_sha256"]
     assert len(paired["paired_vanilla"]["step_s"]) == len(paired["step_s"]) == 3
-    # each job's peak is its own: the twin's is the unplanned run's, above the plan's
+    # each job's peak is its own: the twin's is the unplanned run's (not it plus the planned job's bytes,
+    # 60-70% of it more), above the plan's. A free-running step's peak moves with how the executor's two
+    # threads interleave (Note [Concurrent scratch] in tensile_tf/execution.py): seen 7% apart (one
+    # 0.4 MB layer) between the two processes' steps with both cores loaded.
     twin_peak, alone_peak = max(paired["paired_vanilla"]["peaks"][1:]), max(vanilla["peaks"][1:])
-    assert abs(twin_peak - alone_peak) <= 0.05 * alone_peak, (paired["paired_vanilla"]["peaks"], vanilla["peaks"])
+    assert abs(twin_peak - alone_peak) <= 0.15 * alone_peak, (paired["paired_vanilla"]["peaks"], vanilla["peaks"])
     assert max(paired["peaks"][1:]) < min(paired["paired_vanilla"]["peaks"]), (paired["peaks"],
                                                                              paired["paired_vanilla"]["peaks"])
 

@@ -287,8 +287,9 @@ def test_a_tensor_swapped_in_for_a_recomputation_leaves_the_device_across_its_ga
         # when a's buffer is freed: before the exp op allocates (the gap), or after
         a_at = next(e["offset"] for e in trace if e["kind"] == "alloc" and e["op"].endswith(by_type["Tanh"]))
         a_freed = next(k for k, e in enumerate(trace) if e["kind"] == "free" and e["offset"] == a_at)
+        exp_at = next(k for k, e in enumerate(trace) if e["kind"] == "alloc" and e["op"].endswith(by_type["Exp"]))
         freed_before[name] = {
-            "exp": a_freed < next(k for k, e in enumerate(trace) if e["kind"] == "alloc" and e["op"].endswith(by_type["Exp"])),
+            "exp": a_freed < exp_at,
             "swap-in": a_freed < next((k for k, e in enumerate(trace) if e["kind"] == "alloc" and "swap_in" in e["op"]),
                                       len(trace))}
         moved = swap.swap_stats()["channel"]
