@@ -170,7 +170,7 @@ def measure_step_memory(step_fn, args: Sequence, graph: JobGraph, *, steps: int 
     # the default stream holds whatever the process made outside jobs: only a job's own stream tells
     own = stream is not None and stream != tf_plugin.DEFAULT_STREAM
     held_between = [b[stream] for b in between if stream in b] if own else []
-    return StepMemory(scratch, forwarded, views, [_held_at_allocations(tr, ops_of) for tr in traces],
+    return StepMemory(scratch, forwarded, views, [_held_at_allocations(tr, ops_of, graph) for tr in traces],
                       min(held_between) if held_between else None)
 
 
@@ -195,14 +195,17 @@ def _ops_of_traced_names(graph: JobGraph, names, prefix: str = "") -> dict[str, 
     return ops_of
 
 
-def _held_at_allocations(trace: list[dict], ops_of: dict[str, list]) -> dict[str, int]:
+def _held_at_allocations(trace: list[dict], ops_of: dict[str, list], graph: JobGraph) -> dict[str, int]:
     """Op -> the most bytes the job's pool use had grown by since the step
     began, at any of the op's allocations. Only the job's own stream counts
     (others may run beside it); an allocation by an op the graph does not
-    know (a Grappler rewrite) counts for the op the trace saw before it."""
+    know (a Grappler rewrite) counts for the op the trace saw before it; one
+    under a truncated name that stands for several ops counts for the one
+    of them that runs (``_Namesakes``)."""
     stream = _job_stream(trace, ops_of)
     if stream is None:
         return {}
+    namesakes = {name: _Namesakes(ops, graph) for name, ops in ops_of.items() if len(ops) > 1}
     held = 0
     current: list = []
     out: dict[str, int] = {}
@@ -211,7 +214,11 @@ def _held_at_allocations(trace: list[dict], ops_of: dict[str, list]) -> dict[str
             continue
         if ev["kind"] == "alloc":
             held += ev["bytes"]
-            current = ops_of.get(ev["op"], current)
+            if ev["op"] in namesakes:
+                running, _ = namesakes[ev["op"]].allocation(ev["bytes"])
+                current = [running] if running is not None else ops_of[ev["op"]]
+            else:
+                current = ops_of.get(ev["op"], current)
             for o in current:
                 out[o.name] = max(out.get(o.name, 0), held)
         elif ev["kind"] == "free":
@@ -288,27 +295,46 @@ def _buffers(trace: list[dict], graph: JobGraph, ops_of: dict[str, list]
     return scratch, forwarded, views
 
 
+class _Namesakes:
+    """Which of the ops one truncated traced name stands for made each of
+    the name's allocations (Note [Truncated op names]: ResNet50's sixteen
+    ".../_2_conv_1/convolution/Conv2DBackpropFilter" ops). ``ops``: in plan
+    order, the order they run in. An allocation of the size of an output of
+    one of them not seen yet is that op's output, and that op (the first
+    such one; the ones before it made no allocation of their own) runs from
+    then on; any other allocation is the running op's (None before the
+    first output: the name's ops, undecided)."""
+
+    def __init__(self, ops: list, graph: JobGraph):
+        self.ops = ops
+        self._pending = [[graph.tensors[t].size_bytes for t in o.outputs] for o in ops]
+        self._first = 0
+        self.running = None
+
+    def allocation(self, size: int) -> tuple:
+        """(the op that made an allocation of ``size`` bytes or None, whether it is that op's output)."""
+        hit = next((k for k in range(self._first, len(self.ops))
+                    if any(_size_matches(size, b) for b in self._pending[k])), None)
+        if hit is None:
+            return self.running, False
+        outs = self._pending[hit]
+        outs.pop(next(i for i, b in enumerate(outs) if _size_matches(size, b)))
+        self._first, self.running = hit if outs else hit + 1, self.ops[hit]
+        return self.running, True
+
+
 def _scratch_of_namesakes(entries: list[list], ops: list, graph: JobGraph, scratch: dict[str, int]) -> None:
-    """Scratch bytes of ops that one truncated traced name stands for (Note
-    [Truncated op names]: ResNet50's sixteen ".../_2_conv_1/convolution/
-    Conv2DBackpropFilter" ops, whose im2col buffers run from 2 to 22.5 MiB).
-    ``entries``: the name's allocations in trace order, ``[bytes, freed]``;
-    ``ops``: in plan order, the order they run in. An allocation of the size
-    of an output of one of them not seen yet is that op's output, and that op
-    (the first such one; the ones before it made no allocation of their own)
-    runs from then on; an allocation freed within the step that is no output
-    is the scratch of the op that runs. Sharing the bytes out evenly, as
-    before, put 1.4 MiB of scratch on each and missed ResNet50's peak at
-    half its size by the largest one's 21 MiB."""
-    pending = [[graph.tensors[t].size_bytes for t in o.outputs] for o in ops]
-    first, running = 0, None
+    """Scratch bytes of ops that one truncated traced name stands for.
+    ``entries``: the name's allocations in trace order, ``[bytes, freed]``.
+    An allocation freed within the step that is no output is the scratch of
+    the op that runs (``_Namesakes``). Sharing the bytes out evenly, as
+    before, put 1.4 MiB of scratch on each of ResNet50's sixteen filter
+    gradients and missed its peak at half its size by the largest one's
+    21 MiB."""
+    who = _Namesakes(ops, graph)
     for size, was_freed in entries:
-        hit = next((k for k in range(first, len(ops)) if any(_size_matches(size, b) for b in pending[k])), None)
-        if hit is not None:
-            outs = pending[hit]
-            outs.pop(next(i for i, b in enumerate(outs) if _size_matches(size, b)))
-            first, running = hit if outs else hit + 1, ops[hit]
-        elif was_freed:
+        running, is_output = who.allocation(size)
+        if was_freed and not is_output:
             for o in ([running] if running is not None else ops):
                 scratch[o.name] = scratch.get(o.name, 0) + (size if running is not None else size // len(ops))
 

@@ -171,11 +171,10 @@ def test_an_add_writes_into_the_input_it_reads_last_not_into_one_read_later():
     assert add.outputs[0] not in memory.views, memory.views
 
 
-def test_the_scratch_of_ops_one_truncated_name_stands_for_goes_to_the_op_that_ran():
-    # Note [Truncated op names]: two ops whose traced names are cut to the
-    # same head~tail; each allocates its output, then scratch it frees. The
-    # scratch is each op's own, not the two shared out evenly.
-    from tensile_tf.execution import _buffers
+def _two_namesakes_trace():
+    """Note [Truncated op names]: two ops whose traced names are cut to the
+    same head~tail; each allocates its output, then scratch it frees, with
+    an op between them. (graph, trace, ops_of, a, b)."""
     from tensile_tf.memory import traced_op_matches
     from tensile_tf.scheduler import GraphBuilder
 
@@ -195,8 +194,27 @@ def test_the_scratch_of_ops_one_truncated_name_stands_for_goes_to_the_op_that_ra
         offset += size
     ops = {o.name: o for o in graph.ops}
     assert traced_op_matches(traced, a) and traced_op_matches(traced, b)
-    scratch, forwarded, views = _buffers(trace, graph, {traced: [ops[a], ops[b]], "between": [ops["between"]]})
+    return graph, trace, {traced: [ops[a], ops[b]], "between": [ops["between"]]}, a, b
+
+
+def test_the_scratch_of_ops_one_truncated_name_stands_for_goes_to_the_op_that_ran():
+    # The scratch is each op's own, not the two shared out evenly.
+    from tensile_tf.execution import _buffers
+
+    graph, trace, ops_of, a, b = _two_namesakes_trace()
+    scratch, forwarded, views = _buffers(trace, graph, ops_of)
     assert scratch == {a: 900_000, b: 20_000}, scratch
+
+
+def test_what_the_step_held_at_a_truncated_names_allocations_goes_to_the_op_that_ran():
+    # Note [Concurrent scratch]: the bytes held at each op's allocations are
+    # that op's, not the most held at any allocation under the shared name
+    # (which put a's 900 kB of scratch on b as well).
+    from tensile_tf.execution import _held_at_allocations
+
+    graph, trace, ops_of, a, b = _two_namesakes_trace()
+    held = _held_at_allocations(trace, ops_of, graph)
+    assert held == {a: 4096 + 900_000, "between": 4096 + 8192, b: 4096 + 8192 + 1024 + 20_000}, held
 
 
 def test_a_plan_order_capture_reads_buffers_from_the_step_chained_in_plan_order():
