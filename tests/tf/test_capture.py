@@ -240,3 +240,29 @@ def test_a_plan_order_capture_reads_buffers_from_the_step_chained_in_plan_order(
         views[order] = [c.graph.tensors[t].view_of for t in convs]
     assert all(views["free"]), views    # Grappler's fused op: the convolution allocated nothing of its own
     assert not any(views["plan"]), views
+
+
+def test_plan_order_runs_each_weight_gradient_before_the_backward_pass_moves_on():
+    # Note [Freeing successors first]: once a layer's output gradient exists,
+    # its filter gradient (the last reader of the layer's input activation)
+    # runs before the input gradient that carries the backward pass down.
+    # Depth first alone ran every input gradient first and held each layer's
+    # activation until the end: this CNN's plan-order peak was 4.42 MB, 3.37
+    # with the filter gradients in place.
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((32, 32, 4))]
+                             + [keras.layers.Conv2D(16, 3, padding="same", activation="relu") for _ in range(4)]
+                             + [keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(4)])
+    opt = keras.optimizers.Adam(1e-3)
+    step = tf.function(supervised_train_step(model, opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True)),
+                       jit_compile=False)
+    args = (tf.random.normal([8, 32, 32, 4]), tf.zeros([8], tf.int32))
+    step(*args)
+    graph = executor_order(capture_job_graph("cnn", step, args, optimizer=opt), step, args)
+    backprops = [(o.op_type, o.name.split("/convolution/")[0]) for o in graph.ops
+                 if o.op_type in ("Conv2DBackpropFilter", "Conv2DBackpropInput")]
+    layers = list(dict.fromkeys(layer for _, layer in backprops))
+    assert len(layers) == 4, backprops
+    for upper, lower in zip(layers, layers[1:]):   # the backward pass runs from the last layer down
+        assert backprops.index(("Conv2DBackpropFilter", upper)) < backprops.index(("Conv2DBackpropInput", lower)), \
+            backprops
