@@ -133,38 +133,31 @@ def test_two_concurrent_planned_jobs_peak_as_planned():
 
 
 def test_swap_ins_reusing_one_host_copy_release_the_tensor_as_planned():
-    """A deep MLP whose ReLU outputs are read in the forward pass and twice in
-    backprop: the planner swaps each out once and back in for both backward
-    reads, the earlier one reusing the host copy (Note [Host copies serve
-    several gaps] in tensile_tf.rewrite). Pairing by the swap-out's release
-    point skipped those swap-ins and the planned peak stayed at 105 MiB for a
-    predicted 45 MiB."""
-    common = ["--model", "mlp", "--model-args", '{"hidden": [256, 256, 256, 256, 256, 256, 256, 256]}',
-              "--input-shape", "64", "--batch", "4096", "--steps", "5"]
+    """A residual CNN whose block inputs are read in the forward pass and
+    again, apart, in backprop: the planner swaps some out once and back in
+    for several backward reads, the earlier ones reusing the host copy (Note
+    [Host copies serve several gaps] in tensile_tf.rewrite). Pairing by the
+    swap-out's release point skipped those swap-ins and a deep MLP's planned
+    peak stayed at 105 MiB for a predicted 45 MiB. (That MLP no longer
+    reuses a copy: since Note [Freeing successors first] in
+    tensile_tf.execution its two backward reads of a ReLU output run side by
+    side, and one swap-in serves both.)"""
+    common = ["--model", "residual_net", "--input-shape", "32x32x3", "--batch", "16", "--steps", "4"]
     planned = _run([*common, "--planned", "--budget-frac", "0.3"])
-    report = planned["jobs"]["job0"]["report"]
+    job = planned["jobs"]["job0"]
+    report = job["report"]
     assert report["activation_swap_ins"] > report["activation_swap_outs"] > 0   # host copies reused
-    # The prediction counts a swap-in's buffer from its trigger op; the
-    # buffer is allocated when the transfer starts, which in some steps is
-    # after a tensor the prediction still counts is freed. Which way a step
-    # goes is a race, so its peak is bimodal: 19.0 MiB or one ReLU output
-    # (4 MiB) lower, 14.9-16.2 MiB, for 19.4 predicted (40 steps on one
-    # machine; all five steps of a run came out low on CI: 17.1 max for 20.4).
-    # So no step may exceed the prediction by much, and the worst step is
-    # within one and a half activations of it: a prediction pessimistic by
-    # more than a tensor's lateness still fails. A swap channel held back by
-    # other work on the machine keeps tensors longer (+21% seen under two
-    # busy loops).
+    assert job["skipped"] == 0, job["skipped"]                                   # every swap-in carried out
+    # Measured 31.6 MiB in every step for 31.55 predicted on a quiet machine; a
+    # swap channel held back by other work keeps tensors longer (+21% seen
+    # under two busy loops for the MLP this test used before).
     predicted, peaks = planned["plan"]["pool_planned_peak"], planned["peaks"]
-    activation_bytes = 4096 * 256 * 4
-    assert max(peaks) >= predicted - 1.5 * activation_bytes, (peaks, predicted)
-    assert min(peaks) <= 1.15 * predicted, (peaks, predicted)
-    assert max(peaks) <= 1.5 * predicted, (peaks, predicted)
+    assert min(peaks) <= 1.1 * predicted, (peaks, predicted)
+    assert max(peaks) <= 1.3 * predicted, (peaks, predicted)
     vanilla = _run(common)
-    measured = max(peaks)
-    assert measured < 0.6 * min(vanilla["peaks"]), (measured, vanilla["peaks"])
-    assert planned["jobs"]["job0"]["losses"] == vanilla["jobs"]["job0"]["losses"]
-    assert planned["jobs"]["job0"]["weights_sha256"] == vanilla["jobs"]["job0"]["weights_sha256"]
+    assert max(peaks) < 0.8 * min(vanilla["peaks"]), (peaks, vanilla["peaks"])   # 31.6 against 49-52 MiB
+    assert job["losses"] == vanilla["jobs"]["job0"]["losses"]
+    assert job["weights_sha256"] == vanilla["jobs"]["job0"]["weights_sha256"]
 
 
 @pytest.fixture(scope="module")
