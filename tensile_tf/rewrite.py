@@ -15,13 +15,34 @@ Phases, top to bottom (``apply_plan``):
    consumer after its gap now reads the swap-in's output instead. The device
    copy is freed by TensorFlow's refcounting once the accesses before the gap
    and the swap-out are done (Note [Release by rewiring] in
-   tf_plugin/swap/swap_ops.cc). A ``TensileSwapCheck`` after the op the plan
+   tf_plugin/swap/swap_ops.cc); consumers of a view of the tensor read the
+   view made again from the swap-in (Note [Views made again]). A ``TensileSwapCheck`` after the op the plan
    puts right before the consumer counts late swap-ins.
 3. Variable swaps (parameters, optimizer slots, other state), within an
-   iteration or across iterations: see Note [Variable swaps].
+   iteration or across iterations: see Note [Views made again]
+A view (a Reshape, ExpandDims... that returns its input's buffer, Note
+[Views] in tensile_tf/scheduler/job_graph.py) pins its owner's buffer for as
+long as anything may still read it. Keras's Dense on a sequence reads its
+input through Tensordot's Reshape, and the kernel's gradient reads that view
+again in the backward pass, so an owner swapped out between the forward and
+the backward reads freed nothing until the view's last reader had run. Since
+the plan order runs each kernel gradient first (Note [Freeing successors
+first] in tensile_tf/execution.py), the view's last read comes before the
+owner's last read (its ReluGrad or layer-norm gradient), no view took the
+buffer (Note [View takes the buffer]), and the Transformer's FFN activations
+(3 MiB each at batch 48) could not leave the device: the 3x batch planned for
+17.2 MiB reached 18.7. The planner now counts a view's reads as its owner's
+(Note [Views read as their owner] in tensile_tf/scheduler/access_sequence.py),
+and every consumer of such a view after a swap-in or a recomputation of the
+owner reads the view op run again on the new value (``_view_again``, a clone
+without the original's control inputs: a stateless view's value depends on
+its data inputs only), so the original view's last reader is before the gap.
+
+Note [Variable swaps].
 4. Recomputation: the chain's ops are cloned; their inputs from outside the
    chain pass through a ``TensileRecomputeGate`` started by the trigger op;
-   every consumer of the target from ``before_op`` on reads the clone.
+   every consumer of the target (or of a view of it) from ``before_op`` on
+   reads the clone.
 5. Re-import the edited GraphDef into a fresh ``tf.function`` with the same
    inputs, captured variable handles fed explicitly.
 
@@ -122,8 +143,9 @@ from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
-from tensile_tf.scheduler.access_sequence import parse_recompute_step_name
+from tensile_tf.scheduler.access_sequence import TensorAccessSequence, parse_recompute_step_name
 from tensile_tf.scheduler.job_graph import JobGraph
+from tensile_tf.scheduler.latency import UniformLatency
 from tensile_tf.scheduler.plan import JobPlan, RecomputeEvent, SwapEvent
 from tf_plugin import swap as _swap
 from tf_plugin.tf_internals import exempt_from_automatic_control_deps
@@ -148,6 +170,7 @@ class RewriteReport:
     recomputed_ops: int = 0
     swapped_bytes_per_step: int = 0       # planned bytes over the link per step (out + in)
     rewired_edges: int = 0
+    views_made_again: int = 0             # view ops cloned onto a swapped-in or recomputed owner (Note [Views made again])
     order_edges: int = 0                  # control edges chaining the ops in plan order (Note [Plan order])
     dropped_anchors: int = 0              # control edges left out because they would close a cycle
     restore_needed: list[str] = field(default_factory=list)   # variables kept on the host between steps
@@ -386,6 +409,11 @@ class _Rewriter:
         self.outputs = {self.edit.canonical(*_split_input(t.name)[:2]) for t in self.fg.outputs}
         self._uid = 0
         self._consumers: dict[tuple[str, int], list[tuple[int, str, int]]] | None = None
+        # Note [Views made again]: owner -> its views whose reads the planner counted as the owner's
+        tas = TensorAccessSequence(graph, UniformLatency())
+        self.views_read_as: dict[str, list[str]] = defaultdict(list)
+        for v, owner in sorted(tas.read_as_owner.items()):
+            self.views_read_as[tas.tensor_names[owner]].append(tas.tensor_names[v])
         # Note [Swap-ins for recomputation]: (tensor, target, before_op) -> the swap-in the gate reads
         self.swap_in_for_recompute: dict[tuple[str, str, str], str] = {}
         # variables: key "var:<name>" -> internal resource placeholder node
@@ -514,6 +542,55 @@ class _Rewriter:
         return [(p, name, k) for p, name, k in self._consumers.get((node, idx), ())
                 if self.edit.canonical(*_split_input(self.edit.nodes[name].input[k])[:2]) == (node, idx)]
 
+    def _view_again(self, view: str, owner: str, value: str, made: dict[str, str]) -> str | None:
+        """``view`` made again from ``value`` in place of its owner (Note
+        [Views made again]): its op cloned with the owner's input (or that of
+        a view of the owner it reads, made again first) replaced. ``made``
+        caches the views made from ``value``; None if the view's op reads
+        neither."""
+        if view in made:
+            return made[view]
+        vnode, vidx = self.edit.canonical(*_split_input(view)[:2])
+        orig = self.edit.nodes.get(vnode)
+        if orig is None:
+            return None
+        own = self.edit.canonical(*_split_input(owner)[:2])
+        inner = {self.edit.canonical(*_split_input(v)[:2]): v for v in self.views_read_as.get(owner, ()) if v != view}
+        inputs, replaced = [], False
+        for s in orig.input:
+            src, sidx, ctrl = _split_input(s)
+            if ctrl:
+                continue
+            c = self.edit.canonical(src, sidx)
+            new = value if c == own else (self._view_again(inner[c], owner, value, made) if c in inner else None)
+            replaced |= new is not None
+            inputs.append(new if new is not None else s)
+        if not replaced:
+            made[view] = None
+            return None
+        clone = self._name("view", view)
+        n = self.edit.add_node(clone, orig.op, inputs, {})
+        self.clone_of[clone] = vnode
+        for k, v in orig.attr.items():
+            n.attr[k].CopyFrom(v)
+        n.device = orig.device
+        made[view] = _tname(clone, vidx)
+        self.report.views_made_again += 1
+        return made[view]
+
+    def _rewire_views(self, owner: str, value: str, lo: int, hi: int) -> None:
+        """Consumers at plan positions [lo, hi) of the views of ``owner`` read
+        them made again from ``value`` (Note [Views made again])."""
+        made: dict[str, str] = {}
+        for view in self.views_read_as.get(owner, ()):
+            edges = [e for e in self._consumer_edges(*self.edit.canonical(*_split_input(view)[:2])) if lo <= e[0] < hi]
+            again = self._view_again(view, owner, value, made) if edges else None
+            if again is None:
+                continue
+            for _, cname, k in edges:
+                self.edit.set_input(cname, k, again)
+                self.report.rewired_edges += 1
+
     def _group_gaps(self, tensor: str, outs: list[SwapEvent], ins: list[SwapEvent]):
         """Pairs each swap-in with the swap-out whose host copy it reads
         (Note [Host copies serve several gaps])."""
@@ -582,6 +659,7 @@ class _Rewriter:
                     if bounds[j] <= p < bounds[j + 1]:
                         self.edit.set_input(cname, k, _tname(si, 0))
                         self.report.rewired_edges += 1
+                self._rewire_views(tensor, _tname(si, 0), bounds[j], bounds[j + 1])
                 if self.check_lateness:
                     q = bounds[j]
                     before = self.graph.ops[q - 1].name if q > 0 else None
@@ -714,6 +792,25 @@ class _Rewriter:
             node = self.clone_of[node]
         return self.fg.get_tensor_by_name(_tname(node, idx)).dtype
 
+    def _read_for_recompute(self, x: str, ev: RecomputeEvent) -> str:
+        """What a recomputation's gate reads for its outside input ``x``: the
+        swap-in that serves it (Note [Swap-ins for recomputation]), or, for a
+        view of a swapped owner, the view made again from the owner's swap-in
+        (Note [Views made again]); else ``x`` itself."""
+        si = self.swap_in_for_recompute.get((x, ev.target, ev.before_op))
+        if si:
+            return _tname(si, 0)
+        for owner, views in self.views_read_as.items():
+            for view in views:
+                if _tname(*self.edit.canonical(*_split_input(view)[:2])) != x:
+                    continue
+                read_as = _tname(*self.edit.canonical(*_split_input(owner)[:2]))
+                si = self.swap_in_for_recompute.get((read_as, ev.target, ev.before_op))
+                again = self._view_again(view, owner, _tname(si, 0), {}) if si else None
+                if again:
+                    return again
+        return x
+
     def recompute(self, ev: RecomputeEvent) -> None:
         node, idx = _split_input(ev.target)[:2]
         bad = [o for o in ev.ops if o not in self.edit.nodes]
@@ -736,9 +833,8 @@ class _Rewriter:
                     external.append(_tname(*c))
         gate = self._name("recompute_gate", ev.target)
         dtypes = [self._dtype(x) for x in external]
-        swapped_in = {x: self.swap_in_for_recompute.get((x, ev.target, ev.before_op)) for x in external}
-        self.edit.add_node(gate, "TensileRecomputeGate",   # Note [Swap-ins for recomputation]
-                           [_tname(swapped_in[x], 0) if swapped_in[x] else x for x in external], _attr(T=dtypes))
+        gate_inputs = [self._read_for_recompute(x, ev) for x in external]
+        self.edit.add_node(gate, "TensileRecomputeGate", gate_inputs, _attr(T=dtypes))
         self._anchor(ev.trigger_op, gate)
         for o in ev.ops:
             orig = self.edit.nodes[o]
@@ -761,6 +857,7 @@ class _Rewriter:
             if p >= q:
                 self.edit.set_input(name, k, target)
                 self.report.rewired_edges += 1
+        self._rewire_views(ev.target, target, q, len(self.pos))
         self.report.recomputes += 1
         self.report.recomputed_ops += len(ev.ops)
 

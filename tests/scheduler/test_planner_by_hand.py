@@ -235,28 +235,57 @@ def test_unplanned_pipeline_jobs_that_fit_with_one_peak_get_no_plan():
     assert planned.stop_reason != UNPLANNED_FITS and any(jp.swap_outs for jp in planned.jobs.values())
 
 
-def test_a_view_has_no_bytes_and_keeps_its_owner_until_its_last_access():
-    # Note [Views]: r = reshape(h) shares h's buffer. h's last own reader is
-    # `use_h`, after r's (`early`), so h's buffer lives until `use_h`.
+def _viewed_graph(view_stateful: bool = False) -> JobGraph:
+    """r = reshape(h) shares h's buffer; r is read at `early` and `late_r`,
+    h itself last, at `use_h`; `other` needs 50 bytes of scratch between the
+    reads, with an op on each side of it (a swap's transfers take op boundaries)."""
     b = GraphBuilder("views")
     b.op("make_h", outputs={"h": 100})
-    b.op("reshape", inputs=["h"], outputs={"r": 100})
+    b.op("reshape", inputs=["h"], outputs={"r": 100}, stateful=view_stateful)
     b.op("early", inputs=["r"], outputs={"e": 1})
-    b.op("other", outputs={"o": 10})
-    b.op("use_h", inputs=["h", "o"], outputs={"y": 1})
+    b.op("pad_1", outputs={})
+    b.op("other", outputs={"o": 10}, temp_bytes=50)
+    b.op("pad_2", outputs={})
+    b.op("late_r", inputs=["r", "o"], outputs={"y": 1})
+    b.op("use_h", inputs=["h", "y"], outputs={"z": 1})
     g = b.build()
     g.tensors["r"].view_of = "h"
-    tas = TensorAccessSequence(g, UNIT)
+    return g
+
+
+def test_a_view_has_no_bytes_and_its_reads_are_its_owners():
+    # Note [Views]: r has no bytes and keeps h's buffer until r's last read.
+    # Note [Views read as their owner]: r's reads are h's accesses, so h has a
+    # gap around `other` (between `early` and `late_r`), and h away there frees
+    # its 100 bytes: the rewrite makes r again from h's swap-in for `late_r`.
+    tas = TensorAccessSequence(_viewed_graph(), UNIT)
     fp = JobFootprint(tas)
-    assert fp.base.tolist() == [100, 100, 101, 110, 111]
-    assert not tas.swappable[tas.tindex["r"]] and not tas.handed_over
-    # r is live at step 2 (`early`): an absence of h there frees nothing
-    ranges = fp.add_absence(tas.tindex["h"], 2, 3)
+    h, r = tas.tindex["h"], tas.tindex["r"]
+    assert fp.base.tolist() == [100, 100, 101, 100, 160, 110, 111, 102]
+    assert not tas.swappable[r] and not tas.handed_over
+    assert tas.read_as_owner == {r: h} and h not in tas.view_spans
+    assert tas.acc[h] == [0, 1, 2, 6, 7]
+    fp.add_absence(h, 4, 5)
+    assert fp.F.tolist() == [100, 100, 101, 100, 60, 110, 111, 102]
+    # the planner finds that gap: h out after `early`, back in for `late_r`
+    plan = Planner([PlannerJob(_viewed_graph(), UNIT)], bandwidth_bytes_per_s=1e6, pool_bytes=120,
+                   enable_recompute=False).plan()
+    jp = plan.jobs["views"]
+    assert [(e.tensor, e.release_after_op) for e in jp.swap_outs] == [("h", "early")]
+    assert [(e.tensor, e.serves_op) for e in jp.swap_ins] == [("h", "late_r")]
+    assert plan.pool_planned_peak_bytes == 111 and plan.budget_met
+
+
+def test_a_view_the_rewrite_cannot_make_again_pins_its_owners_buffer():
+    # Note [Views read as their owner]: a stateful view op is not cloned, so
+    # while r is live an absence of h frees nothing
+    tas = TensorAccessSequence(_viewed_graph(view_stateful=True), UNIT)
+    fp = JobFootprint(tas)
+    h = tas.tindex["h"]
+    assert not tas.read_as_owner and tas.view_spans == {h: [(1, 6)]}
+    assert tas.acc[h] == [0, 1, 7]
+    fp.add_absence(h, 4, 5)
     assert fp.F.tolist() == fp.base.tolist()
-    fp.remove_absence(tas.tindex["h"], ranges)
-    # step 3 (`other`): no view is live, the absence frees h's 100 bytes
-    fp.add_absence(tas.tindex["h"], 3, 4)
-    assert fp.F.tolist() == [100, 100, 101, 10, 111]
 
 
 def test_a_view_that_outlives_its_owner_takes_the_buffer():

@@ -366,3 +366,70 @@ def test_a_variable_swapped_in_for_a_recomputation_is_read_again_by_its_gate():
     made = {ev["offset"] for ev in trace[:swap_in] if ev["kind"] == "alloc"}
     assert any(ev["kind"] == "free" and ev["offset"] not in made and ev["bytes"] >= size for ev in trace[:swap_in])
     assert out.tobytes() == step(x).numpy().tobytes()
+
+
+def test_an_owner_swapped_across_its_views_reads_frees_its_buffer_in_the_gap():
+    """Note [Views made again]: r = reshape(h) shares h's buffer and is read
+    early and late; h itself is read last. The plan swaps h out after the
+    early read and back in for the late read of r. The late read reads the
+    reshape made again from the swap-in, so h's buffer leaves the pool in the
+    gap (before, r pinned it until its late read), and the step computes what
+    it computed."""
+    import tf_plugin
+    from tf_plugin import swap
+
+    from tensile_tf.execution import apply_step_memory, measure_step_memory
+    from tensile_tf.scheduler.access_sequence import TensorAccessSequence
+    from tensile_tf.scheduler.latency import UniformLatency
+
+    @tf.function(jit_compile=False, autograph=False)
+    def step(x):
+        h = tf.tanh(x)                    # 4 MiB, the owner
+        r = tf.reshape(h, [-1])           # a view of h's buffer
+        early = tf.reduce_sum(r)
+        d = tf.cos(tf.exp(x))             # the gap: exp's 4 MiB (cos writes into it) beside x, and h unless swapped
+        middle = tf.reduce_sum(d)
+        late_view = tf.reduce_max(r + middle)
+        return early + middle + late_view + tf.reduce_min(h + late_view)
+
+    x = tf.constant(np.linspace(-1, 1, 1 << 20, dtype=np.float32).reshape(1024, 1024))
+    graph = capture_job_graph("viewed", step, (x,))
+    apply_step_memory(graph, measure_step_memory(step, (x,), graph, steps=1))   # the trace finds the view
+    names = [o.name for o in graph.ops]
+    by_type = {o.op_type: o.name for o in graph.ops}
+    h, r = f"{by_type['Tanh']}:0", f"{by_type['Reshape']}:0"
+    assert graph.tensors[r].view_of == h
+    early = next(c for c in graph.tensors[r].consumers if names.index(c) < names.index(by_type["Exp"]))
+    late = next(c for c in graph.tensors[r].consumers if names.index(c) > names.index(by_type["Cos"]))
+    middle = next(c for c in graph.tensors[f"{by_type['Cos']}:0"].consumers)
+    # the planner counts r's reads as h's: its late read is h's access, and h's own read comes last
+    tas = TensorAccessSequence(graph, UniformLatency())
+    assert tas.read_as_owner == {tas.tindex[r]: tas.tindex[h]} and tas.tindex[h] not in tas.view_spans
+    assert names.index(late) in tas.acc[tas.tindex[h]]
+    size = 1 << 22
+    plan = JobPlan("viewed",
+                   swap_outs=[SwapEvent("viewed", h, "swap_out", early, 0.0, 0.0, 0.0, size, release_after_op=early)],
+                   swap_ins=[SwapEvent("viewed", h, "swap_in", middle, 0.0, 0.0, 0.0, size, serves_op=late)])
+    pool = tf_plugin.device_pool()   # its event trace is on by default (capture reads it): left on
+    pool.set_trace_enabled(True)
+    planned = apply_plan(step, (x,), plan, graph)
+    assert not planned.report.skipped, planned.report.skipped
+    assert planned.report.views_made_again == 1
+    planned(x)   # traces
+    swap.drain_swap_channel()
+    swap.reset_swap_stats()
+    pool.clear_trace()
+    out = planned(x).numpy()
+    swap.drain_swap_channel()
+    trace = pool.trace()
+    assert out.tobytes() == step(x).numpy().tobytes()
+    moved = swap.swap_stats()["channel"]
+    assert (moved["swap_outs"], moved["swap_ins"], moved["bytes_in"]) == (1, 1, size), moved
+    # h's buffer is freed once copied out, before the swap-in allocates its
+    # copy (the swap-in reads the swap-out's handle, and TensorFlow drops an
+    # op's inputs before its successors run); with r read late it was freed
+    # only after the late read, so both copies were on the device at once
+    h_at = next(e["offset"] for e in trace if e["kind"] == "alloc" and e["op"].endswith(by_type["Tanh"]))
+    h_freed = next(k for k, e in enumerate(trace) if e["kind"] == "free" and e["offset"] == h_at)
+    swap_in_at = next(k for k, e in enumerate(trace) if e["kind"] == "alloc" and "swap_in" in e["op"])
+    assert h_freed < swap_in_at, (h_freed, swap_in_at)
