@@ -95,6 +95,7 @@ class _PolicyPlanner(Planner):
         super().__init__(*args, **kwargs)
         self.bottleneck_restarts = 0   # Note [Bottleneck first] is TENSILE's, not the baseline's policy
         self.keep_plans_without_gain = True   # Note [Never above unplanned]: a policy's plan is what is measured
+        self.drop_idle_swaps = False          # Note [Transfers that lower no peak] is TENSILE's, not the policy's
 
     def _loop(self) -> None:
         self.iterations = 1

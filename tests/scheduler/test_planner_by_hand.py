@@ -386,3 +386,58 @@ def test_auto_step_order_keeps_plan_order_for_a_plan_that_recomputes():
     assert free.budget_met and free.jobs["rc"].recomputes
     auto = plan_in_step_order(Planner, [PlannerJob(recompute_graph(), UNIT)], "auto", **kwargs)
     assert auto.jobs["rc"].step_order == "plan" and auto.budget_met and auto.jobs["rc"].recomputes
+
+
+def _idle_swap_graph() -> JobGraph:
+    """z (100 B) is read at the start and near the end; x (110 B) lives
+    inside z's gap, around `first_peak` (10 B of scratch); u (150 B) is
+    made and read at once at the end, so no swap lowers the last steps."""
+    b = GraphBuilder("idle")
+    b.op("make_z", outputs={"z": 100})
+    b.op("pad_1", outputs={})
+    b.op("pad_2", outputs={})
+    b.op("make_x", outputs={"x": 110})
+    b.op("pad_3", outputs={})
+    b.op("pad_4", outputs={})
+    b.op("first_peak", outputs={}, temp_bytes=10)
+    b.op("pad_5", outputs={})
+    b.op("pad_6", outputs={})
+    b.op("use_x", inputs=["x"], outputs={"x2": 1})
+    b.op("pad_7", outputs={})
+    b.op("pad_8", outputs={})
+    b.op("use_z", inputs=["z", "x2"], outputs={"z2": 1})
+    b.op("make_u", outputs={"u": 150})
+    b.op("use_u", inputs=["u", "z2"], outputs={"y": 1})
+    return b.build()
+
+
+def test_a_swap_that_lowers_no_peak_of_the_final_plan_is_dropped():
+    # Note [Transfers that lower no peak]: Algorithm 2 swaps both z and x to
+    # bring `first_peak` (220 B) and `make_x` (210 B) under the 160 B budget.
+    # With z away, `first_peak` holds x and its scratch, 120 B, below the
+    # final peak (152 B at `use_u`): x's transfers lower nothing.
+    def planned(drop):
+        planner = Planner([PlannerJob(_idle_swap_graph(), UNIT)], bandwidth_bytes_per_s=1e6, pool_bytes=160,
+                          enable_recompute=False, drop_idle_swaps=drop)
+        return planner, planner.plan()
+
+    kept, plan_kept = planned(False)
+    assert sorted(e.tensor for e in plan_kept.jobs["idle"].swap_outs) == ["x", "z"]
+    assert kept.dropped_swaps == 0 and plan_kept.jobs["idle"].swapped_bytes_per_iteration == 420
+    dropped, plan = planned(True)
+    jp = plan.jobs["idle"]
+    assert [e.tensor for e in jp.swap_outs] == ["z"] and [(e.tensor, e.serves_op) for e in jp.swap_ins] == [("z", "use_z")]
+    assert dropped.dropped_swaps == 1 and jp.swapped_bytes_per_iteration == 200
+    assert plan.pool_planned_peak_bytes == plan_kept.pool_planned_peak_bytes == 152 and plan.budget_met
+    steps = [o.name for o in _idle_swap_graph().ops]
+    assert dropped.jobs[0].fp.F[steps.index("first_peak")] == 120
+
+
+def test_a_baseline_keeps_every_swap_its_policy_books():
+    # Note [Transfers that lower no peak]: the pass is TENSILE's, not vDNN's or Capuchin's
+    from tensile_tf.scheduler.baselines import CapuchinPlanner, VDNNPlanner
+
+    for cls in (VDNNPlanner, CapuchinPlanner):
+        planner = cls([PlannerJob(_idle_swap_graph(), UNIT)], bandwidth_bytes_per_s=1e6, pool_bytes=160)
+        planner.plan()
+        assert not planner.drop_idle_swaps and planner.dropped_swaps == 0
