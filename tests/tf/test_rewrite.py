@@ -234,6 +234,20 @@ def test_optimizer_updates_run_as_their_gradients_exist_not_after_all_of_them():
     assert all(np.array_equal(v.numpy(), a) for v, a in zip(model.weights + list(opt.variables), after))
 
 
+def _run_traced(planned, x, pool):
+    """Runs a planned step once (it traces), then once more with the pool's
+    trace cleared and the swap stats reset: that run's output and trace."""
+    from tf_plugin import swap
+
+    planned(x)
+    swap.drain_swap_channel()
+    swap.reset_swap_stats()
+    pool.clear_trace()
+    out = planned(x).numpy()
+    swap.drain_swap_channel()
+    return out, pool.trace()
+
+
 def test_a_tensor_swapped_in_for_a_recomputation_leaves_the_device_across_its_gap():
     """Note [Swap-ins for recomputation]: b = sin(a) is recomputed before its
     late use, so its clone reads a there; the plan swaps a out after its
@@ -276,13 +290,7 @@ def test_a_tensor_swapped_in_for_a_recomputation_leaves_the_device_across_its_ga
                        "recompute and swap": JobPlan("regrown", recomputes=[recompute_b], **swap_a)}.items():
         planned = apply_plan(step, (x,), plan, graph)
         assert not planned.report.skipped, planned.report.skipped
-        planned(x)   # traces
-        swap.drain_swap_channel()
-        swap.reset_swap_stats()
-        pool.clear_trace()
-        out = planned(x).numpy()
-        swap.drain_swap_channel()
-        trace = pool.trace()
+        out, trace = _run_traced(planned, x, pool)
         assert out.tobytes() == step(x).numpy().tobytes(), name
         # when a's buffer is freed: before the exp op allocates (the gap), or after
         a_at = next(e["offset"] for e in trace if e["kind"] == "alloc" and e["op"].endswith(by_type["Tanh"]))
@@ -415,13 +423,7 @@ def test_an_owner_swapped_across_its_views_reads_frees_its_buffer_in_the_gap():
     planned = apply_plan(step, (x,), plan, graph)
     assert not planned.report.skipped, planned.report.skipped
     assert planned.report.views_made_again == 1
-    planned(x)   # traces
-    swap.drain_swap_channel()
-    swap.reset_swap_stats()
-    pool.clear_trace()
-    out = planned(x).numpy()
-    swap.drain_swap_channel()
-    trace = pool.trace()
+    out, trace = _run_traced(planned, x, pool)
     assert out.tobytes() == step(x).numpy().tobytes()
     moved = swap.swap_stats()["channel"]
     assert (moved["swap_outs"], moved["swap_ins"], moved["bytes_in"]) == (1, 1, size), moved
