@@ -16,29 +16,11 @@ Phases, top to bottom (``apply_plan``):
    copy is freed by TensorFlow's refcounting once the accesses before the gap
    and the swap-out are done (Note [Release by rewiring] in
    tf_plugin/swap/swap_ops.cc); consumers of a view of the tensor read the
-   view made again from the swap-in (Note [Views made again]). A ``TensileSwapCheck`` after the op the plan
-   puts right before the consumer counts late swap-ins.
+   view made again from the swap-in (Note [Views made again]). A
+   ``TensileSwapCheck`` after the op the plan puts right before the consumer
+   counts late swap-ins.
 3. Variable swaps (parameters, optimizer slots, other state), within an
-   iteration or across iterations: see Note [Views made again]
-A view (a Reshape, ExpandDims... that returns its input's buffer, Note
-[Views] in tensile_tf/scheduler/job_graph.py) pins its owner's buffer for as
-long as anything may still read it. Keras's Dense on a sequence reads its
-input through Tensordot's Reshape, and the kernel's gradient reads that view
-again in the backward pass, so an owner swapped out between the forward and
-the backward reads freed nothing until the view's last reader had run. Since
-the plan order runs each kernel gradient first (Note [Freeing successors
-first] in tensile_tf/execution.py), the view's last read comes before the
-owner's last read (its ReluGrad or layer-norm gradient), no view took the
-buffer (Note [View takes the buffer]), and the Transformer's FFN activations
-(3 MiB each at batch 48) could not leave the device: the 3x batch planned for
-17.2 MiB reached 18.7. The planner now counts a view's reads as its owner's
-(Note [Views read as their owner] in tensile_tf/scheduler/access_sequence.py),
-and every consumer of such a view after a swap-in or a recomputation of the
-owner reads the view op run again on the new value (``_view_again``, a clone
-without the original's control inputs: a stateless view's value depends on
-its data inputs only), so the original view's last reader is before the gap.
-
-Note [Variable swaps].
+   iteration or across iterations: see Note [Variable swaps].
 4. Recomputation: the chain's ops are cloned; their inputs from outside the
    chain pass through a ``TensileRecomputeGate`` started by the trigger op;
    every consumer of the target (or of a view of it) from ``before_op`` on
@@ -82,6 +64,25 @@ recomputation (a recomputed convolution reads its kernel) had its gap skipped
 the same way (ResNet50 64x64, batch 16, half its peak on the capped link: 4
 such gaps); the gate now reads the variable through a fresh read after the
 swap-in (Note [Reads that outlive a variable gap]).
+
+Note [Views made again]
+A view (a Reshape, ExpandDims... that returns its input's buffer, Note
+[Views] in tensile_tf/scheduler/job_graph.py) pins its owner's buffer for as
+long as anything may still read it. Keras's Dense on a sequence reads its
+input through Tensordot's Reshape, and the kernel's gradient reads that view
+again in the backward pass, so an owner swapped out between the forward and
+the backward reads freed nothing until the view's last reader had run. Since
+the plan order runs each kernel gradient first (Note [Freeing successors
+first] in tensile_tf/execution.py), the view's last read comes before the
+owner's last read (its ReluGrad or layer-norm gradient), no view took the
+buffer (Note [View takes the buffer]), and the Transformer's FFN activations
+(3 MiB each at batch 48) could not leave the device: the 3x batch planned for
+17.2 MiB reached 18.7. The planner now counts a view's reads as its owner's
+(Note [Views read as their owner] in tensile_tf/scheduler/access_sequence.py),
+and every consumer of such a view after a swap-in or a recomputation of the
+owner reads the view op run again on the new value (``_view_again``, a clone
+without the original's control inputs: a stateless view's value depends on
+its data inputs only), so the original view's last reader is before the gap.
 
 Note [Variable swaps]
 A resource variable's buffer leaves the pool through ``TensileVarSwapOut``:
