@@ -441,3 +441,12 @@ def test_a_baseline_keeps_every_swap_its_policy_books():
         planner = cls([PlannerJob(_idle_swap_graph(), UNIT)], bandwidth_bytes_per_s=1e6, pool_bytes=160)
         planner.plan()
         assert not planner.drop_idle_swaps and planner.dropped_swaps == 0
+
+
+def test_a_free_order_plan_keeps_its_swaps():
+    # Note [Transfers that lower no peak]: a free-order plan's footprint is not
+    # the step as it runs, so the swaps it calls idle stay
+    planner = Planner([PlannerJob(_idle_swap_graph(), UNIT)], bandwidth_bytes_per_s=1e6, pool_bytes=160,
+                      enable_recompute=False, step_order="free")
+    plan = planner.plan()
+    assert sorted(e.tensor for e in plan.jobs["idle"].swap_outs) == ["x", "z"] and planner.dropped_swaps == 0
