@@ -16,21 +16,6 @@ period ``period_s``. "Unrolled" step indices k (possibly negative or >= n) mean
 step k mod n of iteration floor(k / n), which is how cross-iteration intervals
 (after the optimizer's update, before the next iteration's first use) are written.
 
-Note [Forwarding in a recomputed chain]
-A recomputation re-runs a chain of ops whose intermediates live while the
-chain runs. Elementwise ops write their output into an input's buffer when
-nothing else reads it (Note [Buffer forwarding] in tensile_tf/execution.py),
-and in a chain each intermediate has one reader, the next op: the
-Transformer's FFN, recomputed for its kernel gradient, runs MatMul, Tensordot's
-Reshape, BiasAdd and Relu all in the MatMul's buffer. The sequence counted
-every intermediate (3 MiB at batch 16, a view among them) beside the target
-at each recomputed step; Capuchin's plans on the capped link, which rebuild
-both FFN ReLUs this way, then measured 2-6 points of MSR above their
-prediction, and the planner saw such rebuilds cost a peak they do not. So an
-intermediate that is a view counts no bytes, and a chain op that forwards its
-output into a chain intermediate's buffer takes its forwarded bytes off the
-chain's transient bytes.
-
 Note [Views read as their owner]
 A view (Note [Views] in job_graph) reads its owner's buffer, so each read of
 it is an access of the owner: the owner's gaps lie between the reads of
@@ -149,13 +134,9 @@ class TensorAccessSequence:
                 for rop_name in ev.ops:
                     rop = self.ops_by_name[rop_name]
                     for o in rop.outputs:
-                        if o != ev.target and not graph.tensors[o].view_of:   # Note [Views] in job_graph
+                        if o != ev.target:
                             transient += graph.tensors[o].size_bytes
-                    # Note [Forwarding in a recomputed chain]
-                    if rop.forwarded_bytes and chain_out.intersection(rop.inputs):
-                        transient -= rop.forwarded_bytes
                     chain_out.update(rop.outputs)
-                transient = max(0, transient)
                 first_chain = len(step_names)
                 for rop_name in ev.ops:
                     rop = self.ops_by_name[rop_name]

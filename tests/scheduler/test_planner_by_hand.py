@@ -6,7 +6,6 @@ import pytest
 
 from tensile_tf.scheduler import (GraphBuilder, JobFootprint, JobGraph, LatencyTable, Plan, Planner, PlannerJob,
                                   TensorAccessSequence, UniformLatency)
-from tensile_tf.scheduler.plan import RecomputeEvent
 from tensile_tf.scheduler.planner import UNPLANNED_FITS, plan_in_step_order
 from tests.scheduler.graphs import FIG1_STEP_BYTES, fig1_graph, recompute_graph
 
@@ -451,33 +450,3 @@ def test_a_free_order_plan_keeps_its_swaps():
                       enable_recompute=False, step_order="free")
     plan = planner.plan()
     assert sorted(e.tensor for e in plan.jobs["idle"].swap_outs) == ["x", "z"] and planner.dropped_swaps == 0
-
-
-def test_a_recomputed_chain_that_writes_in_place_holds_one_buffer():
-    # Note [Forwarding in a recomputed chain]: b and c write their outputs into
-    # their input's buffer (forwarded_bytes), so rebuilding t runs a, b and c in
-    # a's one buffer, which becomes t's; r, a view of m, has no bytes of its own
-    b = GraphBuilder("in_place")
-    b.tensor("x", 50, "input")
-    b.op("a", inputs=["x"], outputs={"m": 100})
-    b.op("view", inputs=["m"], outputs={"r": 100})
-    b.op("b", inputs=["r"], outputs={"n": 100})
-    b.op("c", inputs=["n"], outputs={"t": 100})
-    b.op("early", inputs=["t"], outputs={"e": 1})
-    b.op("other", outputs={"o": 10})
-    b.op("late", inputs=["t", "o"], outputs={"y": 1})
-    g = b.build()
-    g.tensors["r"].view_of = "m"
-    for name in ("b", "c"):
-        g.op(name).forwarded_bytes = 100
-    ev = RecomputeEvent("in_place", "t", "early", "late", "other", ["a", "view", "b", "c"], 100, 4.0, 25.0)
-    tas = TensorAccessSequence(g, UNIT, recomputes=[ev])
-    rebuilt = [k for k, s in enumerate(tas.step_names) if not tas.is_original[k]]
-    assert [tas.step_op[k] for k in rebuilt] == ["a", "view", "b", "c"]
-    # the chain's intermediates (m, r, n) add nothing beside the target while it runs
-    assert [int(tas.temp[k]) for k in rebuilt] == [0, 0, 0, 0]
-    # without forwarding, m and n are two more buffers of 100 bytes each (r, a view, none)
-    for name in ("b", "c"):
-        g.op(name).forwarded_bytes = 0
-    tas = TensorAccessSequence(g, UNIT, recomputes=[ev])
-    assert [int(tas.temp[k]) for k in rebuilt] == [200, 200, 200, 200]
