@@ -77,6 +77,13 @@ def _re_creatable(ops_by_name: dict, view) -> bool:
     return op is not None and not op.stateful
 
 
+def _starts(end: np.ndarray) -> np.ndarray:
+    """Each step starts exactly when the one before it ends (``end - latency``
+    can round a hair past it, and a transfer timed at an op's end then lands in
+    that op instead of the next)."""
+    return np.concatenate(([0.0], end[:-1])) if len(end) else np.zeros(0)
+
+
 class TensorAccessSequence:
     """The Tensor Access Sequence of one job, stored as flat arrays for speed.
 
@@ -175,7 +182,7 @@ class TensorAccessSequence:
         self.is_original = np.array([s == o for s, o in zip(step_names, step_op)], dtype=bool)
         self.latency = np.asarray(lat, dtype=np.float64)
         self.end = np.cumsum(self.latency) if n else np.zeros(0)
-        self.start = self.end - self.latency
+        self.start = _starts(self.end)
         self.period_s = float(self.end[-1]) if n else 0.0
         self.temp = np.asarray(temp, dtype=np.int64)
         self.concurrent = np.zeros(n, dtype=np.int64)
@@ -290,7 +297,7 @@ class TensorAccessSequence:
                           dtype=np.float64, count=self.n)
         new.latency = lat
         new.end = np.cumsum(lat)
-        new.start = new.end - lat
+        new.start = _starts(new.end)
         new.period_s = float(new.end[-1]) if self.n else 0.0
         new._start_l = new.start.tolist()
         new._end_l = new.end.tolist()

@@ -105,13 +105,13 @@ def test_a_recompute_that_moves_one_jobs_peak_off_the_others_stays_above_the_flo
     assert plan.pool_planned_peak_bytes >= working_set_floor(jobs)
 
 
-# _KNOWN_MISSES: random search found a plan predicted below the working-set
-# floor (17 < 18 B) and a swap-only plan below the deadline-aware link bound
-# (4 < 5 B), on graphs whose parameters and slots only updates touch; both
-# fail the same at 35d2043, before this derandomizing. They are open bugs,
-# written up in the issue 19 note of 2026-11-27; these properties run a fixed
-# example set so CI does not turn on whether the search meets one.
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)  # see _KNOWN_MISSES
+# The properties run a fixed example set (derandomize) so CI does not turn on
+# what a random search meets. A random search (2000 examples each) once found
+# a plan under the working-set floor and a swap-only plan under the deadline
+# bound: both were one gap swapped twice (Note [One swap per gap] in
+# swap_scheduling; the hand-worked case at the end of this file). At that fix
+# both properties passed 2000 random examples.
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(scenarios())
 def test_no_plan_goes_below_the_working_set_floor(scn):
     jobs, _, _ = scn
@@ -119,7 +119,7 @@ def test_no_plan_goes_below_the_working_set_floor(scn):
     assert plan.pool_planned_peak_bytes >= working_set_floor(jobs)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)  # see _KNOWN_MISSES
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(scenarios())
 def test_no_swap_only_plan_goes_below_the_deadline_aware_link_bound(scn):
     jobs, bandwidth, frac = scn
@@ -132,7 +132,7 @@ def test_no_swap_only_plan_goes_below_the_deadline_aware_link_bound(scn):
         bound.deadline_bound_peak_bytes <= bound.vanilla_peak_bytes
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)  # see _KNOWN_MISSES
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(scenarios())
 def test_bottleneck_restarts_never_raise_the_peak_and_keep_the_invariants(scn):
     jobs, bandwidth, frac = scn
@@ -191,3 +191,26 @@ def test_a_plan_that_peaks_no_lower_than_the_unplanned_steps_is_not_applied():
     assert plan.stop_reason == NO_GAIN
     assert not any(jp.swap_outs or jp.swap_ins or jp.recomputes for jp in plan.jobs.values())
     assert plan.pool_planned_peak_bytes == plan.pool_vanilla_peak_bytes == 252
+
+
+def test_a_second_peak_in_a_swapped_gap_moves_the_swap_in_instead_of_booking_it_twice():
+    """Found by a random search of the floor property (kept as it came, tidied):
+    w0 (2 bytes) is read at op9 and updated at the end. Swapped for the
+    peak at op6 it came back during op7; op7 then peaked and the planner
+    booked w0's gap a second time, so the footprint took w0 off twice over
+    op1..op6 and predicted 5 bytes under a 6-byte floor. Note [One swap per
+    gap]: the booked swap-in moves after op7 instead."""
+    b = GraphBuilder("job0")
+    b.tensor("x", 1, "input").tensor("w0", 2, "parameter")
+    for k in range(13):
+        b.op(f"op{k}", inputs=["w0" if k == 9 else "x"], outputs={f"t{k}_0": 1}, temp_bytes={6: 4, 7: 3}.get(k, 0))
+    b.op("upd0", inputs=["t0_0"], updates=["w0"])
+    g = b.build()
+    lat = {o.name: 1.0 for o in g.ops} | {f"op{k}": 0.05 for k in range(7)} | {"op7": 0.5}
+    jobs = [PlannerJob(g, LatencyTable(lat))]
+    planner = Planner(jobs, pool_bytes=1, bandwidth_bytes_per_s=1e12)
+    plan = planner.plan()
+    assert plan.pool_planned_peak_bytes >= working_set_floor(jobs) == 6
+    check_invariants(planner, plan)
+    w0 = [d for d in planner.order if d.i == planner.jobs[0].tas.tindex["w0"]]
+    assert len(w0) == 1 and w0[0].in_step == planner.jobs[0].tas.step_index["op8"]

@@ -58,6 +58,10 @@ def check_invariants(planner: Planner, plan: Plan) -> None:
         jp = plan.jobs[js.name]
         T = tas.period_s
         assert (fp.F >= 0).all() and (fp.F <= fp.base).all()
+        # Note [One swap per gap]: no tensor is taken off the device twice at one step
+        for i, ranges in fp.absences.items():
+            steps = [k for a, b in ranges for k in range(a, b)]
+            assert len(steps) == len(set(steps)), (js.name, tas.tensor_names[i], ranges)
         # every released tensor is swapped in or recomputed before its next use
         for i in fp.absences:
             for k in tas.acc[i]:
