@@ -96,6 +96,8 @@ class _PolicyPlanner(Planner):
         self.bottleneck_restarts = 0   # Note [Bottleneck first] is TENSILE's, not the baseline's policy
         self.keep_plans_without_gain = True   # Note [Never above unplanned]: a policy's plan is what is measured
         self.drop_idle_swaps = False          # Note [Transfers that lower no peak] is TENSILE's, not the policy's
+        self.chain_limits = self.chain_limits[:1]   # Note [Chain limits tried] is TENSILE's, not the policy's
+        self.max_chain = self.chain_limits[0]
 
     def _loop(self) -> None:
         self.iterations = 1

@@ -450,3 +450,45 @@ def test_a_free_order_plan_keeps_its_swaps():
                       enable_recompute=False, step_order="free")
     plan = planner.plan()
     assert sorted(e.tensor for e in plan.jobs["idle"].swap_outs) == ["x", "z"] and planner.dropped_swaps == 0
+
+
+def _five_op_chain_graph():
+    """c (100) is rebuilt for b1 only from x, through four released
+    intermediates: a chain of five ops."""
+    b = GraphBuilder("chain5")
+    b.tensor("x", 10, "input")
+    src = "x"
+    for k in range(1, 5):
+        b.op(f"f{k}", inputs=[src], outputs={f"a{k}": 20})
+        src = f"a{k}"
+    b.op("f5", inputs=["a4"], outputs={"c": 100})
+    b.op("f6", inputs=["c"], outputs={"big": 300})
+    b.op("f7", inputs=["big"], outputs={"s": 10})
+    b.op("b1", inputs=["s", "c"], outputs={"g": 10})
+    # f7 holds x, c, big, s = 420; with c rebuilt for b1 it holds 320, and f6 410
+    return b.build()
+
+
+def test_the_planner_tries_a_longer_chain_when_the_first_limit_rebuilds_nothing():
+    """Note [Chain limits tried]: with chains of at most 4 ops c cannot be
+    rebuilt and the budget is missed; the pass at 6 rebuilds it with all five
+    ops, and that plan is kept."""
+    job = PlannerJob(_five_op_chain_graph(), UNIT)
+    four = Planner([job], bandwidth_bytes_per_s=1.0, pool_bytes=410, max_chain=4).plan()
+    assert not four.jobs["chain5"].recomputes and four.pool_planned_peak_bytes == 420
+    planner = Planner([job], bandwidth_bytes_per_s=1.0, pool_bytes=410)
+    plan = planner.plan()
+    (ev,) = plan.jobs["chain5"].recomputes
+    assert ev.target == "c" and ev.ops == ["f1", "f2", "f3", "f4", "f5"]
+    assert plan.pool_planned_peak_bytes == 410 and plan.budget_met
+    assert planner.max_chain == 6 and set(planner.pass_costs) == {4, 6}
+    assert planner.pass_costs[6] < planner.pass_costs[4]
+
+
+def test_a_plan_that_tries_no_recomputation_is_planned_once():
+    """Note [Chain limits tried]: swaps meet the budget, so no longer chain could
+    change the plan: one pass, at the first limit."""
+    planner = Planner([PlannerJob(fig1_graph(), UNIT)], bandwidth_bytes_per_s=1e6,
+                      pool_bytes=max(FIG1_STEP_BYTES) - 100)
+    planner.plan()
+    assert planner.recompute_rounds == 0 and list(planner.pass_costs) == [4] and planner.max_chain == 4

@@ -108,6 +108,22 @@ def test_plans_keep_the_invariants(scn):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_the_plan_kept_costs_no_more_than_a_plan_at_any_one_of_its_chain_limits(scn):
+    """Note [Chain limits tried]: planning at limits 2 and 4 keeps a plan that
+    ranks no worse than planning at either alone."""
+    jobs, bandwidth, frac = scn
+    budget = None if frac is None else max(1, int(Planner(jobs, max_iterations=0).plan().pool_vanilla_peak_bytes * frac))
+    both = Planner(jobs, pool_bytes=budget, bandwidth_bytes_per_s=bandwidth, max_chain=(2, 4))
+    plan = both.plan()
+    check_invariants(both, plan)
+    for limit in (2, 4):
+        one = Planner(jobs, pool_bytes=budget, bandwidth_bytes_per_s=bandwidth, max_chain=limit)
+        one.plan()
+        assert both.pass_costs[both.max_chain] <= one.pass_costs[limit]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(), st.floats(0.5, 2.0))
 def test_replans_keep_the_invariants(scn, scale):
     jobs, bandwidth, frac = scn
