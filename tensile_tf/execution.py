@@ -592,12 +592,16 @@ def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
                   coincident_peaks: bool = False,
                   peaking_jobs: int | None = None,
                   unplanned_peaking_jobs: int | None = None,
-                  strategy: str = "tensile", step_order: str = "plan") -> tuple[Plan, dict[str, PlannedStep]]:
+                  strategy: str = "tensile", step_order: str = "plan",
+                  unchain: bool = True) -> tuple[Plan, dict[str, PlannedStep]]:
     """Plans captured jobs together and rewrites each one's step.
     ``peaking_jobs``: with ``coincident_peaks``, how many jobs' peaks meet
     (Note [Paired peaks] in tensile_tf.scheduler.peak_analysis);
     ``unplanned_peaking_jobs``: how many meet while no job runs a plan (whether
     the unplanned steps fit; default ``peaking_jobs``).
+    ``unchain``: a plan-order step leaves its ops free inside runs where the
+    footprint has slack (Note [Unchained runs] in
+    tensile_tf.scheduler.unchained_runs); False chains every op.
     ``strategy``: the planner's policy, TENSILE's Algorithm 3 or a baseline
     on the same sequences, link and swap ops (``scheduler.baselines.STRATEGIES``).
     ``step_order``: "plan" chains each planned step's ops in plan order,
@@ -613,7 +617,7 @@ def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
                               bandwidth_bytes_per_s=bandwidth_bytes_per_s or DEFAULT_BANDWIDTH_BYTES_PER_S,
                               horizon_iterations=horizon_iterations, enable_recompute=enable_recompute,
                               coincident_peaks=coincident_peaks, peaking_jobs=peaking_jobs,
-                              unplanned_peaking_jobs=unplanned_peaking_jobs)
+                              unplanned_peaking_jobs=unplanned_peaking_jobs, unchain=unchain)
     steps = {c.job.name: apply_plan(c.job.step_fn, c.job.example_args, plan.jobs[c.job.name], c.graph,
                                     delta_scale=delta_scale)
              for c in captured}

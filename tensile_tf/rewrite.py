@@ -39,7 +39,10 @@ parallelism between graph ops is given up: little on a chain model, but
 InceptionV3's step (batch 48, 2 cores) takes 1.4-1.5x as long chained as
 unchained, so a plan can instead
 leave its ops free and be planned for that (Note [Free-order plans] in
-tensile_tf/scheduler/peak_analysis.py). ``tensile_tf.execution.executor_order``
+tensile_tf/scheduler/peak_analysis.py). A plan-order plan chains runs of
+ops, not single ops, where its footprint has slack for any order inside a
+run (``JobPlan.unchained_runs``, Note [Unchained runs] in
+tensile_tf/scheduler/unchained_runs.py). ``tensile_tf.execution.executor_order``
 picks the order close to the one TF's executor would pick anyway.
 
 Every added control edge is checked for cycles first; an anchor that would
@@ -173,6 +176,8 @@ class RewriteReport:
     rewired_edges: int = 0
     views_made_again: int = 0             # view ops cloned onto a swapped-in or recomputed owner (Note [Views made again])
     order_edges: int = 0                  # control edges chaining the ops in plan order (Note [Plan order])
+    unchained_ops: int = 0                # ops in runs that wait as a whole, not one by one (Note [Unchained runs])
+    run_barriers: int = 0                 # NoOps between two runs of several ops (Note [Unchained runs])
     dropped_anchors: int = 0              # control edges left out because they would close a cycle
     restore_needed: list[str] = field(default_factory=list)   # variables kept on the host between steps
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (event, reason)
@@ -403,12 +408,12 @@ class _Rewriter:
         self.edit = _GraphEdit(self.fg.as_graph_def())
         self.pos = {o.name: k for k, o in enumerate(graph.ops)}
         self.report = RewriteReport(job_plan.name)
+        self._uid = 0
         self._bypass_identity_n()
         if enforce_order:
             self._chain()
         self.clone_of: dict[str, str] = {}   # recomputation clone node -> the node it copies
         self.outputs = {self.edit.canonical(*_split_input(t.name)[:2]) for t in self.fg.outputs}
-        self._uid = 0
         self._consumers: dict[tuple[str, int], list[tuple[int, str, int]]] | None = None
         # Note [Views made again]: owner -> its views whose reads the planner counted as the owner's
         tas = TensorAccessSequence(graph, UniformLatency())
@@ -449,14 +454,39 @@ class _Rewriter:
             self.edit.remove_nodes(set(gone))
 
     def _chain(self) -> None:
-        """Note [Plan order]: a control edge from each op to the next in plan order."""
-        prev = None
+        """Note [Plan order]: every op waits for the one before it in plan
+        order, except inside the plan's unchained runs (Note [Unchained runs]
+        in tensile_tf/scheduler/unchained_runs.py), which wait as a whole:
+        every op of a run after every op of the block before it."""
+        blocks: list[list[str]] = []
+        run_of = {}
+        for r, (first, last) in enumerate(self.plan.unchained_runs):
+            a, b = self.pos.get(first), self.pos.get(last)
+            if a is None or b is None:
+                continue
+            for o in self.graph.ops[a:b + 1]:
+                run_of[o.name] = r
+        current = None
         for o in self.graph.ops:
             if o.name not in self.edit.nodes:
                 continue
-            if prev is not None and self.edit.add_control(prev, o.name, check=False):
-                self.report.order_edges += 1
-            prev = o.name
+            r = run_of.get(o.name)
+            if r is None or r != current:
+                blocks.append([])
+            blocks[-1].append(o.name)
+            current = r
+        for before, after in zip(blocks, blocks[1:]):
+            if len(before) > 1 and len(after) > 1:
+                barrier = self._name("run_barrier", after[0])
+                self.edit.add_node(barrier, "NoOp", [f"^{x}" for x in before], {})
+                self.report.order_edges += len(before)
+                self.report.run_barriers += 1
+                before = [barrier]
+            for x in before:
+                for y in after:
+                    if self.edit.add_control(x, y, check=False):
+                        self.report.order_edges += 1
+        self.report.unchained_ops = sum(len(b) for b in blocks if len(b) > 1)
 
     # -- helpers -------------------------------------------------------------
     def _name(self, kind: str, what: str) -> str:

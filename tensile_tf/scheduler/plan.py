@@ -82,6 +82,8 @@ class JobPlan:
     order_only: bool = False          # no events, yet run in plan order: it lowers the peak (Note [Free-running steps])
     step_order: str = "plan"          # "plan": ops chained in plan order; "free": on the executor's threads
                                       # (Note [Free-order plans] in peak_analysis)
+    unchained_runs: list[list[str]] = field(default_factory=list)   # [first op, last op]: runs of plan order
+                                      # whose ops run free, chained as a whole (Note [Unchained runs])
 
     @property
     def changes_step(self) -> bool:

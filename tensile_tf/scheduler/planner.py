@@ -106,6 +106,7 @@ from tensile_tf.scheduler.plan import JobPlan, Plan, ReleaseEvent, SwapEvent
 from tensile_tf.scheduler.recompute import recomputation_scheduling
 from tensile_tf.scheduler.state import JobState, SwapDecision
 from tensile_tf.scheduler.swap_scheduling import SwapChannel, scheduling_swap, swap_scheduling
+from tensile_tf.scheduler.unchained_runs import unchained_runs
 
 #: PCIe 3.0 x16 as seen by cudaMemcpyAsync from pinned memory, ~12 GiB/s.
 DEFAULT_BANDWIDTH_BYTES_PER_S = 12 * 2**30
@@ -156,7 +157,8 @@ class Planner:
                  max_iterations: int = 100_000,
                  coincident_peaks: bool = False, peaking_jobs: int | None = None,
                  unplanned_peaking_jobs: int | None = None,
-                 bottleneck_restarts: int = 3, step_order: str = "plan", drop_idle_swaps: bool = True):
+                 bottleneck_restarts: int = 3, step_order: str = "plan", drop_idle_swaps: bool = True,
+                 unchain: bool = True):
         if not jobs:
             raise ValueError("planner: no jobs to plan")
         if step_order not in STEP_ORDERS:
@@ -193,6 +195,7 @@ class Planner:
         self.unplanned_peaking_jobs = unplanned_peaking_jobs if unplanned_peaking_jobs is not None else peaking_jobs
         self.bottleneck_restarts = bottleneck_restarts   # Note [Bottleneck first]
         self.drop_idle_swaps = drop_idle_swaps           # Note [Transfers that lower no peak]
+        self.unchain = unchain                           # Note [Unchained runs] in scheduler.unchained_runs
         self.dropped_swaps = 0
         self.step_order = step_order                      # Note [Free-order plans] in peak_analysis
         self.bottlenecks: list[dict[int, int]] = []       # job -> step, served first in this order
@@ -541,6 +544,11 @@ class Planner:
             jp.swap_ins.sort(key=lambda e: e.start_s)
             jp.swapped_bytes_per_iteration = moved
             jobs[js.name] = jp
+        if self.unchain and self.step_order == "plan":     # Note [Unchained runs]
+            runs = unchained_runs([js.tas for js in self.jobs], [js.fp for js in self.jobs],
+                                  [ordered[js.j] for js in self.jobs], self.timeline, pool_peak)
+            for js, r in zip(self.jobs, runs or ()):
+                jobs[js.name].unchained_runs = r
         vanilla_peak = self._vanilla_pool_peak
         if self.stop_reason == UNPLANNED_FITS:   # Note [Paired peaks]: judged, and predicted, with the unplanned k
             vanilla_peak = pool_peak = self._unplanned_pool_peak

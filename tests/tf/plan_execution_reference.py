@@ -52,6 +52,8 @@ parser.add_argument("--step-order", default="plan", choices=("plan", "free", "au
                     help="run planned steps chained in plan order, or free on the executor's threads, or free when "
                          "that plan meets the budget "
                          "(Note [Free-order plans] in tensile_tf.scheduler.peak_analysis)")
+parser.add_argument("--chained", action="store_true",
+                    help="chain every planned op in plan order (no unchained runs, Note [Unchained runs])")
 parser.add_argument("--paired-vanilla", action="store_true",
                     help="with --planned and one job: also build the job's unplanned twin (same seed: same weights and "
                          "batches) and run its step right after each planned step, in this process; its steps' times, "
@@ -196,7 +198,7 @@ if args.planned:
     plan, steps = plan_captured(captured, pool_bytes=budget, enable_recompute=not args.no_recompute,
                                 bandwidth_bytes_per_s=args.bandwidth or None,
                                 coincident_peaks=args.coincident_peaks, strategy=args.strategy,
-                                step_order=args.step_order)
+                                step_order=args.step_order, unchain=not args.chained)
     if args.bandwidth:   # the swap link's ceilings for this capture (tensile_tf.scheduler.link_bound)
         from tensile_tf.scheduler.link_bound import swap_link_bound
 

@@ -61,6 +61,23 @@ def test_measured_peak_drops_below_vanilla(runs):
     assert steady_planned < min(vanilla["peaks"]), (name, vanilla["peaks"], planned["peaks"])
 
 
+def test_a_planned_step_leaves_its_slack_runs_unchained(runs):
+    """Note [Unchained runs]: the rewrite chains runs of ops, not every op,
+    where the plan's footprint has slack; training stays bit for bit (above)."""
+    name, _, planned = runs
+    report = planned["jobs"]["job0"]["report"]
+    assert report["unchained_ops"] > 0 and report["order_edges"] > 0, (name, report)
+
+
+def test_a_chained_plan_has_no_unchained_run_and_trains_the_same():
+    common = [*MODELS["mlp"], "--steps", "3", "--planned", "--budget-frac", "0.6"]
+    unchained, chained = _run(common), _run([*common, "--chained"])
+    assert chained["jobs"]["job0"]["report"]["unchained_ops"] == chained["jobs"]["job0"]["report"]["run_barriers"] == 0
+    assert unchained["jobs"]["job0"]["report"]["unchained_ops"] > 0
+    assert chained["jobs"]["job0"]["losses"] == unchained["jobs"]["job0"]["losses"]
+    assert chained["jobs"]["job0"]["weights_sha256"] == unchained["jobs"]["job0"]["weights_sha256"]
+
+
 def test_a_paired_vanilla_twin_trains_what_the_unplanned_run_trains():
     """Note [Paired vanilla steps] in benchmarks/baseline_suite.py: the twin
     stepped beside the planned job is the unplanned run, in the same process."""
