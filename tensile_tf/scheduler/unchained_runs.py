@@ -74,41 +74,40 @@ def run_bounds(tas: TensorAccessSequence, fp: JobFootprint, limit: int) -> tuple
     resident = [fp.resident_at(k) for k in range(n)]
     size = tas.size
 
-    def arriving(k: int, held: np.ndarray) -> tuple[np.ndarray, int]:
-        """Tensors resident at step k that its run may hold before k starts
-        (swap-ins and rebuilds counted from k): not made by k itself."""
+    def hold(first: int, last: int, held: np.ndarray) -> int:
+        """Marks what steps first..last keep on the device as held; the
+        bytes it adds, their scratch included."""
+        added = 0
+        for k in range(first, last + 1):
+            new = resident[k][~held[resident[k]]]
+            held[new] = True
+            added += int(size[new].sum()) + int(scratch[k])
+        return added
+
+    def arriving(k: int, held: np.ndarray) -> int:
+        """Bytes resident at step k that its run may hold before k starts
+        (swap-ins and rebuilds counted from k), not held yet and not made by k."""
         if k >= n:
-            return np.zeros(0, dtype=np.int64), 0
+            return 0
         r = resident[k]
-        r = r[(tas.first[r] < k) & ~held[r]]
-        return r, int(size[r].sum())
+        return int(size[r[(tas.first[r] < k) & ~held[r]]].sum())
 
     runs: list[tuple[int, int]] = []
     u = 0
     while u < len(units):
         a, b = units[u]
         held = np.zeros(len(size), dtype=bool)
-        total = 0
-        for k in range(a, b + 1):
-            new = resident[k][~held[resident[k]]]
-            held[new] = True
-            total += int(size[new].sum()) + int(scratch[k])
+        total = hold(a, b, held)
         v = u
         while v + 1 < len(units):
             c, d = units[v + 1]
             trial = held.copy()
-            more = 0
-            for k in range(c, d + 1):
-                new = resident[k][~trial[resident[k]]]
-                trial[new] = True
-                more += int(size[new].sum()) + int(scratch[k])
-            after, late = arriving(d + 1, trial)
-            if total + more + late > limit:
+            more = hold(c, d, trial)
+            if total + more + arriving(d + 1, trial) > limit:
                 break
             held, total, v, b = trial, total + more, v + 1, d
-        after, late = arriving(b + 1, held)
         if v > u:
-            bound[a:b + 1] = np.maximum(bound[a:b + 1], total + late)
+            bound[a:b + 1] = np.maximum(bound[a:b + 1], total + arriving(b + 1, held))
         runs.append((a, b))
         u = v + 1
     return runs, bound
