@@ -44,18 +44,22 @@ tensor back from that op on: the slack is up to one op's latency, and the
 prediction holds the memory it costs.
 
 Note [One swap per gap]
-A swap booked for one peak brings its tensor back, as late as the channel
-allows, before the access it serves; a later peak inside the same gap then
-finds the tensor resident again. Booking that gap a second time took the
-tensor off the footprint twice over the steps both absences cover, so the
-plan predicted less than its steps hold (a property search found a 5-byte
-plan under its 6-byte working-set floor). The booked swap-in moves after the
-later peak instead, where the channel has room (``_swap_in_later``); the
-swap-out and the host copy stay. None of the saved ResNet50 captures (capped
-or unlimited link) had a doubly absent step, so their plans are unchanged.
-A step starts exactly where the one before ends (``access_sequence``): with
-``end - latency`` a swap-in timed at op k's end could count as running in
-op k and fail the check that it follows the peak.
+A gap of a tensor is swapped at most once. A swap booked for one peak brings
+its tensor back before the access it serves; were a later peak inside the
+same gap to find it resident again and book the gap a second time, the
+footprint would take the tensor off twice over the steps both absences
+cover, and the plan would predict less than its steps hold. A property
+search found exactly that (a 5-byte plan under its 6-byte working-set
+floor; a swap-only plan under its deadline bound), caused by rounding:
+steps started at ``end - latency``, a hair past the end of the step before,
+so a swap-in timed at op k's end counted as running in op k and the tensor
+as back one op early. A step now starts exactly where the one before ends
+(``access_sequence``), and ``scheduling_swap`` refuses a gap already booked
+(``_booked_in_gap``). Within one pass the channel only fills, so moving
+the booked swap-in after the later peak would need channel time the first
+booking, placed as late as the channel allowed, did not find. None of the
+saved ResNet50 captures (capped or unlimited link) had a doubly absent
+step, so their plans are unchanged.
 """
 from __future__ import annotations
 
@@ -220,38 +224,6 @@ def _booked_in_gap(js: JobState, i: int, p: int, q: int) -> SwapDecision | None:
                  if d.i == i and d.q - d.p == q - p and (d.p - p) % n == 0), None)
 
 
-def _swap_in_later(js: JobState, channel: SwapChannel, dec: SwapDecision, m: int) -> SwapDecision | None:
-    """Note [One swap per gap]: tensor i is back on the device at step m inside
-    a gap whose swap already booked it away earlier; the booked swap-in moves
-    after m when the channel has room. Returns the decision (changed in place)
-    or None (nothing changed)."""
-    tas = js.tas
-    m_u = m + tas.n * -((m - dec.p - 1) // tas.n)      # m unrolled into the gap: dec.p < m_u <= dec.p + n
-    if not (dec.release_step < m_u < dec.q):
-        return None
-    in_lo = tas.end_u(m_u)
-    if dec.out_start is not None:
-        in_lo = max(in_lo, dec.out_start + dec.out_dur)
-    in_hi = tas.start_u(dec.q) - dec.in_dur
-    if in_hi < in_lo - _EPS:
-        return None
-    channel.release(dec.in_tag)
-    in_start = channel.latest(js.j, in_lo, in_hi, dec.in_dur)
-    in_step = None
-    if in_start is not None:
-        in_start = _at_trigger_end(js, channel, in_start, in_lo, dec.in_dur)
-        in_step = tas.step_at_u(in_start)
-    if in_step is None or not m_u < in_step <= dec.q - 1:
-        dec.in_tag = channel.reserve(js.j, dec.in_start, dec.in_dur)   # back where it was
-        return None
-    dec.in_tag = channel.reserve(js.j, in_start, dec.in_dur)
-    js.fp.remove_absence(dec.i, dec.absent)
-    dec.absent = js.fp.add_absence(dec.i, dec.release_step + 1, in_step)
-    dec.in_start, dec.in_step, dec.m = in_start, in_step, m_u
-    dec.names = (dec.names[0], dec.names[1], tas.unrolled_name(m_u))
-    return dec
-
-
 def scheduling_swap(jobs: Sequence[JobState], channel: SwapChannel, js: JobState, i: int,
                     m: int, gap: tuple[int, int] | None = None) -> SwapDecision | None:
     """Algorithm 2's scheduling_swap for tensor i of job js, so that it is off the
@@ -266,9 +238,8 @@ def scheduling_swap(jobs: Sequence[JobState], channel: SwapChannel, js: JobState
     d = channel.duration(size)
     if d <= 0:
         return None
-    booked = _booked_in_gap(js, i, p, q)
-    if booked is not None:
-        return _swap_in_later(js, channel, booked, m)
+    if _booked_in_gap(js, i, p, q) is not None:
+        return None      # Note [One swap per gap]
     w = tas.last_write_le(i, p)
     version_key = (i, w % tas.n) if w is not None else (i, -1)
     peak_start = tas.start_u(m)

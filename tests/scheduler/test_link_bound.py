@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 
 from tensile_tf.scheduler import GraphBuilder, LatencyTable, Planner, PlannerJob
 from tensile_tf.scheduler.planner import NO_GAIN
+from tensile_tf.scheduler.swap_scheduling import scheduling_swap
 from tensile_tf.scheduler.link_bound import nested_capacity, swap_link_bound, working_set_floor
 from tests.scheduler.test_planner_properties import check_invariants, scenarios
 
@@ -193,13 +194,13 @@ def test_a_plan_that_peaks_no_lower_than_the_unplanned_steps_is_not_applied():
     assert plan.pool_planned_peak_bytes == plan.pool_vanilla_peak_bytes == 252
 
 
-def test_a_second_peak_in_a_swapped_gap_moves_the_swap_in_instead_of_booking_it_twice():
+def test_a_swapped_gap_is_booked_once():
     """Found by a random search of the floor property (kept as it came, tidied):
-    w0 (2 bytes) is read at op9 and updated at the end. Swapped for the
-    peak at op6 it came back during op7; op7 then peaked and the planner
-    booked w0's gap a second time, so the footprint took w0 off twice over
-    op1..op6 and predicted 5 bytes under a 6-byte floor. Note [One swap per
-    gap]: the booked swap-in moves after op7 instead."""
+    w0 (2 bytes) is read at op9 and updated at the end. Swapped for the peak
+    at op6 it came back, by rounding, one op early, during op7; op7 then
+    peaked and the planner booked w0's gap a second time, so the footprint
+    took w0 off twice over op1..op6 and predicted 5 bytes under a 6-byte
+    floor. Note [One swap per gap]: one booking, back during op8."""
     b = GraphBuilder("job0")
     b.tensor("x", 1, "input").tensor("w0", 2, "parameter")
     for k in range(13):
@@ -212,5 +213,10 @@ def test_a_second_peak_in_a_swapped_gap_moves_the_swap_in_instead_of_booking_it_
     plan = planner.plan()
     assert plan.pool_planned_peak_bytes >= working_set_floor(jobs) == 6
     check_invariants(planner, plan)
-    w0 = [d for d in planner.order if d.i == planner.jobs[0].tas.tindex["w0"]]
-    assert len(w0) == 1 and w0[0].in_step == planner.jobs[0].tas.step_index["op8"]
+    js = planner.jobs[0]
+    w0 = js.tas.tindex["w0"]
+    (dec,) = [d for d in planner.order if d.i == w0]
+    assert dec.in_step == js.tas.step_index["op8"]
+    # the gap is booked: no second swap of it, for any step inside it
+    for m in range(dec.release_step + 1, dec.in_step):
+        assert scheduling_swap(planner.jobs, planner.channel, js, w0, m) is None
