@@ -52,6 +52,23 @@ def _raw_scratch(tas: TensorAccessSequence) -> np.ndarray:
                        dtype=np.int64, count=tas.n)
 
 
+def _held_at_each_step(tas: TensorAccessSequence, fp: JobFootprint) -> list[np.ndarray]:
+    """The tensors whose bytes the footprint counts at each step: those on the
+    device, and those the plan takes off whose buffer a view still holds
+    (Note [Views] and Note [View takes the buffer]: their absence frees
+    nothing there)."""
+    held = [fp.resident_at(k) for k in range(tas.n)]
+    pinned: dict[int, list[int]] = {}
+    for i, ranges in fp.absences.items():
+        for a, b in ranges:
+            for k in (a + np.flatnonzero(fp._freed_by_absence(i, a, b) == 0)).tolist():
+                if tas.first[i] <= k <= tas.last[i]:
+                    pinned.setdefault(k, []).append(i)
+    for k, extra in pinned.items():
+        held[k] = np.union1d(held[k], np.asarray(extra, dtype=np.int64))
+    return held
+
+
 def run_bounds(tas: TensorAccessSequence, fp: JobFootprint, limit: int) -> tuple[list[tuple[int, int]], np.ndarray]:
     """Greedy maximal runs [a, b] of steps whose bound U (module docstring) is
     at most ``limit``, and each step's bound. A run grows by one graph op and
@@ -71,7 +88,7 @@ def run_bounds(tas: TensorAccessSequence, fp: JobFootprint, limit: int) -> tuple
             e += 1
         units.append((k, e))
         k = e + 1
-    resident = [fp.resident_at(k) for k in range(n)]
+    resident = _held_at_each_step(tas, fp)
     size = tas.size
 
     def hold(first: int, last: int, held: np.ndarray) -> int:

@@ -112,3 +112,21 @@ def test_run_bounds_stay_under_each_jobs_planned_peak(scn):
         order = [o.name for o in js.graph.ops]
         for first, last in plan.jobs[js.name].unchained_runs:
             assert order.index(first) < order.index(last)
+
+
+def test_a_buffer_a_view_pins_counts_in_a_run_while_its_owner_is_away():
+    """Note [Views]: h is taken off over pad_1..pad_2, but a stateful view of
+    it (not made again by the rewrite) holds its buffer, so the footprint
+    counts it and so does every run over those steps."""
+    from tensile_tf.scheduler.unchained_runs import _held_at_each_step
+    from tests.scheduler.test_planner_by_hand import _viewed_graph
+
+    tas = TensorAccessSequence(_viewed_graph(view_stateful=True), UNIT)
+    fp = JobFootprint(tas)
+    h = tas.tindex["h"]
+    fp.add_absence(h, 3, 6)
+    held = _held_at_each_step(tas, fp)
+    for k in (3, 4, 5):
+        assert h not in fp.resident_at(k) and h in held[k]
+    runs, bound = run_bounds(tas, fp, 160)
+    assert runs == [(0, 3), (4, 5), (6, 7)] and bound.tolist() == [101, 101, 101, 101, 160, 160, 112, 112]
