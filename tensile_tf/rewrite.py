@@ -66,7 +66,11 @@ read it as after any swap-in. A variable's swap-in that serves a
 recomputation (a recomputed convolution reads its kernel) had its gap skipped
 the same way (ResNet50 64x64, batch 16, half its peak on the capped link: 4
 such gaps); the gate now reads the variable through a fresh read after the
-swap-in (Note [Reads that outlive a variable gap]).
+swap-in (Note [Reads that outlive a variable gap]). A recomputation that runs
+after a swap-in of its input but is not the one it serves reads that swap-in
+too (``_swap_in_read_by``), as the graph's consumers there do: the
+Transformer's second attention Softmax, rebuilt from the swapped query
+projection, read the query itself and held its 0.5 MiB across the gap.
 
 Note [Views made again]
 A view (a Reshape, ExpandDims... that returns its input's buffer, Note
@@ -422,6 +426,8 @@ class _Rewriter:
             self.views_read_as[tas.tensor_names[owner]].append(tas.tensor_names[v])
         # Note [Swap-ins for recomputation]: (tensor, target, before_op) -> the swap-in the gate reads
         self.swap_in_for_recompute: dict[tuple[str, str, str], str] = {}
+        # tensor -> (first position, end position, swap-in): the graph consumers each swap-in serves
+        self.swap_in_spans: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
         # variables: key "var:<name>" -> internal resource placeholder node
         vars_by_handle = {id(v.handle): v for v in self.fg.variables}
         self.var_placeholders: dict[str, list[str]] = defaultdict(list)  # a variable may be captured twice
@@ -683,9 +689,10 @@ class _Rewriter:
                     event=event if self.check_lateness else ""))
                 self._anchor(ev.trigger_op, si)
                 rec = self._recompute_served(ev)
+                read_as = _tname(*self.edit.canonical(node, idx))
                 if rec is not None:
-                    read_as = _tname(*self.edit.canonical(node, idx))
                     self.swap_in_for_recompute[(read_as, rec.target, rec.before_op)] = si
+                self.swap_in_spans[read_as].append((bounds[j], bounds[j + 1], si))
                 for p, cname, k in edges:
                     if bounds[j] <= p < bounds[j + 1]:
                         self.edit.set_input(cname, k, _tname(si, 0))
@@ -823,12 +830,25 @@ class _Rewriter:
             node = self.clone_of[node]
         return self.fg.get_tensor_by_name(_tname(node, idx)).dtype
 
+    def _swap_in_read_by(self, x: str, ev: RecomputeEvent) -> str | None:
+        """The swap-in of ``x`` that recomputation ``ev`` reads: the one that
+        serves it, else the one whose span of graph consumers holds its
+        ``before_op`` (Note [Swap-ins for recomputation]: a recomputation
+        that runs after another one's swap-in reads that swap-in, as the
+        graph's own consumers there do; reading ``x`` itself kept its
+        buffer on the device across the whole gap)."""
+        si = self.swap_in_for_recompute.get((x, ev.target, ev.before_op))
+        if si is None and ev.before_op in self.pos:
+            at = self.pos[ev.before_op]
+            si = next((s for lo, hi, s in self.swap_in_spans.get(x, ()) if lo <= at < hi), None)
+        return si
+
     def _read_for_recompute(self, x: str, ev: RecomputeEvent) -> str:
         """What a recomputation's gate reads for its outside input ``x``: the
         swap-in that serves it (Note [Swap-ins for recomputation]), or, for a
         view of a swapped owner, the view made again from the owner's swap-in
         (Note [Views made again]); else ``x`` itself."""
-        si = self.swap_in_for_recompute.get((x, ev.target, ev.before_op))
+        si = self._swap_in_read_by(x, ev)
         if si:
             return _tname(si, 0)
         for owner, views in self.views_read_as.items():
@@ -836,7 +856,7 @@ class _Rewriter:
                 if _tname(*self.edit.canonical(*_split_input(view)[:2])) != x:
                     continue
                 read_as = _tname(*self.edit.canonical(*_split_input(owner)[:2]))
-                si = self.swap_in_for_recompute.get((read_as, ev.target, ev.before_op))
+                si = self._swap_in_read_by(read_as, ev)
                 again = self._view_again(view, owner, _tname(si, 0), {}) if si else None
                 if again:
                     return again

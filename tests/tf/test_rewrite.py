@@ -444,3 +444,64 @@ def test_an_owner_swapped_across_its_views_reads_frees_its_buffer_in_the_gap():
     h_freed = _freed_at(trace, by_type["Tanh"])
     swap_in_at = next(k for k, e in enumerate(trace) if e["kind"] == "alloc" and "swap_in" in e["op"])
     assert h_freed < swap_in_at, (h_freed, swap_in_at)
+
+
+def test_a_second_recomputation_after_a_swap_in_reads_that_swap_in():
+    """Note [Swap-ins for recomputation]: a is swapped out after its forward
+    uses and back in for the recomputation of b = sin(a); the recomputation
+    of c = sigmoid(a), later, reads a too. Its gate used to read a itself
+    (the swap-in was keyed to b's recomputation only), which held a's buffer
+    on the device across the whole gap; now it reads the swap-in, as the
+    graph's own consumers after it do, and the step computes what it did."""
+    import tf_plugin
+
+    from tensile_tf.scheduler.access_sequence import recompute_step_name
+
+    @tf.function(jit_compile=False, autograph=False)
+    def step(x):
+        a = tf.tanh(x)
+        b = tf.sin(a)
+        c = tf.sigmoid(a)
+        early = tf.reduce_sum(b) + tf.reduce_sum(c)
+        d = tf.cos(tf.exp(x))
+        middle = tf.reduce_sum(d)
+        late_b = tf.reduce_max(b)
+        return early + middle + late_b + tf.reduce_min(c)
+
+    x = tf.constant(np.linspace(-1, 1, 1 << 20, dtype=np.float32).reshape(1024, 1024))
+    graph = capture_job_graph("twice", step, (x,))
+    names = [o.name for o in graph.ops]
+    by_type = {o.op_type: o.name for o in graph.ops}
+    sin, sig, cos = by_type["Sin"], by_type["Sigmoid"], by_type["Cos"]
+    late_b, late_c = by_type["Max"], by_type["Min"]
+    early_b = next(c for c in graph.tensors[f"{sin}:0"].consumers if c != late_b)
+    early_c = next(c for c in graph.tensors[f"{sig}:0"].consumers if c != late_c)
+    middle = next(c for c in graph.tensors[f"{cos}:0"].consumers)
+    first, second = sorted([(late_b, sin, early_b), (late_c, sig, early_c)], key=lambda r: names.index(r[0]))
+    size = 1 << 22
+    recomputes = [RecomputeEvent("twice", f"{op}:0", release_after_op=early, before_op=late,
+                                 trigger_op=names[names.index(late) - 1], ops=[op], size_bytes=size, time_s=0.0,
+                                 msps=0.0) for late, op, early in (first, second)]
+    a = f"{by_type['Tanh']}:0"
+    last_forward = max(sin, sig, key=names.index)
+    assert max(names.index(early_b), names.index(early_c)) < names.index(middle) < names.index(first[0])
+    plan = JobPlan("twice", recomputes=recomputes,
+                   swap_outs=[SwapEvent("twice", a, "swap_out", last_forward, 0.0, 0.0, 0.0, size,
+                                        release_after_op=last_forward)],
+                   swap_ins=[SwapEvent("twice", a, "swap_in", middle, 0.0, 0.0, 0.0, size,
+                                       serves_op=recompute_step_name(first[1], f"{first[1]}:0"))])
+    pool = tf_plugin.device_pool()
+    pool.set_trace_enabled(True)
+    planned = apply_plan(step, (x,), plan, graph)
+    assert not planned.report.skipped, planned.report.skipped
+    assert planned.report.recomputes == 2 and planned.report.activation_swap_ins == 1
+    gates = [n for n in planned.graph_def.node if n.op == "TensileRecomputeGate"]
+    assert len(gates) == 2
+    for gate in gates:
+        data = [i for i in gate.input if not i.startswith("^")]
+        assert len(data) == 1 and data[0].startswith("tensile/swap_in_"), gate.input
+    out, trace = _run_traced(planned, x, pool)
+    assert out.tobytes() == step(x).numpy().tobytes()
+    # a's buffer leaves the pool before the swap-in allocates its copy
+    a_freed = _freed_at(trace, by_type["Tanh"])
+    assert a_freed < next(k for k, e in enumerate(trace) if e["kind"] == "alloc" and "swap_in" in e["op"])
