@@ -222,6 +222,14 @@ class PlanPeaks(str, Enum):
     coincident = "coincident"  # the sum of their peaks (Note [Coincident peaks])
     paired = "paired"          # every floor plus the largest peak (Note [Paired peaks])
 
+    @classmethod
+    def for_pipeline(cls, pipeline: "PipelineKind") -> "PlanPeaks":
+        """The default peak model: the node-group pipeline staggers the jobs'
+        peaks (Note [Paired peaks]); free-running jobs keep no alignment, so
+        they are planned for the sum of their peaks (Note [Coincident peaks]
+        in tensile_tf/scheduler/peak_analysis.py)."""
+        return cls.paired if pipeline == PipelineKind.nodegroup else cls.coincident
+
 
 class PlanOrder(str, Enum):
     """How a planned step runs its ops (Note [Free-order plans] in tensile_tf.scheduler.peak_analysis)."""
@@ -248,7 +256,7 @@ class RunSpec(_Strict):
         "start_offset_s and predicted step times; 'coincident' for the sum of the jobs' peaks (the seed's "
         "MP = sum MP_j), as if every job peaked at once; 'paired' for every job's floor plus the "
         "largest peak, as the node-group pipeline staggers them (default: 'paired' with pipeline: nodegroup, "
-        "else 'timeline')")
+        "else 'coincident': free-running jobs do not keep the offsets a time-aligned plan assumes)")
     plan_order: PlanOrder = Field(
         PlanOrder.plan, description="planner: 'plan' runs a planned step's ops one after another in plan order "
         "(the peak lands where predicted); 'free' leaves them to TensorFlow's inter-op threads and plans for "

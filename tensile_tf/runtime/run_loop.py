@@ -91,9 +91,7 @@ class JobHost:
             ensure_pool(pool_bytes)
         self.capacity = tf_plugin.device_pool().capacity
         self.planner, self.pipeline_kind = PlannerKind(planner), PipelineKind(pipeline)
-        if plan_peaks is None:  # the pipeline pairs the jobs; free-running jobs follow the timeline
-            plan_peaks = PlanPeaks.paired if self.pipeline_kind == PipelineKind.nodegroup else PlanPeaks.timeline
-        self.plan_peaks = PlanPeaks(plan_peaks)
+        self.plan_peaks = PlanPeaks(plan_peaks) if plan_peaks is not None else PlanPeaks.for_pipeline(self.pipeline_kind)
         self.swap_bandwidth = parse_bytes(swap_bandwidth, what="swap_bandwidth") if swap_bandwidth else None
         self.record_weights = record_weights
         self.model_dir = Path(model_dir) if model_dir is not None else None   # each finished job's model, saved

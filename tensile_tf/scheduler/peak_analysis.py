@@ -2,22 +2,38 @@
 
 The seed simulates Eq. 1 (MF_j^k, the footprint after access k) per job and
 then adds the per-job peaks (MP = sum MP_j). That sum assumes every job peaks at
-the same instant. Here jobs run as they will: job j starts at ``offset_j`` and
-repeats its iteration with period T_j, and the peak is the maximum of the
-*time-aligned sum* of all jobs' footprints over a horizon. When the peaks do
-coincide (Fig. 3: two jobs whose peaks meet) this equals the seed's sum; when
-they don't, it is lower and the planner does less work.
+the same instant. ``PoolTimeline`` also has the *time-aligned sum*: job j
+starts at ``offset_j`` and repeats its iteration with period T_j, and the peak
+is the maximum of the sum of all jobs' footprints over a horizon. When the
+peaks do coincide (Fig. 3: two jobs whose peaks meet) this equals the seed's
+sum; when they don't, it is lower and the planner does less work, but only
+jobs that keep those offsets reach it: jobs that run free are planned by the
+seed's sum (Note [Coincident peaks]), the node-group pipeline by its own rule
+(Note [Paired peaks]).
 
 Note [Coincident peaks]. The time-aligned sum only holds if the jobs keep the
-offsets and step times the plan assumed, and job threads sharing cores drift.
-``PoolTimeline(coincident_peaks=True)`` is the seed's own rule instead: the
-pool peak is the sum of the job peaks (MP = sum MP_j), each job's peak
-analysed at its own peak step, so the prediction holds for any alignment.
-Measured on two Transformer jobs (benchmarks/RESULTS.md) it did not close the
-gap between predicted and measured two-job peaks: each job's own measured
-peak roughly doubled beside the other (8.5 MiB alone, 15-18 MiB in pairs, for
-a plan of 8-14), so alignment is not the main error there; the time-aligned
-rule stays the default.
+offsets and step times the plan assumed, and jobs that run free side by side
+do not: their threads share the cores and their phases wander from step to
+step. ``PoolTimeline(coincident_peaks=True)`` is the seed's own rule instead:
+the pool peak is the sum of the job peaks (MP = sum MP_j), each job analysed
+at its own peak step, so the prediction holds for any alignment. It is the
+default for free-running jobs (``config.PlanPeaks.for_pipeline``); the
+time-aligned rule is ``run.plan_peaks: timeline``. Measured
+(benchmarks/RESULTS.md, Issue 19, twenty-first session): two VGG16 jobs on the
+110 MiB/s link peak in Adam's update, 64 MiB spikes a few milliseconds wide.
+Time-aligned plans, made from captures whose two latency tables put those
+spikes a little apart, predicted 1095.9 and 1141.6 MiB; their steps peaked at
+1104.6-1199.7 and 1133.2-1174.0 as the update phases met or missed, the same
+plan 95 MiB apart from one step to the next, and the 12-64 MiB of variables a
+step they swapped bought nothing at the steps where the phases met. Planned
+for the sum of the peaks, the same row predicted 1199.1 and 1192.5 and peaked
+at most at 1199.2 and 1192.7. On saved two-job captures of the Transformer,
+ResNet50 and DenseNet121 the two rules' plans reach the same sum of job peaks
+(within 1%): what the time-aligned rule saves beyond it is a bet on alignment.
+(Earlier, on two Transformer jobs, the sum rule did not close the gap between
+predicted and measured two-job peaks; the error there was each job's own
+peak, which roughly doubled beside the other: 8.5 MiB alone, 15-18 MiB in
+pairs, for a plan of 8-14.)
 
 Note [Paired peaks]. Under the node-group pipeline (seed 004, Algorithm 1)
 the jobs do not run freely side by side: only the two node groups of the

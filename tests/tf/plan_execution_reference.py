@@ -22,8 +22,11 @@ parser.add_argument("--jobs", type=int, default=1)
 parser.add_argument("--optimizer", default="adam")
 parser.add_argument("--model-args", default="{}", help="JSON keyword arguments for a zoo model")
 parser.add_argument("--cold", action="store_true", help="plan from the traced graph alone (cold start)")
-parser.add_argument("--coincident-peaks", action="store_true",
-                    help="plan for the sum of the job peaks (Note [Coincident peaks])")
+parser.add_argument("--plan-peaks", choices=["timeline", "coincident"], default="coincident",
+                    help="the jobs' peak model (config.PlanPeaks; default, as `tensile run` without the node-group "
+                         "pipeline: coincident, Note [Coincident peaks])")
+parser.add_argument("--coincident-peaks", dest="plan_peaks", action="store_const", const="coincident",
+                    help="the same as --plan-peaks coincident (the default)")
 parser.add_argument("--capture-only", action="store_true",
                     help="capture and plan, then train with the original step (isolates the capture's side effects)")
 parser.add_argument("--empty-plan", action="store_true", help="apply a plan without events (order + re-import only)")
@@ -178,7 +181,7 @@ if args.planned:
     budget = None
     if args.budget_frac:  # of the predicted vanilla pool peak (a plan with no events)
         vanilla = Planner([c.planner_job for c in captured], max_iterations=0,
-                          coincident_peaks=args.coincident_peaks).plan()
+                          coincident_peaks=args.plan_peaks == "coincident").plan()
         # of the lower of the free-running and the in-order peak, so that
         # meeting it takes events (Note [Free-running steps])
         budget = int(min(vanilla.pool_vanilla_peak_bytes, vanilla.pool_planned_peak_bytes) * args.budget_frac)
@@ -197,7 +200,7 @@ if args.planned:
         budget = 1 << 50  # met by the vanilla order: no events
     plan, steps = plan_captured(captured, pool_bytes=budget, enable_recompute=not args.no_recompute,
                                 bandwidth_bytes_per_s=args.bandwidth or None,
-                                coincident_peaks=args.coincident_peaks, strategy=args.strategy,
+                                coincident_peaks=args.plan_peaks == "coincident", strategy=args.strategy,
                                 step_order=args.step_order, unchain=not args.chained)
     if args.bandwidth:   # the swap link's ceilings for this capture (tensile_tf.scheduler.link_bound)
         from tensile_tf.scheduler.link_bound import swap_link_bound
@@ -208,7 +211,7 @@ if args.planned:
             with j["stream"].eager_scope():
                 steps[j["name"]].evict()  # the first planned step starts as every later one
     out["planning_s"] = time.perf_counter() - t0
-    out["plan"] = {"strategy": args.strategy, "step_order": next(iter(plan.jobs.values())).step_order, "pool_vanilla_peak": plan.pool_vanilla_peak_bytes,
+    out["plan"] = {"strategy": args.strategy, "peak_model": plan.peak_model, "step_order": next(iter(plan.jobs.values())).step_order, "pool_vanilla_peak": plan.pool_vanilla_peak_bytes,
                    "pool_planned_peak": plan.pool_planned_peak_bytes,
                    "iteration_s": max(jp.iteration_s for jp in plan.jobs.values()),
                    "swapped_bytes_per_iteration": sum(jp.swapped_bytes_per_iteration for jp in plan.jobs.values()),
