@@ -98,7 +98,7 @@ class JobPlan:
 
 @dataclass
 class Plan:
-    """All jobs' plans plus the pool-level prediction (the time-aligned sum of footprints)."""
+    """All jobs' plans plus the pool-level prediction (the jobs' footprints summed by ``peak_model``)."""
 
     jobs: dict[str, JobPlan]
     pool_vanilla_peak_bytes: int

@@ -28,9 +28,11 @@ executor's threads order the ops. The prediction stays an upper bound, so
 the plan reports the peak it reported chained.
 
 Where the jobs of a plan share the pool, each job's runs are cut at its own
-peak and then the pool is checked as a whole: the time-aligned sum of every
-job's run bounds (U over each step's run) must stay at or under the plan's
-predicted pool peak, else the plan keeps its full chains.
+peak and then the pool is checked as a whole: every job's run bounds (U over
+each step's run), summed as the plan sums the jobs' footprints (the sum of
+their peaks, or their time-aligned sum; Note [Coincident peaks] in
+peak_analysis), must stay at or under the plan's predicted pool peak, else
+the plan keeps its full chains.
 
 On the Transformer 3x plan (a saved capture, 1471 steps, planned 17.12 MiB):
 70 runs, 1449 steps in runs of two or more, 101 of the step's 116 ms of op
@@ -135,7 +137,7 @@ def unchained_runs(tases: Sequence[TensorAccessSequence], fps: Sequence[JobFootp
     """Each job's runs of two or more graph ops, as [first op, last op] in
     plan order, cut at the job's own planned peak (none for a job that does
     not run in plan order: it holds its free-running footprint); None when
-    the jobs' bounds, summed on the pool's time axis, would pass
+    the jobs' bounds, summed as ``timeline`` sums footprints, would pass
     ``pool_limit`` (module docstring)."""
     per_job, held = [], []
     for tas, fp, chained in zip(tases, fps, ordered):
