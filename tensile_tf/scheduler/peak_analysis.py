@@ -29,7 +29,7 @@ step they swapped bought nothing at the steps where the phases met. Planned
 for the sum of the peaks, the same row predicted 1199.1 and 1192.5 and peaked
 at most at 1199.2 and 1192.7. On saved two-job captures of the Transformer,
 ResNet50 and DenseNet121 the two rules' plans reach the same sum of job peaks
-(within 1%): what the time-aligned rule saves beyond it is a bet on alignment.
+(within 2%): what the time-aligned rule saves beyond it is a bet on alignment.
 (Earlier, on two Transformer jobs, the sum rule did not close the gap between
 predicted and measured two-job peaks; the error there was each job's own
 peak, which roughly doubled beside the other: 8.5 MiB alone, 15-18 MiB in
