@@ -179,9 +179,9 @@ if args.planned:
         with j["stream"].eager_scope():
             captured.append(capture_cold(job) if args.cold else capture_for_planning(job, step_order=args.step_order))
     budget = None
+    coincident = args.plan_peaks == "coincident"   # Note [Coincident peaks]
     if args.budget_frac:  # of the predicted vanilla pool peak (a plan with no events)
-        vanilla = Planner([c.planner_job for c in captured], max_iterations=0,
-                          coincident_peaks=args.plan_peaks == "coincident").plan()
+        vanilla = Planner([c.planner_job for c in captured], max_iterations=0, coincident_peaks=coincident).plan()
         # of the lower of the free-running and the in-order peak, so that
         # meeting it takes events (Note [Free-running steps])
         budget = int(min(vanilla.pool_vanilla_peak_bytes, vanilla.pool_planned_peak_bytes) * args.budget_frac)
@@ -200,7 +200,7 @@ if args.planned:
         budget = 1 << 50  # met by the vanilla order: no events
     plan, steps = plan_captured(captured, pool_bytes=budget, enable_recompute=not args.no_recompute,
                                 bandwidth_bytes_per_s=args.bandwidth or None,
-                                coincident_peaks=args.plan_peaks == "coincident", strategy=args.strategy,
+                                coincident_peaks=coincident, strategy=args.strategy,
                                 step_order=args.step_order, unchain=not args.chained)
     if args.bandwidth:   # the swap link's ceilings for this capture (tensile_tf.scheduler.link_bound)
         from tensile_tf.scheduler.link_bound import swap_link_bound
