@@ -31,9 +31,9 @@ from tensile_run import run_config
 
 JOBS = {
     # name: (job spec, roomy pool, cold pool: below the unplanned peak)
-    "deep-mlp": (dict(model={"builder": "tensile_tf.zoo:mlp", "args": {"hidden": [256] * 12}}, input_shape=[64],
+    "deep-mlp": (dict(model={"builder": "tensile_tf.jobs.zoo:mlp", "args": {"hidden": [256] * 12}}, input_shape=[64],
                       batch_size=8192, optimizer={"name": "adam", "learning_rate": 0.001}), "512MiB", "100MiB"),
-    "cnn": (dict(model={"builder": "tensile_tf.zoo:small_cnn", "args": {"filters": [32, 64]}},
+    "cnn": (dict(model={"builder": "tensile_tf.jobs.zoo:small_cnn", "args": {"filters": [32, 64]}},
                  input_shape=[32, 32, 3], batch_size=256, optimizer={"name": "adam", "learning_rate": 0.001}),
             "512MiB", "128MiB"),
 }
@@ -50,7 +50,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--jobs", default=",".join(JOBS))
     args = ap.parse_args()
-    from tensile_tf.calibration import predictor_path
+    from tensile_tf.tf.calibration import predictor_path
 
     cache = predictor_path()
     print(f"cold-start latencies: {'learned (' + str(cache) + ')' if cache.exists() else 'bytes touched (no cache)'}")

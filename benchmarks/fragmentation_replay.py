@@ -321,9 +321,9 @@ def record(config: str, out: str) -> None:
     os.environ.setdefault("TENSILE_POOL_TRACE_EVENTS", str(1 << 22))
     import tensile_tf
     tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
-    from tensile_tf.config import load_config
+    from tensile_tf.config.schema import load_config
     from tensile_tf.runtime import JobHost
-    from tensile_tf.jobs import Job
+    from tensile_tf.jobs.job import Job
 
     cfg = load_config(config)
     host = JobHost("1GiB", admission="none")

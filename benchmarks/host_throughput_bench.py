@@ -26,9 +26,9 @@ import json, sys, time
 import tensorflow as tf
 import tensile_tf
 tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
-from tensile_tf.config import load_config
+from tensile_tf.config.schema import load_config
 from tensile_tf.runtime import JobHost
-from tensile_tf.jobs import Job
+from tensile_tf.jobs.job import Job
 cfg = load_config({config!r})
 names = {names!r}
 host = JobHost({pool!r}, concurrency={concurrency!r}, admission={admission!r})
@@ -70,8 +70,8 @@ def main():
     ap.add_argument("--steps-scale", type=float, default=0.25, help="fraction of each job's configured steps")
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
-    from tensile_tf.config import load_config
-    from tensile_tf.memory import parse_bytes
+    from tensile_tf.config.schema import load_config
+    from tensile_tf.tf.pool import parse_bytes
 
     cfg = load_config(args.config)
     names = [j.name for j in cfg.jobs]

@@ -67,8 +67,8 @@ MODELS = {
     # name: (JobSpec model, input shape, optimizer); reduced resolution for a 2-core CPU.
     "resnet50": ({"application": "ResNet50"}, [32, 32, 3], "sgd"),
     "inceptionv3": ({"application": "InceptionV3"}, [75, 75, 3], "sgd"),
-    "small_cnn": ({"builder": "tensile_tf.zoo:small_cnn", "args": {"filters": [32, 64]}}, [64, 64, 3], "sgd"),
-    "transformer": ({"builder": "tensile_tf.zoo:transformer_encoder",
+    "small_cnn": ({"builder": "tensile_tf.jobs.zoo:small_cnn", "args": {"filters": [32, 64]}}, [64, 64, 3], "sgd"),
+    "transformer": ({"builder": "tensile_tf.jobs.zoo:transformer_encoder",
                      "args": {"heads": 4, "layers_count": 2, "ff_dim": 256}}, [64, 128], "adam"),
 }
 
@@ -76,9 +76,9 @@ CHILD = """
 import json, sys
 import tensile_tf
 tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
-from tensile_tf.config import JobSpec
+from tensile_tf.config.schema import JobSpec
 from tensile_tf.runtime import JobHost
-from tensile_tf.jobs import Job
+from tensile_tf.jobs.job import Job
 host = JobHost({pool!r}, admission="none", pipeline={pipeline!r}, split_size={split!r}, barrier_timeout_s=300,
                planner={planner!r})
 for i in range({jobs}):

@@ -29,7 +29,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tensile_tf.execution import JobToPlan, capture_for_planning  # noqa: E402
+from tensile_tf.pipeline import JobToPlan, capture_for_planning  # noqa: E402
 from tensile_tf.scheduler import JobGraph, LatencyTable, Planner, PlannerJob  # noqa: E402
 
 BATCH = 16

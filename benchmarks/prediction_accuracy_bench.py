@@ -18,10 +18,10 @@ import tensile_tf
 
 tensile_tf.install("3GiB")  # before any TensorFlow op
 
-from tensile_tf.config import load_config  # noqa: E402
-from tensile_tf.execution import JobToPlan, capture_for_planning  # noqa: E402
-from tensile_tf.jobs import Job  # noqa: E402
-from tensile_tf.memory import JobStream  # noqa: E402
+from tensile_tf.config.schema import load_config  # noqa: E402
+from tensile_tf.pipeline import JobToPlan, capture_for_planning  # noqa: E402
+from tensile_tf.jobs.job import Job  # noqa: E402
+from tensile_tf.tf.pool import JobStream  # noqa: E402
 from tensile_tf.scheduler import Planner  # noqa: E402
 
 

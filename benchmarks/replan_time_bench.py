@@ -26,8 +26,8 @@ import tensile_tf
 
 tensile_tf.install(os.environ.get("TENSILE_POOL_BYTES", "6GiB"))  # before any TF op
 
-from tensile_tf.config import JobSpec  # noqa: E402
-from tensile_tf.jobs import Job  # noqa: E402
+from tensile_tf.config.schema import JobSpec  # noqa: E402
+from tensile_tf.jobs.job import Job  # noqa: E402
 from tensile_tf.runtime import JobHost  # noqa: E402
 from tensile_tf.runtime.replanning import take_switch  # noqa: E402
 

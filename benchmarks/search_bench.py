@@ -38,16 +38,16 @@ REPO = Path(__file__).resolve().parent.parent
 
 MODELS = {
     # compute-bound on 2 cores: a step at batch 1024 keeps both cores busy
-    "cnn": ({"name": "cnn", "model": {"builder": "tensile_tf.zoo:small_cnn", "args": {"filters": [16, 32]}},
+    "cnn": ({"name": "cnn", "model": {"builder": "tensile_tf.jobs.zoo:small_cnn", "args": {"filters": [16, 32]}},
              "input_shape": [32, 32, 3], "classes": 10, "optimizer": {"name": "adam"},
              "data": {"num_batches": 2}, "steps": 30, "seed": 1}, [32, 128, 512, 1024]),
     # overhead-bound: milliseconds a step, much of it per-step Python and dispatch
-    "mlp": ({"name": "mlp", "model": {"builder": "tensile_tf.zoo:mlp", "args": {"hidden": [256, 256]}},
+    "mlp": ({"name": "mlp", "model": {"builder": "tensile_tf.jobs.zoo:mlp", "args": {"hidden": [256, 256]}},
              "input_shape": [784], "classes": 10, "optimizer": {"name": "adam"},
              "data": {"num_batches": 2}, "steps": 300, "seed": 1}, [32, 128, 512, 2048]),
     # stalled on data: each batch arrives 20 ms after it is asked for (benchmarks/search_bench_data.py),
     # the cores idle meanwhile, as with a loader on network storage
-    "io": ({"name": "io", "model": {"builder": "tensile_tf.zoo:mlp", "args": {"hidden": [128]}},
+    "io": ({"name": "io", "model": {"builder": "tensile_tf.jobs.zoo:mlp", "args": {"hidden": [128]}},
             "input_shape": [64], "classes": 10, "optimizer": {"name": "adam"},
             "data": {"kind": "function", "function": "benchmarks.search_bench_data:digits_with_latency",
                      "args": {"latency_ms": 20}}, "steps": 100, "seed": 1}, [16, 32, 64, 128]),
@@ -93,7 +93,7 @@ def run_mode(mode: str, pool: str, jobs: int, n_trials: int, cap_batch: int | No
     else:
         import tensorflow as tf
 
-        from tensile_tf.jobs import build_train_step
+        from tensile_tf.jobs.job import build_train_step
         from tensile_tf.search.config import trial_job_spec
         from tensile_tf.search.objective import metric_value
         from tensile_tf.runtime import StepRecord
@@ -142,9 +142,9 @@ def measure_peaks(pool: str) -> dict[int, int]:
     import tensile_tf
     tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
     tensile_tf.configure_pool(tensile_tf.parse_bytes(pool))
-    from tensile_tf.config import JobSpec
+    from tensile_tf.config.schema import JobSpec
     from tensile_tf.runtime import JobHost
-    from tensile_tf.jobs import Job
+    from tensile_tf.jobs.job import Job
 
     host = JobHost(concurrency=1)
     states = [host.submit(Job.from_spec(JobSpec.model_validate({**BASE_JOB, "name": f"b{b}", "batch_size": b,

@@ -18,9 +18,9 @@ import tensile_tf  # noqa: E402
 
 tensile_tf.install("3GiB")  # before any TensorFlow op
 import tf_plugin  # noqa: E402
-from tensile_tf.config import load_config  # noqa: E402
-from tensile_tf.jobs import Job  # noqa: E402
-from tensile_tf.memory import JobStream  # noqa: E402
+from tensile_tf.config.schema import load_config  # noqa: E402
+from tensile_tf.jobs.job import Job  # noqa: E402
+from tensile_tf.tf.pool import JobStream  # noqa: E402
 
 MiB = 2**20
 

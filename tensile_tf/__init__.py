@@ -1,7 +1,7 @@
 """tensile-tf: concurrent TensorFlow training jobs on one shared device pool.
 
 Importing ``tensile_tf`` imports neither TensorFlow nor the plugin: the
-planner (``tensile_tf.scheduler``) and the config (``tensile_tf.config``) are
+planner (``tensile_tf.scheduler``) and the config (``tensile_tf.config.schema``) are
 pure and import on a machine without TensorFlow. It only sets two
 environment defaults TensorFlow reads once, at its own import, so import
 ``tensile_tf`` before ``tensorflow`` (Note [oneDNN's graph rewrites are off]
@@ -22,7 +22,7 @@ from tensile_tf.units import human_bytes, parse_bytes
 _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 _os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # Note [oneDNN's graph rewrites are off]
 
-# The pool API lives in tensile_tf.memory (it loads TensorFlow and the plugin).
+# The pool API lives in tensile_tf.tf.pool (it loads TensorFlow and the plugin).
 _MEMORY_NAMES = frozenset({"JobStream", "configure_pool", "pool_stats", "pool_trace", "reset_pool_peak", "sync_pool"})
 
 
@@ -32,7 +32,7 @@ def install(pool_bytes: int | str | None = None) -> None:
     (else ``TENSILE_POOL_BYTES`` or the default). Call it before TensorFlow's
     first op; TensorFlow's own settings (threads, ...) can still be made
     after it. Calling it again is harmless."""
-    from tensile_tf import memory
+    from tensile_tf.tf import pool as memory
 
     if pool_bytes is not None:
         memory.ensure_pool(pool_bytes)
@@ -40,7 +40,7 @@ def install(pool_bytes: int | str | None = None) -> None:
 
 def __getattr__(name: str) -> Any:
     if name in _MEMORY_NAMES:
-        from tensile_tf import memory
+        from tensile_tf.tf import pool as memory
 
         return getattr(memory, name)
     raise AttributeError(f"module 'tensile_tf' has no attribute {name!r}")

@@ -2,7 +2,7 @@
 import numpy as np
 import tensorflow as tf
 
-from tensile_tf.jobs import TrainStep
+from tensile_tf.jobs.job import TrainStep
 
 
 def dense_regression(batch_size=32, width=256, fail_at_step=None, nan_at_step=None, seed=0, **_):

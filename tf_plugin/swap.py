@@ -4,7 +4,7 @@ host store's and swap channel's settings and stats (tf_plugin/swap/*.h).
 Stats use the pool's vocabulary (bytes): the host store reports
 ``capacity``, ``current``, ``peak``, ``allocated``, ``freed``; the channel
 reports transfers and bytes by direction, link busy seconds and late swap-ins.
-This module knows nothing of plans; ``tensile_tf.rewrite`` applies them.
+This module knows nothing of plans; ``tensile_tf.tf.rewrite`` applies them.
 """
 from __future__ import annotations
 

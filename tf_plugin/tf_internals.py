@@ -7,12 +7,12 @@ installed by an explicit call from the code that needs it.
 | ``context.context_safe()._context_handle`` | "devices exist": plugin loaded too late | ``tf_plugin._loader`` |
 | ``_pywrap_util_port.IsMklEnabled`` | warn when oneDNN's rewrites are on | ``tf_plugin._loader`` |
 | ``ops._gradient_registry`` | Note [Custom gradients keep traced jobs alive] | ``tensile_tf.runtime.probing`` |
-| ``transform.FUNC_GRAPH_TRANSFORMS`` | Note [Editing a step after tracing] | ``tensile_tf.memory.JobStream`` |
-| ``auto_control_deps.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS`` | Note [Automatic control dependencies] | ``tensile_tf.rewrite`` |
-| ``Graph._get_function``, ``function_def_to_graph`` | inline a called function while capturing | ``tensile_tf.capture`` |
-| ``context.context()._config`` | memory optimizer off (Note [Graph-dependent Grappler rewrites]); its modes for the baseline suite | ``tensile_tf.determinism``, ``tests/tf/plan_execution_reference.py`` |
+| ``transform.FUNC_GRAPH_TRANSFORMS`` | Note [Editing a step after tracing] | ``tensile_tf.tf.pool.JobStream`` |
+| ``auto_control_deps.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS`` | Note [Automatic control dependencies] | ``tensile_tf.tf.rewrite`` |
+| ``Graph._get_function``, ``function_def_to_graph`` | inline a called function while capturing | ``tensile_tf.tf.capture`` |
+| ``context.context()._config`` | memory optimizer off (Note [Graph-dependent Grappler rewrites]); its modes for the baseline suite | ``tensile_tf.tf.determinism``, ``tests/tf/plan_execution_reference.py`` |
 | ``Operation._set_attr("_recompute_hint")`` | Grappler's MANUAL recomputation hints (baseline suite) | ``tests/tf/plan_execution_reference.py`` |
-| ``xplane_pb2.XSpace`` | read tf.profiler's per-op latencies | ``tensile_tf.capture`` |
+| ``xplane_pb2.XSpace`` | read tf.profiler's per-op latencies | ``tensile_tf.tf.capture`` |
 
 Note [Custom gradients keep traced jobs alive]
 ``tf.custom_gradient`` in graph mode (Keras optimizers use it while a train
@@ -92,7 +92,7 @@ def onednn_rewrites_enabled() -> bool:
 def exempt_from_automatic_control_deps(op_types: frozenset[str]) -> None:
     """Adds ``op_types`` to tf.function's order-insensitive stateful ops, so
     automatic control dependencies do not chain them in program order (Note
-    [Automatic control dependencies] in tensile_tf.rewrite). Idempotent."""
+    [Automatic control dependencies] in tensile_tf/tf/rewrite/planned_step.py). Idempotent."""
     from tensorflow.python.framework import auto_control_deps as acd
 
     if not op_types <= acd.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS:

@@ -11,7 +11,7 @@ Files in the order a run goes through them:
 * ``failures.py``  how a job's failure is recorded
 * ``records.py``   the typed records and the results.json schema
 
-Importing it loads TensorFlow and the plugin (``tensile_tf.memory``).
+Importing it loads TensorFlow and the plugin (``tensile_tf.tf.pool``).
 """
 import tf_plugin
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from tensile_tf.config import Admission
+from tensile_tf.config.schema import Admission
 from tensile_tf.runtime.records import JobState
 
 # Share of the pool that plans and admission leave free when jobs share it:

@@ -19,7 +19,7 @@ from typing import Callable
 
 import tensorflow as tf
 
-from tensile_tf.capture import profiled_step
+from tensile_tf.tf.capture import profiled_step
 from tensile_tf.runtime.failures import NonFiniteLoss, record_failure
 from tensile_tf.runtime.records import JobState, JobStatus, StepRecord
 from tensile_tf.runtime.replanning import StepGate, take_switch
@@ -66,10 +66,10 @@ def run_step(state: JobState, batch: tuple, clock: RunClock) -> None:
 
 
 def release_first_batch(state: JobState) -> None:
-    """Note [Example batch] (tensile_tf/execution.py): after the job's first
+    """Note [Example batch] (tensile_tf/pipeline.py): after the job's first
     training step its first batch leaves the pool; its TensorSpecs trace the
     step from then on, and a few inputs stay on the host for save_model."""
-    from tensile_tf.execution import batch_specs
+    from tensile_tf.pipeline import batch_specs
 
     batch, state.first_batch = state.first_batch, None
     state.batch_specs = batch_specs(batch)

@@ -45,9 +45,9 @@ from typing import Sequence
 
 import tensorflow as tf
 
-from tensile_tf.config import PlanOrder, PlanPeaks
-from tensile_tf.execution import CapturedJob, JobToPlan, capture_cold, capture_for_planning, plan_captured
-from tensile_tf.rewrite import apply_plan
+from tensile_tf.config.schema import PlanOrder, PlanPeaks
+from tensile_tf.pipeline import CapturedJob, JobToPlan, capture_cold, capture_for_planning, plan_captured
+from tensile_tf.tf.rewrite import apply_plan
 from tensile_tf.runtime.admission import POOL_HEADROOM
 from tensile_tf.runtime.failures import summarize_error
 from tensile_tf.runtime.records import JobState, PlanRecord

@@ -22,8 +22,8 @@ from typing import Callable, Sequence
 import tensorflow as tf
 
 import tf_plugin
-from tensile_tf.jobs import JobDoesNotFit
-from tensile_tf.memory import JobStream, host_fallback_scope, pool_stats
+from tensile_tf.jobs.job import JobDoesNotFit
+from tensile_tf.tf.pool import JobStream, host_fallback_scope, pool_stats
 from tensile_tf.runtime.admission import AdmissionControl
 from tensile_tf.runtime.failures import record_failure
 from tensile_tf.runtime.job_thread import RunClock, run_step
@@ -173,7 +173,7 @@ class JobLifecycle:
         if any(s.status == JobStatus.running for s in alongside if s is not state):
             pipe.note_split_tuning(state.name, skipped="other jobs were training when it arrived")
             return
-        from tensile_tf.capture import snapshot_variables
+        from tensile_tf.tf.capture import snapshot_variables
 
         base, candidates = pipe.split_candidates(state.stream)
         steps = {base: state.step_fn}
@@ -263,7 +263,7 @@ class JobLifecycle:
     @staticmethod
     def _snapshot_variables(state: JobState):
         """Host copies of the job's variables (restores them), or None."""
-        from tensile_tf.capture import snapshot_variables
+        from tensile_tf.tf.capture import snapshot_variables
 
         try:
             return snapshot_variables(state.step_fn.get_concrete_function(*state.first_batch).graph)

@@ -15,7 +15,7 @@ between runs, are therefore taken over the *training window*: every step
 after the first, the same steps in every run. Each step's own peak
 (``StepRecord.peak_bytes``: the job's stream peak within that step) is
 recorded, so a comparison also knows each run's step-to-step spread and
-never credits a plan with less than that noise (tensile_tf.compare).
+never credits a plan with less than that noise (tensile_tf.reports.compare).
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:  # runtime objects, never serialised
-    from tensile_tf.jobs import Job, TrainStep
-    from tensile_tf.memory import JobStream
+    from tensile_tf.jobs.job import Job, TrainStep
+    from tensile_tf.tf.pool import JobStream
 
 SCHEMA_VERSION = 3
 
@@ -149,7 +149,7 @@ class JobState:
     def example_args(self) -> tuple | None:
         """What tracing the job's step needs: the first batch while it is
         held, its TensorSpecs after (Note [Example batch] in
-        tensile_tf/execution.py)."""
+        tensile_tf/pipeline.py)."""
         return self.first_batch if self.first_batch is not None else self.batch_specs
 
     @property
@@ -259,7 +259,7 @@ class PoolRecord:
 @dataclass
 class TraceCoverage:
     """How much of the run the pool's event trace covers (Note [Trace
-    coverage] in tensile_tf.reports)."""
+    coverage] in tensile_tf.reports.outputs)."""
 
     events_in_run: int        # alloc / free / sync / oom events the pool saw during the run
     events_kept: int          # of those, still in the pool's bounded trace at the end

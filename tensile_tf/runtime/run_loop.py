@@ -39,10 +39,10 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 import tf_plugin
-from tensile_tf.config import Admission, PipelineKind, PlannerKind, PlanOrder, PlanPeaks, RunSpec
-from tensile_tf.determinism import disable_graph_dependent_rewrites
-from tensile_tf.jobs import Job
-from tensile_tf.memory import allocation_wait, ensure_pool, pool_stats
+from tensile_tf.config.schema import Admission, PipelineKind, PlannerKind, PlanOrder, PlanPeaks, RunSpec
+from tensile_tf.tf.determinism import disable_graph_dependent_rewrites
+from tensile_tf.jobs.job import Job
+from tensile_tf.tf.pool import allocation_wait, ensure_pool, pool_stats
 from tensile_tf.runtime.admission import AdmissionControl
 from tensile_tf.runtime.job_thread import JobThread, RunClock
 from tensile_tf.runtime.nodegroup import NodeGroupCoordinator
@@ -116,7 +116,7 @@ class JobHost:
             self.pipeline = NodeGroupCoordinator(self.capacity, split, timeout_s=barrier_timeout_s)
         if self.planning is not None or self.pipeline is not None:
             # Rewritten steps must compute what the unplanned ones compute
-            # (Note [Graph-dependent Grappler rewrites] in tensile_tf.determinism).
+            # (Note [Graph-dependent Grappler rewrites] in tensile_tf.tf.determinism).
             disable_graph_dependent_rewrites()
         self.clock = RunClock()
         self.lifecycle = JobLifecycle(self.states, self.clock, self.admission, self._held_outside_jobs,

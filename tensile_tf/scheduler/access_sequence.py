@@ -21,7 +21,7 @@ A view (Note [Views] in job_graph) reads its owner's buffer, so each read of
 it is an access of the owner: the owner's gaps lie between the reads of
 either, and the owner away in a gap frees the buffer, because the rewrite
 makes the view again from the swapped-in or recomputed owner for the reads
-after the gap (Note [Views made again] in tensile_tf/rewrite.py). Before,
+after the gap (Note [Views made again] in tensile_tf/tf/rewrite/views.py). Before,
 a view read late pinned the buffer and the owner's absence freed nothing
 while the view lived (``view_spans``). That is still so where the view's op
 is stateful (the rewrite does not clone it), and the view that outlives its
@@ -165,7 +165,7 @@ class TensorAccessSequence:
             step_names.append(op.name)
             step_op.append(op.name)
             lat.append(max(0.0, float(latencies.latency_s(op))))
-            temp.append(op.temp_bytes - op.forwarded_bytes)   # Note [Buffer forwarding] in tensile_tf/execution.py
+            temp.append(op.temp_bytes - op.forwarded_bytes)   # Note [Buffer forwarding] in tensile_tf/pipeline.py
             concurrent[k] = op.concurrent_bytes
             for t in op.inputs:
                 touch(ti[t], k, "TUA")

@@ -9,10 +9,10 @@ sequential footprint says), and ops the sequential order leaves waiting (a
 ResNet's Conv2DBackpropFilters, each holding an activation and a gradient) run
 sooner and free their inputs sooner. ``observed_concurrency_bytes`` takes the
 bytes the job really held while each op allocated, in a few traced steps
-(``tensile_tf.execution.measure_step_memory``), and returns per op the
+(``tensile_tf.pipeline.measure_step_memory``), and returns per op the
 largest difference from the sequential footprint; the capture stores it as
 the op's ``concurrent_bytes`` (Note [Concurrent scratch] in
-tensile_tf/execution.py), and the vanilla footprint is the executor's (Note
+tensile_tf/pipeline.py), and the vanilla footprint is the executor's (Note
 [Free-running steps] in peak_analysis).
 
 Note [Observed, not simulated]

@@ -29,9 +29,9 @@ its reshape put the predicted peak 18% above the measured one. A view's
 ``view_of`` names the tensor whose buffer it shares (followed to the owner):
 the footprint gives it no bytes and keeps the owner resident until the view's
 last access (``TensorAccessSequence``). The capture finds views in the pool's
-trace (``tensile_tf.execution.measure_step_memory``).
+trace (``tensile_tf.pipeline.measure_step_memory``).
 
-This module is pure: no TensorFlow. ``tensile_tf.capture`` builds JobGraphs
+This module is pure: no TensorFlow. ``tensile_tf.tf.capture`` builds JobGraphs
 from traced ``tf.function`` steps; tests build them by hand with GraphBuilder.
 """
 from __future__ import annotations
@@ -43,7 +43,7 @@ from typing import Any, Iterable
 TENSOR_KINDS = ("activation", "input", "parameter", "slot", "state")
 #: Bytes the job holds in the pool beside its step's tensors (its data
 #: source's other batches), measured by the capture: an ``input`` no op reads
-#: (Note [Data held beside the step] in tensile_tf/execution.py).
+#: (Note [Data held beside the step] in tensile_tf/pipeline.py).
 HELD_BESIDE_STEP = "held:data beside the step"
 PERSISTENT_KINDS = frozenset({"input", "parameter", "slot", "state"})
 UPDATED_KINDS = frozenset({"parameter", "slot", "state"})

@@ -23,7 +23,7 @@ Two corrections, both measured, not modelled:
 * A table is put on its step's wall time (``LatencyTable.on_wall_time``):
   scaled down so that its ops add up to the profiled steps' median wall
   time, where they add up to more.
-* A step planned in plan order (Note [Plan order] in tensile_tf/rewrite.py)
+* A step planned in plan order (Note [Plan order] in tensile_tf/tf/rewrite/rewriter.py)
   runs its ops one after another, slower than free (130 ms on that row) and
   faster than the op times' sum. Its latencies are measured on the step
   chained in plan order (``execution.measure_plan_order_latencies``: an

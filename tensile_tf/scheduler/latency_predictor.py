@@ -5,7 +5,7 @@ predicts it with an MLP over op features; this module is that predictor:
 ``LatencyPredictor`` fits scikit-learn's ``MLPRegressor`` (op type one-hot,
 log bytes read / written / updated, a log FLOPs proxy, input and output
 counts; target log seconds) to latencies measured on the user's own machine
-by ``tensile calibrate`` (tensile_tf/calibration.py), which caches it in the
+by ``tensile calibrate`` (tensile_tf/tf/calibration.py), which caches it in the
 user cache directory. ``cold_start_latency`` returns ``LearnedLatency`` when a
 predictor is given and ``ColdStartLatency`` (bytes touched, no training)
 otherwise.

@@ -61,13 +61,13 @@ With four jobs k = 2 also stops asking each job to fit a quarter of what the
 floors leave, which no swap plan can reach.
 
 Note [Free-running steps]. A planned step runs its ops one after another in
-plan order (Note [Plan order] in tensile_tf/rewrite.py); an unplanned step
+plan order (Note [Plan order] in tensile_tf/tf/rewrite/rewriter.py); an unplanned step
 runs free on the executor's inter-op threads, which holds more at some ops
 (ops beside it) and less at others (ops the order leaves waiting run sooner
 and free their inputs). ``JobFootprint.base`` is the first: the planner
 plans on it. ``JobFootprint.free_running`` adds each op's
 ``concurrent_bytes`` (observed in traced steps, Note [Concurrent scratch] in
-tensile_tf/execution.py) and is the vanilla footprint: the predicted vanilla
+tensile_tf/pipeline.py) and is the vanilla footprint: the predicted vanilla
 peak, MSR's reference, and what a job whose plan changes nothing holds. A
 plan with no events still runs its job in plan order when that lowers the
 job's peak (``JobPlan.order_only``): on the node-group CNN the free-running

@@ -3,7 +3,7 @@ footprint has slack, the plan's peak holds whatever order they run in.
 
 Note [Unchained runs]
 A plan-order plan chains every graph op after the one before it (Note [Plan
-order] in tensile_tf/rewrite.py), so that the step holds what the planner
+order] in tensile_tf/tf/rewrite/rewriter.py), so that the step holds what the planner
 predicted. The chain costs inter-op parallelism: the Transformer's 3x batch
 (48 x 64 x 128, unlimited link, 2 cores) runs 1.35x as long chained as
 unchained with no events at all, and its plan's time ratio was at the goal's
@@ -17,7 +17,7 @@ any order (all at once, in the worst case) and still hold at most
 where c is the first graph op after b (the recomputations and swap-ins its
 ops trigger, counted from the steps after them, may start before the run
 ends), and scratch is counted without the bytes an op forwards into its
-output buffer (Note [Buffer forwarding] in tensile_tf/execution.py: an op
+output buffer (Note [Buffer forwarding] in tensile_tf/pipeline.py: an op
 that is not its input's last reader in the order it runs in gets no
 buffer to forward into). So ``unchained_runs`` cuts the plan order greedily
 into maximal runs whose U stays at or under the plan's own predicted peak,

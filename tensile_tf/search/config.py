@@ -11,7 +11,7 @@ and a ``search:`` section instead of ``jobs:``::
       objective: {metric: final_loss, direction: minimize}
       pruning: {enabled: true, n_startup_trials: 3, n_warmup_steps: 20, interval_steps: 10}
       base_job:                           # a job spec (name optional): what every trial starts from
-        model: {builder: "tensile_tf.zoo:mlp", args: {hidden: [64]}}
+        model: {builder: "tensile_tf.jobs.zoo:mlp", args: {hidden: [64]}}
         input_shape: [64]
         steps: 200
       space:                              # dotted paths into the job spec, in Optuna's terms
@@ -20,7 +20,7 @@ and a ``search:`` section instead of ``jobs:``::
         model.args.hidden: {type: categorical, choices: [[64], [128, 64]]}
 
 Unknown keys are rejected; errors name file:line:column like the run
-configuration's (the location helpers are tensile_tf.config's). Every
+configuration's (the location helpers are tensile_tf.config.schema's). Every
 parameter is checked against the job schema at its extremes (low, high and
 every choice), so a path that names no job field, or a range the job schema
 refuses, fails here and not in trial 7.
@@ -36,7 +36,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from tensile_tf.config import (
+from tensile_tf.config.schema import (
     ConfigError,
     JobSpec,
     RunSpec,

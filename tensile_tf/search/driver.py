@@ -51,9 +51,9 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import TrialState
 from pydantic import TypeAdapter, ValidationError
 
-from tensile_tf.config import JobSpec
+from tensile_tf.config.schema import JobSpec
 from tensile_tf.runtime import JobHost, JobRecord, JobState, JobStatus, RunResult
-from tensile_tf.jobs import Job
+from tensile_tf.jobs.job import Job
 from tensile_tf.search import storage as st
 from tensile_tf.search.config import CategoricalParam, ParamSpec, trial_job_spec
 from tensile_tf.search.objective import metric_function
@@ -519,7 +519,7 @@ def run_search(study: optuna.Study, base_job: JobSpec | Mapping[str, Any], space
 
     >>> study = optuna.create_study(sampler=optuna.samplers.TPESampler(constant_liar=True),
     ...                             pruner=optuna.pruners.MedianPruner())
-    >>> run_search(study, {"model": {"builder": "tensile_tf.zoo:mlp"}, "input_shape": [64], "steps": 100},
+    >>> run_search(study, {"model": {"builder": "tensile_tf.jobs.zoo:mlp"}, "input_shape": [64], "steps": 100},
     ...            {"batch_size": optuna.distributions.IntDistribution(16, 256, log=True),
     ...             "optimizer.learning_rate": {"type": "float", "low": 1e-4, "high": 0.1, "log": True}},
     ...            n_trials=20, report_every=10)

@@ -54,11 +54,11 @@ def test_the_corpus_covers_every_class_of_mistake():
 
 
 def test_validation_of_many_jobs_resolves_each_reference_once(tmp_path):
-    from tensile_tf import validation
+    from tensile_tf.config import validation
 
     jobs = "".join(f"""
   - name: j{i}
-    model: {{builder: "tensile_tf.zoo:mlp", args: {{hidden: [16]}}}}
+    model: {{builder: "tensile_tf.jobs.zoo:mlp", args: {{hidden: [16]}}}}
     input_shape: [8]
     batch_size: 4
     optimizer: {{name: sgd, learning_rate: 0.5}}
@@ -141,7 +141,7 @@ def test_missing_config_file_and_unreadable_plan(tmp_path):
 
 
 def test_run_checks_the_references_before_training(tmp_path):
-    cfg = write(tmp_path, SMALL_CONFIG.replace('"tensile_tf.zoo:mlp"', '"tensile_tf.zoo:mlpp"'))
+    cfg = write(tmp_path, SMALL_CONFIG.replace('"tensile_tf.jobs.zoo:mlp"', '"tensile_tf.jobs.zoo:mlpp"'))
     proc = tensile("run", str(cfg), "--out", str(tmp_path / "out"), timeout=120)
     _assert_user_error(proc, "jobs[1].model.builder", "has no function 'mlpp'", "did you mean mlp")
     assert not (tmp_path / "out" / "results.json").exists()

@@ -11,9 +11,9 @@ import json, warnings
 import tensile_tf
 tensile_tf.install("512MiB")
 import keras, tensorflow as tf
-from tensile_tf import zoo
-from tensile_tf.execution import JobToPlan, capture_cold
-from tensile_tf.jobs import supervised_train_step
+from tensile_tf.jobs import zoo
+from tensile_tf.pipeline import JobToPlan, capture_cold
+from tensile_tf.jobs.job import supervised_train_step
 model = zoo.mlp((784,), 10)
 opt = keras.optimizers.Adam(1e-3)
 step = tf.function(supervised_train_step(model, opt, keras.losses.SparseCategoricalCrossentropy()))

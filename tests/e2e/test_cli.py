@@ -14,13 +14,13 @@ pool: 256MiB
 run: {out_dir: unused}
 jobs:
   - name: cnn
-    model: {builder: "tensile_tf.zoo:small_cnn", args: {filters: [8, 16]}}
+    model: {builder: "tensile_tf.jobs.zoo:small_cnn", args: {filters: [8, 16]}}
     input_shape: [16, 16, 3]
     batch_size: 16
     steps: 6
     seed: 1
   - name: mlp
-    model: {builder: "tensile_tf.zoo:mlp", args: {hidden: [64]}}
+    model: {builder: "tensile_tf.jobs.zoo:mlp", args: {hidden: [64]}}
     input_shape: [32]
     batch_size: 32
     optimizer: {name: sgd, learning_rate: 0.01}

@@ -24,7 +24,7 @@ jobs:
     model: {{train_step_factory: "tests.job_factories:signals_progress", args: {{marker: "{marker}", mark_at_step: 5}}}}
     steps: 100000000
   - name: waiting
-    model: {{builder: "tensile_tf.zoo:mlp", args: {{hidden: [64]}}}}
+    model: {{builder: "tensile_tf.jobs.zoo:mlp", args: {{hidden: [64]}}}}
     input_shape: [32]
     batch_size: 16
     steps: 20
@@ -120,7 +120,7 @@ pool: 192MiB
 run: {pipeline: nodegroup, split_size: 1MiB, admission: none}
 jobs:
   - name: healthy
-    model: {builder: "tensile_tf.zoo:small_cnn", args: {filters: [8, 16]}}
+    model: {builder: "tensile_tf.jobs.zoo:small_cnn", args: {filters: [8, 16]}}
     input_shape: [16, 16, 3]
     batch_size: 16
     steps: 8

@@ -15,14 +15,14 @@ pool: {pool}
 run: {{out_dir: unused, admission: sum{plan_budget}{plan_peaks}{bandwidth}}}
 jobs:
   - name: mlp-a
-    model: {{builder: "tensile_tf.zoo:mlp", args: {{hidden: [1024, 1024, 1024]}}}}
+    model: {{builder: "tensile_tf.jobs.zoo:mlp", args: {{hidden: [1024, 1024, 1024]}}}}
     input_shape: [784]
     batch_size: 256
     optimizer: {{name: adam, learning_rate: 0.001}}
     steps: 5
     seed: 1
   - name: mlp-b
-    model: {{builder: "tensile_tf.zoo:mlp", args: {{hidden: [1024, 1024, 1024]}}}}
+    model: {{builder: "tensile_tf.jobs.zoo:mlp", args: {{hidden: [1024, 1024, 1024]}}}}
     input_shape: [784]
     batch_size: 256
     optimizer: {{name: adam, learning_rate: 0.002}}
@@ -96,14 +96,14 @@ COLD_START = """
 import dataclasses, json, sys
 import tensile_tf
 tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
-from tensile_tf.determinism import enable_deterministic_training
+from tensile_tf.tf.determinism import enable_deterministic_training
 enable_deterministic_training()
-from tensile_tf.config import JobSpec
+from tensile_tf.config.schema import JobSpec
 from tensile_tf.runtime import JobHost
-from tensile_tf.jobs import Job
+from tensile_tf.jobs.job import Job
 host = JobHost(sys.argv[1], planner=sys.argv[2], admission="none", record_weights=True)
 host.submit(Job.from_spec(JobSpec.model_validate(dict(
-    name="deep", model={"builder": "tensile_tf.zoo:mlp", "args": {"hidden": [256] * 12}}, input_shape=[64],
+    name="deep", model={"builder": "tensile_tf.jobs.zoo:mlp", "args": {"hidden": [256] * 12}}, input_shape=[64],
     batch_size=8192, steps=4, seed=3, optimizer={"name": "adam", "learning_rate": 0.001}))))
 r = host.run()
 s = r.jobs[0]

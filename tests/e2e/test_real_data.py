@@ -1,4 +1,4 @@
-"""Real examples for YAML jobs (tensile_tf/datasets.py): scikit-learn's
+"""Real examples for YAML jobs (tensile_tf/jobs/datasets.py): scikit-learn's
 bundled digits, the user's .npz, .npy and TFRecord files and image
 directories, a validation split with
 Keras metrics, and the outputs a Keras user expects: TensorBoard event
@@ -15,7 +15,7 @@ pool: 256MiB
 run: {{out_dir: unused}}
 jobs:
   - name: digits
-    model: {{builder: "tensile_tf.zoo:mlp", args: {{hidden: [64]}}}}
+    model: {{builder: "tensile_tf.jobs.zoo:mlp", args: {{hidden: [64]}}}}
     input_shape: [64]
     data: {data}
     batch_size: 64
@@ -166,7 +166,7 @@ pool: 64MiB
 run: {{out_dir: unused, planner: tensile, plan_budget: {budget}, swap_bandwidth: 16GiB}}
 jobs:
   - name: digits
-    model: {{builder: "tensile_tf.zoo:mlp", args: {{hidden: [512, 512]}}}}
+    model: {{builder: "tensile_tf.jobs.zoo:mlp", args: {{hidden: [512, 512]}}}}
     input_shape: [64]
     data: {{kind: digits, validation_split: 0.2}}
     batch_size: 64

@@ -15,7 +15,7 @@ pool: 130MiB
 run: {{out_dir: unused, admission: sum, planner: tensile, plan_budget: 80MiB, swap_bandwidth: 1TiB{replan}}}
 jobs:
   - name: short
-    model: {{builder: "tensile_tf.zoo:mlp", args: {{hidden: [1024, 1024, 1024]}}}}
+    model: {{builder: "tensile_tf.jobs.zoo:mlp", args: {{hidden: [1024, 1024, 1024]}}}}
     input_shape: [784]
     batch_size: 256
     optimizer: {{name: adam, learning_rate: 0.001}}
@@ -23,7 +23,7 @@ jobs:
     seed: 1
     max_swapping_rate: 0.01   # the joint plan swaps `long`, hardly `short`
   - name: long
-    model: {{builder: "tensile_tf.zoo:mlp", args: {{hidden: [1024, 1024, 1024]}}}}
+    model: {{builder: "tensile_tf.jobs.zoo:mlp", args: {{hidden: [1024, 1024, 1024]}}}}
     input_shape: [784]
     batch_size: 256
     optimizer: {{name: adam, learning_rate: 0.002}}
@@ -75,8 +75,8 @@ FAILING_REPLAN = """
 import json, sys
 import tensile_tf
 tensile_tf.install("130MiB")
-from tensile_tf.config import load_config
-from tensile_tf.jobs import Job
+from tensile_tf.config.schema import load_config
+from tensile_tf.jobs.job import Job
 from tensile_tf.runtime import JobHost
 from tensile_tf.runtime.planning import JobPlanning
 
@@ -114,8 +114,8 @@ DRIFTING = """
 import json, sys
 import tensile_tf
 tensile_tf.install("130MiB")
-from tensile_tf.config import load_config
-from tensile_tf.jobs import Job
+from tensile_tf.config.schema import load_config
+from tensile_tf.jobs.job import Job
 from tensile_tf.runtime import JobHost
 from tensile_tf.scheduler import LatencyTable
 import tensile_tf.runtime.job_thread as job_thread
@@ -185,14 +185,14 @@ pool: 130MiB
 run: {{out_dir: unused, admission: sum, planner: tensile, swap_bandwidth: 1TiB{replan}}}
 jobs:
   - name: long
-    model: {{builder: "tensile_tf.zoo:mlp", args: {{hidden: [1024, 1024, 1024]}}}}
+    model: {{builder: "tensile_tf.jobs.zoo:mlp", args: {{hidden: [1024, 1024, 1024]}}}}
     input_shape: [784]
     batch_size: 256
     optimizer: {{name: adam, learning_rate: 0.001}}
     steps: 60
     seed: 1
   - name: late        # another model: admission cannot predict its needs
-    model: {{builder: "tensile_tf.zoo:mlp", args: {{hidden: [1024, 1024, 1024, 1024]}}}}
+    model: {{builder: "tensile_tf.jobs.zoo:mlp", args: {{hidden: [1024, 1024, 1024, 1024]}}}}
     input_shape: [784]
     batch_size: 256
     optimizer: {{name: adam, learning_rate: 0.002}}

@@ -1,9 +1,9 @@
 """run.pipeline / run.split_size in the YAML configuration."""
 import pytest
 
-from tensile_tf.config import ConfigError, config_from_data
+from tensile_tf.config.schema import ConfigError, config_from_data
 
-JOB = {"name": "a", "model": {"builder": "tensile_tf.zoo:mlp"}, "steps": 2}
+JOB = {"name": "a", "model": {"builder": "tensile_tf.jobs.zoo:mlp"}, "steps": 2}
 
 
 def test_split_size_accepts_sizes_and_auto():

@@ -25,7 +25,7 @@ def _python(code: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 def test_pure_packages_import_without_tensorflow():
     out = _python("""
-        import tensile_tf, tensile_tf.scheduler, tensile_tf.config, tensile_tf.units
+        import tensile_tf, tensile_tf.scheduler, tensile_tf.config.schema, tensile_tf.units
         import tf_plugin, tf_plugin.nodegroup.partition, tf_plugin.nodegroup.schedule
         print(sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "keras")))
     """)

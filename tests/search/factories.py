@@ -2,7 +2,7 @@
 import numpy as np
 import tensorflow as tf
 
-from tensile_tf.jobs import TrainStep
+from tensile_tf.jobs.job import TrainStep
 
 
 def sgd_regression(batch_size=32, learning_rate=0.05, width=32, seed=0, **_):

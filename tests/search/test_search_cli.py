@@ -62,7 +62,7 @@ def test_random_search_of_a_keras_model_stays_in_the_space(tmp_path):
           max_concurrent: 3
           objective: {metric: best_loss, direction: minimize}
           base_job:
-            model: {builder: "tensile_tf.zoo:mlp", args: {hidden: [32]}}
+            model: {builder: "tensile_tf.jobs.zoo:mlp", args: {hidden: [32]}}
             input_shape: [32]
             classes: 4
             optimizer: {name: sgd}
@@ -199,7 +199,7 @@ def test_a_search_on_real_data_judges_trials_by_their_validation(tmp_path):
           sampler: {name: grid, seed: 0}
           objective: {metric: val_accuracy}
           base_job:
-            model: {builder: "tensile_tf.zoo:mlp", args: {hidden: [32]}}
+            model: {builder: "tensile_tf.jobs.zoo:mlp", args: {hidden: [32]}}
             input_shape: [64]
             data: {kind: digits, validation_split: 0.2}
             batch_size: 64

@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from tensile_tf.config import ConfigError, JobSpec
+from tensile_tf.config.schema import ConfigError, JobSpec
 from tensile_tf.search.config import (
     CategoricalParam,
     decode_params,
@@ -25,7 +25,7 @@ GOOD = """
       objective: {metric: best_loss, direction: minimize}
       pruning: {enabled: true, n_startup_trials: 2, n_warmup_steps: 5, interval_steps: 5}
       base_job:
-        model: {builder: "tensile_tf.zoo:mlp"}
+        model: {builder: "tensile_tf.jobs.zoo:mlp"}
         input_shape: [16]
         steps: 20
       space:
@@ -47,7 +47,7 @@ def test_good_config_and_params_to_job(tmp_path):
     spec = trial_job_spec(s.base_job, params, "trial-3")
     assert isinstance(spec, JobSpec) and spec.name == "trial-3"
     assert spec.batch_size == 16 and spec.optimizer.learning_rate == 0.01
-    assert spec.model.args == {"hidden": [32, 16]} and spec.model.builder == "tensile_tf.zoo:mlp"
+    assert spec.model.args == {"hidden": [32, 16]} and spec.model.builder == "tensile_tf.jobs.zoo:mlp"
     assert s.base_job.batch_size == 32  # the base is not modified
 
 
@@ -63,7 +63,7 @@ def test_grid_space_and_size():
     cfg = search_config_from_data({
         "pool": "64MiB",
         "search": {"sampler": "grid",
-                   "base_job": {"model": {"builder": "tensile_tf.zoo:mlp"}, "input_shape": [4], "steps": 2},
+                   "base_job": {"model": {"builder": "tensile_tf.jobs.zoo:mlp"}, "input_shape": [4], "steps": 2},
                    "space": {"batch_size": {"type": "int", "low": 8, "high": 32, "step": 8},
                              "optimizer.learning_rate": {"type": "float", "low": 0.1, "high": 0.3, "step": 0.1},
                              "optimizer.name": {"type": "categorical", "choices": ["adam", "sgd"]}}}})
@@ -87,7 +87,7 @@ def test_errors_name_file_line_and_column(tmp_path):
           n_trials: 4
           objective: {metric: accuracy}
           base_job:
-            model: {builder: "tensile_tf.zoo:mlp"}
+            model: {builder: "tensile_tf.jobs.zoo:mlp"}
             steps: 20
           space:
             batch_size: {type: int, low: 64, high: 8}
@@ -109,7 +109,7 @@ def test_params_are_checked_against_the_job_schema(tmp_path):
           sampler: random
           n_trials: 4
           base_job:
-            model: {builder: "tensile_tf.zoo:mlp"}
+            model: {builder: "tensile_tf.jobs.zoo:mlp"}
             steps: 20
           space:
             batch_size: {type: int, low: 0, high: 8}
@@ -128,7 +128,7 @@ def test_sampler_specific_errors(tmp_path):
           sampler: {sampler}
           {n_trials}
           base_job:
-            model: {{builder: "tensile_tf.zoo:mlp"}}
+            model: {{builder: "tensile_tf.jobs.zoo:mlp"}}
             steps: 20
           space:
             optimizer.learning_rate: {{type: float, low: 1.0e-3, high: 1.0e-1, log: true}}

@@ -84,7 +84,7 @@ def test_a_trial_out_of_memory_beside_others_is_requeued_not_failed():
     from types import SimpleNamespace
 
     from tensile_tf.runtime import JobState, JobStatus
-    from tensile_tf.jobs import Job
+    from tensile_tf.jobs.job import Job
     from tensile_tf.search.driver import MAX_OOM_RETRIES, SearchDriver, TrialRun
     from tensile_tf.search.storage import INTERRUPTED_ATTR, RETRY_ATTR, counted_trials
 
@@ -129,7 +129,7 @@ def test_a_packing_oom_retry_starts_after_the_others_and_runs_alone():
     ended; while it runs, no trial starts beside it."""
     from types import SimpleNamespace
 
-    from tensile_tf.jobs import Job
+    from tensile_tf.jobs.job import Job
     from tensile_tf.search.driver import SearchDriver, TrialRun
     from tensile_tf.search.storage import OOM_RETRIES_ATTR, RETRY_ATTR
 

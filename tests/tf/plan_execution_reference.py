@@ -74,12 +74,12 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import tf_plugin  # noqa: E402
-from tensile_tf import zoo  # noqa: E402
-from tensile_tf.jobs import supervised_train_step  # noqa: E402
-from tensile_tf.memory import JobStream  # noqa: E402
+from tensile_tf.jobs import zoo  # noqa: E402
+from tensile_tf.jobs.job import supervised_train_step  # noqa: E402
+from tensile_tf.tf.pool import JobStream  # noqa: E402
 from tf_plugin import swap  # noqa: E402
 
-from tensile_tf.determinism import enable_deterministic_training  # noqa: E402
+from tensile_tf.tf.determinism import enable_deterministic_training  # noqa: E402
 
 if args.graph_dependent_rewrites:
     tf.config.experimental.enable_op_determinism()
@@ -168,7 +168,7 @@ def build(name: str, seed: int):
 jobs = [build(f"job{j}", j) for j in range(args.jobs)]
 out = {"model": args.model, "planned": args.planned, "jobs": {}}
 if args.planned:
-    from tensile_tf.execution import JobToPlan, capture_cold, capture_for_planning, plan_captured
+    from tensile_tf.pipeline import JobToPlan, capture_cold, capture_for_planning, plan_captured
     from tensile_tf.scheduler import Planner
     to_plan = [JobToPlan(j["name"], j["step"], j["batches"][0], j["opt"]) for j in jobs]
     t0 = time.perf_counter()

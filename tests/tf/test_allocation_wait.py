@@ -10,7 +10,7 @@ import tensile_tf
 tensile_tf.install("64MiB")
 import tensorflow as tf
 import tf_plugin
-from tensile_tf.memory import JobStream, allocation_wait, pool_stats
+from tensile_tf.tf.pool import JobStream, allocation_wait, pool_stats
 
 plugin = tf_plugin._plugin
 holder, asker = JobStream("holder"), JobStream("asker")

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tensile_tf.capture import capture_job_graph, measure_op_latencies
-from tensile_tf.execution import JobToPlan, capture_for_planning, executor_order, measure_step_memory
-from tensile_tf.jobs import supervised_train_step
-from tensile_tf.reports import format_plan_summary
+from tensile_tf.tf.capture import capture_job_graph, measure_op_latencies
+from tensile_tf.pipeline import JobToPlan, capture_for_planning, executor_order, measure_step_memory
+from tensile_tf.jobs.job import supervised_train_step
+from tensile_tf.reports.outputs import format_plan_summary
 from tensile_tf.scheduler import Plan, Planner, PlannerJob, TensorAccessSequence, UniformLatency
 
 
@@ -130,7 +130,7 @@ def test_capture_rejects_a_plain_python_function():
 
 
 def test_step_memory_finds_outputs_written_into_a_dying_inputs_buffer():
-    # Note [Buffer forwarding] in tensile_tf/execution.py: Relu writes into
+    # Note [Buffer forwarding] in tensile_tf/pipeline.py: Relu writes into
     # the buffer of h, which nothing else reads; MatMul must allocate.
     @tf.function
     def step(x):
@@ -175,7 +175,7 @@ def _two_namesakes_trace():
     """Note [Truncated op names]: two ops whose traced names are cut to the
     same head~tail; each allocates its output, then scratch it frees, with
     an op between them. (graph, trace, ops_of, a, b)."""
-    from tensile_tf.memory import traced_op_matches
+    from tensile_tf.tf.pool import traced_op_matches
     from tensile_tf.scheduler import GraphBuilder
 
     traced = "gradient_tap~_2_conv_1/convolution/Conv2DBackpropFilter"   # as the pool's trace cuts both
@@ -199,7 +199,7 @@ def _two_namesakes_trace():
 
 def test_the_scratch_of_ops_one_truncated_name_stands_for_goes_to_the_op_that_ran():
     # The scratch is each op's own, not the two shared out evenly.
-    from tensile_tf.execution import _buffers
+    from tensile_tf.pipeline import _buffers
 
     graph, trace, ops_of, a, b = _two_namesakes_trace()
     scratch, forwarded, views = _buffers(trace, graph, ops_of)
@@ -210,7 +210,7 @@ def test_what_the_step_held_at_a_truncated_names_allocations_goes_to_the_op_that
     # Note [Concurrent scratch]: the bytes held at each op's allocations are
     # that op's, not the most held at any allocation under the shared name
     # (which put a's 900 kB of scratch on b as well).
-    from tensile_tf.execution import _held_at_allocations
+    from tensile_tf.pipeline import _held_at_allocations
 
     graph, trace, ops_of, a, b = _two_namesakes_trace()
     held = _held_at_allocations(trace, ops_of, graph)

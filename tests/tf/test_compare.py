@@ -1,9 +1,9 @@
-"""Note [Honest comparison] (tensile_tf/compare.py): both runs are measured
+"""Note [Honest comparison] (tensile_tf/reports/compare.py): both runs are measured
 over the same training window, and a saving is credited to a plan only when
 the plan changed the step and the saving exceeds vanilla's own spread."""
 from types import SimpleNamespace
 
-from tensile_tf.compare import compare_runs, format_comparison
+from tensile_tf.reports.compare import compare_runs, format_comparison
 from tensile_tf.runtime.records import JobState, JobStatus, PlanRecord, PoolRecord, RunResult, StepRecord, TraceCoverage
 
 MiB = 2**20

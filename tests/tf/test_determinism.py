@@ -9,7 +9,7 @@ tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF o
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
 from tensorflow.python.eager import context
-from tensile_tf.determinism import disable_graph_dependent_rewrites, graph_dependent_rewrites_enabled
+from tensile_tf.tf.determinism import disable_graph_dependent_rewrites, graph_dependent_rewrites_enabled
 
 
 def rewrite_options():

@@ -166,15 +166,15 @@ def test_a_long_op_name_keeps_its_head_and_tail_in_the_trace():
         with tf.name_scope(scope):
             return tf.identity(tf.add(x, 1.0, name="first_sibling")), tf.multiply(x, 3.0, name="second_sibling")
 
-    tensile_tf.memory.device_pool().clear_trace()
+    tensile_tf.tf.pool.device_pool().clear_trace()
     two_ops(tf.ones([128, 128]))
     traced = {e["op"] for e in tensile_tf.pool_trace() if e["kind"] == "alloc" and "~" in e["op"]}
     graph_ops = [op.name for op in two_ops.get_concrete_function(tf.ones([128, 128])).graph.get_operations()]
     first = next(n for n in graph_ops if n.endswith("first_sibling"))
     second = next(n for n in graph_ops if n.endswith("second_sibling"))
-    assert len(first) > tensile_tf.memory.TRACED_OP_NAME_BYTES
-    assert all(len(t) == tensile_tf.memory.TRACED_OP_NAME_BYTES for t in traced), traced
-    assert [t for t in traced if tensile_tf.memory.traced_op_matches(t, first)] != []
-    assert [t for t in traced if tensile_tf.memory.traced_op_matches(t, second)] != []
-    assert not any(tensile_tf.memory.traced_op_matches(t, first) and tensile_tf.memory.traced_op_matches(t, second)
+    assert len(first) > tensile_tf.tf.pool.TRACED_OP_NAME_BYTES
+    assert all(len(t) == tensile_tf.tf.pool.TRACED_OP_NAME_BYTES for t in traced), traced
+    assert [t for t in traced if tensile_tf.tf.pool.traced_op_matches(t, first)] != []
+    assert [t for t in traced if tensile_tf.tf.pool.traced_op_matches(t, second)] != []
+    assert not any(tensile_tf.tf.pool.traced_op_matches(t, first) and tensile_tf.tf.pool.traced_op_matches(t, second)
                    for t in traced)

@@ -6,9 +6,9 @@ import pytest
 import tensile_tf
 
 tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
-from tensile_tf.config import JobSpec
+from tensile_tf.config.schema import JobSpec
 from tensile_tf.runtime import JobHost, JobStatus
-from tensile_tf.jobs import Job
+from tensile_tf.jobs.job import Job
 from tests import job_factories
 from tests.conftest import last_json_line, run_python
 
@@ -64,8 +64,8 @@ ADMISSION_SCRIPT = """
     import tensile_tf
     tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
     from tensile_tf.runtime import JobHost
-    from tensile_tf.jobs import Job
-    from tensile_tf.config import JobSpec
+    from tensile_tf.jobs.job import Job
+    from tensile_tf.config.schema import JobSpec
     def spec(name, batch, steps):
         return JobSpec.model_validate(dict(name=name, steps=steps, model=dict(
             train_step_factory="tests.job_factories:activation_hog", args=dict(batch_size=batch, width=4096))))
@@ -117,7 +117,7 @@ def test_out_of_memory_mid_run_fails_only_that_job_and_returns_its_memory():
         import tensile_tf
         tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
         from tensile_tf.runtime import JobHost
-        from tensile_tf.jobs import Job
+        from tensile_tf.jobs.job import Job
         from tests import job_factories
         host = JobHost(pool_bytes="48MiB", admission="none")
         steady = host.submit(Job.from_train_step("steady", job_factories.dense_regression(), steps=40))
@@ -138,7 +138,7 @@ def test_out_of_memory_mid_run_fails_only_that_job_and_returns_its_memory():
 
 def test_yaml_job_with_a_tf_data_pipeline_from_a_user_function():
     job = JobSpec.model_validate(dict(
-        name="tfdata", model={"builder": "tensile_tf.zoo:mlp", "args": {"hidden": [16]}}, input_shape=[32],
+        name="tfdata", model={"builder": "tensile_tf.jobs.zoo:mlp", "args": {"hidden": [16]}}, input_shape=[32],
         data={"kind": "function", "function": "tests.job_factories:regression_dataset"}, batch_size=16,
         steps=12))
     host = JobHost()

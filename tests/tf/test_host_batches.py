@@ -1,5 +1,5 @@
 """Notes [Input data on the host] and [Just-in-time batches]
-(tensile_tf/jobs.py): a YAML job's synthetic batches stay in host memory and the
+(tensile_tf/jobs/job.py): a YAML job's synthetic batches stay in host memory and the
 pool holds the batch a step reads (and the next with ``data.prefetch``), however
 many batches the job cycles through."""
 import numpy as np
@@ -8,16 +8,16 @@ import pytest
 import tensile_tf
 
 tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
-from tensile_tf.config import JobSpec  # noqa: E402
-from tensile_tf.jobs import HostBatches, synthetic_batches  # noqa: E402
-from tensile_tf.memory import JobStream  # noqa: E402
+from tensile_tf.config.schema import JobSpec  # noqa: E402
+from tensile_tf.jobs.job import HostBatches, synthetic_batches  # noqa: E402
+from tensile_tf.tf.pool import JobStream  # noqa: E402
 
 MiB = 2**20
 
 
 @pytest.mark.parametrize("prefetch, device_batches", [(False, 1), (True, 2)])
 def test_the_pool_holds_the_steps_batch_while_the_host_holds_all_six(prefetch, device_batches):
-    spec = JobSpec.model_validate({"name": "host-data", "model": {"builder": "tensile_tf.zoo:mlp"},
+    spec = JobSpec.model_validate({"name": "host-data", "model": {"builder": "tensile_tf.jobs.zoo:mlp"},
                                    "input_shape": [1024], "batch_size": 256, "steps": 9,
                                    "data": {"num_batches": 6, "prefetch": prefetch}})
     assert spec.data.device_batches == device_batches

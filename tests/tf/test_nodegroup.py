@@ -7,10 +7,10 @@ import tensorflow as tf
 import tensile_tf
 
 tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
-from tensile_tf.config import JobSpec
+from tensile_tf.config.schema import JobSpec
 from tensile_tf.runtime import JobHost, JobStatus
-from tensile_tf.jobs import Job
-from tensile_tf.memory import JobStream
+from tensile_tf.jobs.job import Job
+from tensile_tf.tf.pool import JobStream
 from tests import job_factories
 from tests.conftest import last_json_line, run_python
 from tf_plugin.nodegroup import device_pipeline, partition_graph
@@ -20,13 +20,13 @@ TWO_JOBS = """
 import json, sys
 import tensile_tf
 tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
-from tensile_tf.config import JobSpec
+from tensile_tf.config.schema import JobSpec
 from tensile_tf.runtime import JobHost
-from tensile_tf.jobs import Job
+from tensile_tf.jobs.job import Job
 host = JobHost({pool}, pipeline="{pipeline}", split_size="8MiB", admission="none", barrier_timeout_s=60,
                planner="{planner}")
 for i in range({jobs}):
-    host.submit(Job.from_spec(JobSpec(name=f"j{{i}}", model={{"builder": "tensile_tf.zoo:small_cnn",
+    host.submit(Job.from_spec(JobSpec(name=f"j{{i}}", model={{"builder": "tensile_tf.jobs.zoo:small_cnn",
         "args": {{"filters": [32, 64]}}}}, input_shape=[64, 64, 3], batch_size=32, steps=4, seed=i,
         optimizer={{"name": "sgd", "learning_rate": 0.01}})))
 r = host.run()
@@ -95,11 +95,11 @@ import dataclasses, json
 import numpy as np
 import tensorflow as tf
 import tensile_tf, keras
-from tensile_tf.determinism import enable_deterministic_training
+from tensile_tf.tf.determinism import enable_deterministic_training
 enable_deterministic_training()
 from tensile_tf.runtime import JobHost
-from tensile_tf.jobs import Job, TrainStep, supervised_train_step
-from tensile_tf import zoo
+from tensile_tf.jobs.job import Job, TrainStep, supervised_train_step
+from tensile_tf.jobs import zoo
 
 def make(seed):
     keras.utils.set_random_seed(seed)
@@ -218,9 +218,9 @@ EIGHT_JOBS = """
 import json
 import tensile_tf
 tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
-from tensile_tf.config import JobSpec
+from tensile_tf.config.schema import JobSpec
 from tensile_tf.runtime import JobHost
-from tensile_tf.jobs import Job
+from tensile_tf.jobs.job import Job
 host = JobHost("1GiB", pipeline="nodegroup", split_size="16KiB", admission="none", barrier_timeout_s=60)
 for i in range(8):
     host.submit(Job.from_spec(JobSpec.model_validate(dict(name=f"j{i}",
@@ -244,7 +244,7 @@ def test_steps_that_create_optimizer_slots_in_their_first_trace_still_lift():
     initializers are lifted out of the graph, so no barrier may precede them."""
     host = JobHost(pipeline="nodegroup", split_size="4KiB", admission="none")
     states = [host.submit(Job.from_spec(JobSpec.model_validate(dict(
-        name=f"ng-adam-{i}", model={"builder": "tensile_tf.zoo:transformer_encoder",
+        name=f"ng-adam-{i}", model={"builder": "tensile_tf.jobs.zoo:transformer_encoder",
                                     "args": {"heads": 2, "layers_count": 1, "ff_dim": 32}},
         input_shape=[16, 32], batch_size=4, steps=3, seed=i, optimizer={"name": "adam"})))) for i in range(2)]
     result = host.run()
@@ -261,12 +261,12 @@ import tf_plugin.nodegroup.rewrite as rewrite
 from tf_plugin._loader import onednn_rewrites_enabled
 if "MODE" == "without-merge-hints":
     rewrite.ONEDNN_MERGED_CHAINS = frozenset()
-from tensile_tf.config import JobSpec
+from tensile_tf.config.schema import JobSpec
 from tensile_tf.runtime import JobHost
-from tensile_tf.jobs import Job
+from tensile_tf.jobs.job import Job
 host = JobHost("1GiB", pipeline="nodegroup", split_size="64KiB", admission="none", barrier_timeout_s=60)
 for i in range(2):
-    host.submit(Job.from_spec(JobSpec(name=f"j{i}", model={"builder": "tensile_tf.zoo:small_cnn",
+    host.submit(Job.from_spec(JobSpec(name=f"j{i}", model={"builder": "tensile_tf.jobs.zoo:small_cnn",
         "args": {"filters": [16, 32]}}, input_shape=[32, 32, 3], batch_size=8, steps=2, seed=i,
         optimizer={"name": "sgd", "learning_rate": 0.01})))
 r = host.run()
@@ -295,11 +295,11 @@ import json
 import numpy as np
 import tensorflow as tf
 import tensile_tf, keras
-from tensile_tf.determinism import enable_deterministic_training
+from tensile_tf.tf.determinism import enable_deterministic_training
 enable_deterministic_training()
 from tensile_tf.runtime import JobHost
-from tensile_tf.jobs import Job, TrainStep, supervised_train_step
-from tensile_tf import zoo
+from tensile_tf.jobs.job import Job, TrainStep, supervised_train_step
+from tensile_tf.jobs import zoo
 
 def make():
     keras.utils.set_random_seed(3)
@@ -351,12 +351,12 @@ SPLIT_TUNING_ARRIVAL = """
 import json, threading
 import tensile_tf
 tensile_tf.install()
-from tensile_tf.config import JobSpec
+from tensile_tf.config.schema import JobSpec
 from tensile_tf.runtime import JobHost
-from tensile_tf.jobs import Job
+from tensile_tf.jobs.job import Job
 
 def spec(name, steps):
-    return JobSpec(name=name, model={"builder": "tensile_tf.zoo:small_cnn", "args": {"filters": [16, 32]}},
+    return JobSpec(name=name, model={"builder": "tensile_tf.jobs.zoo:small_cnn", "args": {"filters": [16, 32]}},
                    input_shape=[32, 32, 3], batch_size=16, steps=steps, seed=0,
                    optimizer={"name": "sgd", "learning_rate": 0.01})
 

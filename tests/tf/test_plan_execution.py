@@ -24,7 +24,7 @@ MODELS = {
     "small_cnn": ["--model", "small_cnn", "--input-shape", "32x32x3", "--batch", "16"],
     "residual_net": ["--model", "residual_net", "--input-shape", "32x32x3", "--batch", "16"],
     # attention, layer norm, Adam: with Grappler's graph-dependent rewrites on, even an empty plan
-    # changed its weights (Note [Graph-dependent Grappler rewrites] in tensile_tf.determinism)
+    # changed its weights (Note [Graph-dependent Grappler rewrites] in tensile_tf.tf.determinism)
     "transformer_encoder": ["--model", "transformer_encoder", "--input-shape", "32x64", "--batch", "8"],
 }
 
@@ -90,7 +90,7 @@ def test_a_paired_vanilla_twin_trains_what_the_unplanned_run_trains():
     assert len(paired["paired_vanilla"]["step_s"]) == len(paired["step_s"]) == 3
     # each job's peak is its own: the twin's is the unplanned run's (not it plus the planned job's bytes,
     # 60-70% of it more), above the plan's. A free-running step's peak moves with how the executor's two
-    # threads interleave (Note [Concurrent scratch] in tensile_tf/execution.py): seen 7% apart (one
+    # threads interleave (Note [Concurrent scratch] in tensile_tf/pipeline.py): seen 7% apart (one
     # 0.4 MB layer) between the two processes' steps with both cores loaded.
     twin_peak, alone_peak = max(paired["paired_vanilla"]["peaks"][1:]), max(vanilla["peaks"][1:])
     assert abs(twin_peak - alone_peak) <= 0.15 * alone_peak, (paired["paired_vanilla"]["peaks"], vanilla["peaks"])
@@ -153,11 +153,11 @@ def test_swap_ins_reusing_one_host_copy_release_the_tensor_as_planned():
     """A residual CNN whose block inputs are read in the forward pass and
     again, apart, in backprop: the planner swaps some out once and back in
     for several backward reads, the earlier ones reusing the host copy (Note
-    [Host copies serve several gaps] in tensile_tf.rewrite). Pairing by the
+    [Host copies serve several gaps] in tensile_tf/tf/rewrite/activation_swaps.py). Pairing by the
     swap-out's release point skipped those swap-ins and a deep MLP's planned
     peak stayed at 105 MiB for a predicted 45 MiB. (That MLP no longer
     reuses a copy: since Note [Freeing successors first] in
-    tensile_tf.execution its two backward reads of a ReLU output run side by
+    tensile_tf.pipeline its two backward reads of a ReLU output run side by
     side, and one swap-in serves both.)"""
     common = ["--model", "residual_net", "--input-shape", "32x32x3", "--batch", "16", "--steps", "4"]
     planned = _run([*common, "--planned", "--budget-frac", "0.3"])

@@ -2,8 +2,8 @@
 import numpy as np
 import tensorflow as tf
 
-from tensile_tf.capture import capture_job_graph
-from tensile_tf.rewrite import apply_plan
+from tensile_tf.tf.capture import capture_job_graph
+from tensile_tf.tf.rewrite import apply_plan
 from tensile_tf.scheduler.plan import JobPlan, RecomputeEvent, SwapEvent
 
 
@@ -45,7 +45,7 @@ def test_graph_edit_refuses_exactly_the_control_edges_that_close_a_cycle():
     import itertools
     import random
 
-    from tensile_tf.rewrite import _GraphEdit
+    from tensile_tf.tf.rewrite.graph_edit import _GraphEdit
 
     @tf.function(autograph=False)
     def f(x):
@@ -200,8 +200,8 @@ def test_optimizer_updates_run_as_their_gradients_exist_not_after_all_of_them():
     IdentityN left; it trains bit for bit."""
     import keras
 
-    from tensile_tf.execution import executor_order
-    from tensile_tf.jobs import supervised_train_step
+    from tensile_tf.pipeline import executor_order
+    from tensile_tf.jobs.job import supervised_train_step
 
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
@@ -396,7 +396,7 @@ def test_an_owner_swapped_across_its_views_reads_frees_its_buffer_in_the_gap():
     import tf_plugin
     from tf_plugin import swap
 
-    from tensile_tf.execution import apply_step_memory, measure_step_memory
+    from tensile_tf.pipeline import apply_step_memory, measure_step_memory
     from tensile_tf.scheduler.access_sequence import TensorAccessSequence
     from tensile_tf.scheduler.latency import UniformLatency
 

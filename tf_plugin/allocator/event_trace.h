@@ -56,7 +56,7 @@ inline const char* PoolEventKindName(PoolEventKind kind) {
 // its first kOpNameHead bytes, '~' and its last bytes. The tail is what tells
 // sibling ops apart (".../Conv2DBackpropInput" vs ".../Conv2DBackpropFilter"),
 // and TensorFlow op names never contain '~', so a reader knows the name was
-// cut and matches it by prefix and suffix (tensile_tf.memory.traced_op_matches).
+// cut and matches it by prefix and suffix (tensile_tf.tf.pool.traced_op_matches).
 struct PoolEvent {
   static constexpr size_t kOpNameBytes = 64;
   static constexpr size_t kOpNameHead = 20;

@@ -2,7 +2,7 @@
 FuncGraph as ``GraphNode``s for the partition, and insert one
 ``TensileNodeGroupBarrier`` op per group boundary.
 
-Runs as a FuncGraph transform right after tracing (``tensile_tf.memory``
+Runs as a FuncGraph transform right after tracing (``tensile_tf.tf.pool``
 ``JobStream.step_function(graph_transform=...)``), so the step is traced once
 and the barriers are in the function TensorFlow instantiates. Only control
 edges are added: the step computes exactly what it computed before.

@@ -31,8 +31,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-import tensile_tf.memory  # noqa: F401  (loads the plugin before any op)
-from tensile_tf.memory import traced_op_matches  # noqa: E402
+import tensile_tf.tf.pool  # noqa: F401  (loads the plugin before any op)
+from tensile_tf.tf.pool import traced_op_matches  # noqa: E402
 from tf_plugin.tf_internals import called_function_graph, new_xspace
 from tensile_tf.scheduler.job_graph import VARIABLE_PREFIX, JobGraph, OpNode, TensorInfo
 from tensile_tf.scheduler.latency import LatencyTable

@@ -146,10 +146,10 @@ def study_has_best(study) -> bool:
 
 
 def cmd_search(args) -> int:
-    from tensile_tf.cli import UserError, _install, check_output_dir
-    from tensile_tf.config import ConfigError, read_yaml
+    from tensile_tf.cli.common import UserError, check_output_dir, install_runtime
+    from tensile_tf.config.schema import ConfigError, read_yaml
     from tensile_tf.search.config import load_search_config
-    from tensile_tf.validation import check_search, raise_problems
+    from tensile_tf.config.validation import check_search, raise_problems
 
     try:
         cfg = load_search_config(args.config)
@@ -159,8 +159,8 @@ def cmd_search(args) -> int:
         raise UserError(str(e)) from None
     out_dir = check_output_dir(Path(args.out) if args.out else Path(cfg.run.out_dir),
                                "--out" if args.out else "run.out_dir")
-    _install(cfg.pool)  # the pool before any TensorFlow op
-    try:  # what the trials' jobs refer to resolves (tensile_tf.validation), before any trial runs
+    install_runtime(cfg.pool)  # the pool before any TensorFlow op
+    try:  # what the trials' jobs refer to resolves (tensile_tf.config.validation), before any trial runs
         raise_problems(check_search(cfg), source=args.config, marks=marks)
     except ConfigError as e:
         raise UserError(str(e)) from None
@@ -237,7 +237,7 @@ def cmd_search(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tensile_tf.search.cli search CONFIG ...``: the same as ``tensile search``."""
+    """``python -m tensile_tf.cli.search search CONFIG ...``: the same as ``tensile search``."""
     from tensile_tf.cli import main as tensile_main
 
     return tensile_main(argv)

@@ -1,12 +1,9 @@
-"""Plan execution for running jobs: capture -> measure -> plan -> rewrite.
+"""What the pool's event trace of real steps adds to a job's captured graph,
+and the order TensorFlow's executor runs its ops in (``executor_order``).
 
-The two halves every caller uses (the host's planning, tensile_tf/runtime/
-planning.py, and the benchmarks): ``capture_for_planning`` (per job: its
-graph in executor order, its ops' scratch memory and latencies, measured by
-running its step) and ``plan_captured`` (all jobs at once: one Plan for one
-pool and one swap channel, and each job's rewritten ``PlannedStep``). The
-host captures each job right after its probe step, while the pool can still
-hold it, and plans later.
+``measure_step_memory`` runs a step a few times with the pool's trace on and
+reads, per op, the bytes the graph alone does not show; ``apply_step_memory``
+writes them into the ``JobGraph`` the planner plans from.
 
 Note [Scratch memory]
 Some kernels allocate large buffers that are neither inputs nor outputs:
@@ -62,7 +59,7 @@ it).
 Note [Memory of the step as planned]
 The buffers an op allocates depend on the graph TensorFlow runs, and
 Grappler rewrites the free-running step and the step chained in plan order
-(Note [Plan order] in tensile_tf/rewrite.py) differently: its remapper fuses
+(Note [Plan order] in tensile_tf/tf/rewrite/rewriter.py) differently: its remapper fuses
 a convolution with its bias add (one buffer, allocated by the fused op under
 the BiasAdd's name) where no control edge is in the way, and the chain puts
 control edges on both. So in the free step's trace ResNet50's convolutions
@@ -98,37 +95,20 @@ allocates) now runs first; ties keep the graph's order. The same capture
 then plans to 334.6 MiB and measures 333-336 (15.1%). A filter gradient
 larger than its input activation (conv5's 9 MiB kernels at 64x64) still
 waits: it allocates more than it frees.
-
-Note [Example batch]
-Capture and tracing need an example of the step's arguments. The batch a
-job's probe ran is one more batch in the pool, beside the batch each step
-reads: the quickstart's mlp-b held 3.2 MiB before each step where the graph's
-parameters and one batch are 2.4 MiB, and its measured peak was 18% above the
-prediction. A captured job keeps only the batch's TensorSpecs
-(``batch_specs``: ``get_concrete_function`` with them returns the function
-traced with the batch, no second trace), and the runtime drops the batch
-after the job's first training step (``release_first_batch`` in
-tensile_tf/runtime/job_thread.py), so a job holds one batch, as the planner
-counts.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Sequence
 
-import tensorflow as tf
 
 import tf_plugin
-from tensile_tf.memory import traced_op_matches
-from tensile_tf.capture import capture_job_graph, measure_op_latencies, snapshot_variables
-from tensile_tf.rewrite import REWRITE_PREFIX, PlannedStep, apply_plan, bypassed_identity_n
-from tensile_tf.scheduler import DEFAULT_BANDWIDTH_BYTES_PER_S, Plan, Planner, PlannerJob
+from tensile_tf.tf.pool import traced_op_matches
+from tensile_tf.tf.capture import snapshot_variables
+from tensile_tf.tf.rewrite.graph_edit import bypassed_identity_n
 from tensile_tf.scheduler.concurrency import observed_concurrency_bytes
-from tensile_tf.scheduler.planner import plan_in_step_order
-from tensile_tf.scheduler.latency_predictor import cold_start_latency
 from tensile_tf.scheduler.job_graph import HELD_BESIDE_STEP, JobGraph, TensorInfo
-from tensile_tf.scheduler.plan import JobPlan
 
 
 def _size_matches(a: int, b: int) -> bool:
@@ -379,7 +359,7 @@ _LAZY_OPS = frozenset({"ReadVariableOp", "Const", "Identity", "NoOp", "Placehold
 
 def executor_order(graph: JobGraph, step_fn, args: Sequence) -> JobGraph:
     """The JobGraph with its ops in the order the planned step will run them
-    (Note [Plan order] in tensile_tf.rewrite). Depth first over the traced
+    (Note [Plan order] in tensile_tf/tf/rewrite/rewriter.py). Depth first over the traced
     GraphDef (data and control edges): the op that became ready last runs
     next, so an optimizer update runs as soon as its gradient exists (in
     creation order all of backprop precedes all of the optimizer and every
@@ -397,7 +377,7 @@ def executor_order(graph: JobGraph, step_fn, args: Sequence) -> JobGraph:
 
     def source(i: str) -> str:
         """The node an input comes from, through the IdentityN nodes the
-        rewrite bypasses (Note [No gradient barrier] in tensile_tf.rewrite)."""
+        rewrite bypasses (Note [No gradient barrier] in tensile_tf/tf/rewrite/rewriter.py)."""
         for _ in range(64):
             name, _, out = i.lstrip("^").partition(":")
             if i.startswith("^") or name not in bypassed:
@@ -470,155 +450,3 @@ def executor_order(graph: JobGraph, step_fn, args: Sequence) -> JobGraph:
     unranked = len(rank)  # ops the GraphDef lacks keep their relative order, after the rest
     order = sorted(range(len(graph.ops)), key=lambda k: (rank.get(graph.ops[k].name, unranked), k))
     return JobGraph(graph.name, [graph.ops[k] for k in order], graph.tensors)
-
-
-def batch_specs(args: Sequence) -> tuple:
-    """The TensorSpecs of a step's arguments (other values as they are):
-    enough to look up the traced function (Note [Example batch])."""
-    import tensorflow as tf
-
-    return tuple(tf.TensorSpec.from_tensor(a) if isinstance(a, tf.Tensor) else a for a in args)
-
-
-@dataclass
-class JobToPlan:
-    """What capture and planning need of a job."""
-
-    name: str
-    step_fn: Any                 # a traced tf.function (the host's attributed step)
-    example_args: tuple
-    optimizer: Any = None
-    max_swapping_rate: float = 1.0
-    start_offset_s: float = 0.0
-
-
-@dataclass
-class CapturedJob:
-    """A job traced and profiled for planning: its graph in executor order
-    (with scratch bytes) and the planner's view of it."""
-
-    job: JobToPlan
-    graph: JobGraph
-    planner_job: PlannerJob
-    cold: bool = False           # captured without running the step (capture_cold)
-
-
-def capture_for_planning(job: JobToPlan, *, latency_repeats: int = 3, with_temp: bool = True,
-                         step_order: str = "plan") -> CapturedJob:
-    """Runs the job's step a few times (variables restored afterwards, also
-    when a step fails) to capture its graph, scratch bytes and op latencies.
-    ``step_order``: how the planned step will run its ops (the planner's
-    ``step_order``, or "auto"); the latencies are measured on a step that runs
-    them that way, "auto" in plan order, where it falls back to (Note [Latency
-    time base] in tensile_tf/scheduler/latency.py).
-    Errors name the job."""
-    try:
-        graph = capture_job_graph(job.name, job.step_fn, job.example_args, optimizer=job.optimizer)
-        graph = executor_order(graph, job.step_fn, job.example_args)
-        chained = chained_step(job, graph) if step_order != "free" else None
-        if with_temp:
-            memory = measure_step_memory(job.step_fn, job.example_args, graph)
-            if chained is not None:   # Note [Memory of the step as planned]
-                memory = _as_planned(memory, job, graph, chained)
-            apply_step_memory(graph, memory)
-        lat = None
-        if chained is not None:
-            lat = measure_plan_order_latencies(job, graph, repeats=latency_repeats, chained=chained)
-        if lat is None:
-            lat = measure_op_latencies(job.step_fn, job.example_args, graph=graph, repeats=latency_repeats)
-    except Exception as e:  # noqa: BLE001 - name the job
-        raise RuntimeError(f"job '{job.name}': could not capture or profile its train step: {e}") from e
-    job = replace(job, example_args=batch_specs(job.example_args))   # Note [Example batch]
-    return CapturedJob(job, graph, PlannerJob(graph, lat, job.start_offset_s, job.max_swapping_rate))
-
-
-def chained_step(job: JobToPlan, graph: JobGraph) -> PlannedStep:
-    """The job's step with its ops chained in plan order and no events (an
-    empty plan's rewrite, Note [Plan order] in tensile_tf/rewrite.py)."""
-    return apply_plan(job.step_fn, job.example_args, JobPlan(job.name, step_order="plan"), graph,
-                      check_lateness=False, enforce_order=True)
-
-
-def _as_planned(free: StepMemory, job: JobToPlan, graph: JobGraph, chained: PlannedStep) -> StepMemory:
-    """Note [Memory of the step as planned]: scratch, forwarded bytes and
-    views from the chained step's trace; what the executor's threads hold
-    and what the job holds between steps from the free step's. The free
-    step's trace stands where the chained step does not fit the pool."""
-    try:
-        as_planned = measure_step_memory(job.step_fn, job.example_args, graph, steps=MIN_TRACED_STEPS,
-                                         run_fn=chained.fn, op_name_prefix=REWRITE_PREFIX + "/")
-    except tf.errors.ResourceExhaustedError:
-        return free
-    return replace(free, scratch=as_planned.scratch, forwarded=as_planned.forwarded, views=as_planned.views)
-
-
-def measure_plan_order_latencies(job: JobToPlan, graph: JobGraph, *, repeats: int = 3,
-                                 chained: PlannedStep | None = None):
-    """The op latencies of the job's step with its ops chained in plan order
-    (``chained``, else ``chained_step``), as a planned step runs them (Note
-    [Latency time base] in tensile_tf/scheduler/latency.py); the variables
-    are restored. None when the chained step does not fit the pool (it can
-    peak above the free one on a branchy graph): the caller measures the step
-    as it runs free."""
-    chained = chained or chained_step(job, graph)
-    try:
-        table = measure_op_latencies(job.step_fn, job.example_args, graph=graph, repeats=repeats, run_fn=chained.fn)
-    except tf.errors.ResourceExhaustedError:
-        return None
-    return replace(table, source=f"{table.source}, plan order", step_order="plan")
-
-
-def capture_cold(job: JobToPlan) -> CapturedJob:
-    """Captures a job for planning without running its step (§IV-A cold
-    start): for a job whose vanilla step does not fit the pool, so it can be
-    neither profiled nor measured. Static shapes (dynamic ones count 0),
-    no scratch bytes; op latencies from the learned predictor that `tensile
-    calibrate` cached, else ``ColdStartLatency`` (bytes touched)."""
-    from tensile_tf.calibration import cached_predictor
-    try:
-        graph = capture_job_graph(job.name, job.step_fn, job.example_args, optimizer=job.optimizer,
-                                  measure_dynamic=False)
-        graph = executor_order(graph, job.step_fn, job.example_args)
-    except Exception as e:  # noqa: BLE001 - name the job
-        raise RuntimeError(f"job '{job.name}': could not capture its train step: {e}") from e
-    latencies = cold_start_latency(graph, cached_predictor())
-    job = replace(job, example_args=batch_specs(job.example_args))   # Note [Example batch]
-    return CapturedJob(job, graph, PlannerJob(graph, latencies, job.start_offset_s, job.max_swapping_rate), cold=True)
-
-
-def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
-                  bandwidth_bytes_per_s: float | None = None, enable_recompute: bool = True,
-                  delta_scale: float = 1.0, horizon_iterations: float = 2.0,
-                  coincident_peaks: bool = False,
-                  peaking_jobs: int | None = None,
-                  unplanned_peaking_jobs: int | None = None,
-                  strategy: str = "tensile", step_order: str = "plan",
-                  unchain: bool = True) -> tuple[Plan, dict[str, PlannedStep]]:
-    """Plans captured jobs together and rewrites each one's step.
-    ``peaking_jobs``: with ``coincident_peaks``, how many jobs' peaks meet
-    (Note [Paired peaks] in tensile_tf.scheduler.peak_analysis);
-    ``unplanned_peaking_jobs``: how many meet while no job runs a plan (whether
-    the unplanned steps fit; default ``peaking_jobs``).
-    ``unchain``: a plan-order step leaves its ops free inside runs where the
-    footprint has slack (Note [Unchained runs] in
-    tensile_tf.scheduler.unchained_runs); False chains every op.
-    ``strategy``: the planner's policy, TENSILE's Algorithm 3 or a baseline
-    on the same sequences, link and swap ops (``scheduler.baselines.STRATEGIES``).
-    ``step_order``: "plan" chains each planned step's ops in plan order,
-    "free" leaves them to the executor's threads, "auto" takes the free-order
-    plan when it meets the budget by swaps alone and plans in plan order
-    otherwise (Note [Free-order plans] in tensile_tf.scheduler.peak_analysis)."""
-    from tensile_tf.scheduler.baselines import STRATEGIES
-
-    if strategy not in STRATEGIES:
-        raise ValueError(f"planner strategy {strategy!r}: choose one of {sorted(STRATEGIES)}")
-    plan = plan_in_step_order(STRATEGIES[strategy], [c.planner_job for c in captured], step_order,
-                              pool_bytes=pool_bytes,
-                              bandwidth_bytes_per_s=bandwidth_bytes_per_s or DEFAULT_BANDWIDTH_BYTES_PER_S,
-                              horizon_iterations=horizon_iterations, enable_recompute=enable_recompute,
-                              coincident_peaks=coincident_peaks, peaking_jobs=peaking_jobs,
-                              unplanned_peaking_jobs=unplanned_peaking_jobs, unchain=unchain)
-    steps = {c.job.name: apply_plan(c.job.step_fn, c.job.example_args, plan.jobs[c.job.name], c.graph,
-                                    delta_scale=delta_scale)
-             for c in captured}
-    return plan, steps

@@ -24,9 +24,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tensile_tf import zoo
-from tensile_tf.capture import capture_job_graph, measure_op_latencies
-from tensile_tf.jobs import supervised_train_step
+from tensile_tf.jobs import zoo
+from tensile_tf.tf.capture import capture_job_graph, measure_op_latencies
+from tensile_tf.jobs.job import supervised_train_step
 from tensile_tf.scheduler import ColdStartLatency
 from tensile_tf.scheduler.latency_predictor import (LatencyPredictor, LatencySample, load_cached, relative_error,
                                                     samples_from)

@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tensile_tf.config import JobSpec
+from tensile_tf.config.schema import JobSpec
 
 
 class DataError(ValueError):

@@ -12,7 +12,7 @@ floating-point arithmetic where the graph's structure allows it:
 - ``constant_folding`` (ConstantPushDown: (x + c1) + c2 -> x + (c1 + c2)).
 
 A plan's rewrite adds control edges (Note [Plan order] in
-tensile_tf.rewrite), swap ops between producers and consumers, and clones;
+tensile_tf/tf/rewrite/rewriter.py), swap ops between producers and consumers, and clones;
 the node-group pipeline adds barrier ops. Those block some of these
 rewrites, so the planned step sums in another order. Measured on the zoo
 Transformer (64x128, batch 16, Adam, 3 steps): a plan with no events at all
@@ -46,7 +46,7 @@ loop, shape, function) stay on: they did not change a bit.
 """
 from __future__ import annotations
 
-import tensile_tf.memory  # noqa: F401  (loads the plugin before any op)
+import tensile_tf.tf.pool  # noqa: F401  (loads the plugin before any op)
 import tensorflow as tf  # noqa: E402
 
 from tf_plugin.tf_internals import memory_optimizer_off, turn_off_memory_optimizer  # noqa: E402

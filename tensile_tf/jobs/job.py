@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tensile_tf.config import EXAMPLE_KINDS, JobSpec
+from tensile_tf.config.schema import EXAMPLE_KINDS, JobSpec
 
 
 class JobBuildError(RuntimeError):
@@ -169,7 +169,7 @@ class HostBatches:
     Note [Input data on the host]. A YAML job's synthetic data used to be
     ``data.num_batches`` (default 4) batches in the pool for the job's whole
     life: the planner counted them (Note [Data held beside the step] in
-    tensile_tf/execution.py) but no plan could move them, and four jobs held
+    tensile_tf/pipeline.py) but no plan could move them, and four jobs held
     sixteen. Now the arrays stay in host memory and each call returns the next
     batch as tensors made on the calling thread (the job's stream): the pool
     holds the batch a step reads (``DataSpec.device_batches``), and with
@@ -217,8 +217,8 @@ def synthetic_batches(spec: JobSpec, input_shape: Sequence[int], classes: int) -
 
     Each batch is made in host memory; before each, the machine's free memory
     is checked, so a batch larger than the machine rejects the job instead of
-    the kernel killing the process (tensile_tf.validation.host_batch_problem)."""
-    from tensile_tf.validation import host_batch_problem
+    the kernel killing the process (tensile_tf.config.validation.host_batch_problem)."""
+    from tensile_tf.config.validation import host_batch_problem
 
     rng = np.random.default_rng(spec.seed)
     out = []
@@ -294,7 +294,7 @@ def build_train_step(spec: JobSpec) -> TrainStep:
     if "dataset" in parts:
         batches = parts["dataset"]
     elif spec.data.kind in EXAMPLE_KINDS:
-        from tensile_tf import datasets
+        from tensile_tf.jobs import datasets
 
         x, y = datasets.load_examples(spec)
         xt, yt, xv, yv = datasets.split_examples(x, y, spec.data.validation_split, spec.seed, spec.name,

@@ -7,7 +7,7 @@ A configuration names the pool, the run settings and the jobs::
     run: {concurrency: 4, out_dir: runs/quickstart, admission: salus}
     jobs:
       - name: cnn-a
-        model: {builder: "tensile_tf.zoo:small_cnn", args: {classes: 10}}
+        model: {builder: "tensile_tf.jobs.zoo:small_cnn", args: {classes: 10}}
         input_shape: [32, 32, 3]
         classes: 10
         batch_size: 64
@@ -84,7 +84,7 @@ EXAMPLE_KINDS = frozenset({*FILE_KINDS, "digits"})
 
 
 class DataSpec(_Strict):
-    """Where a job's (x, y) examples come from (tensile_tf/datasets.py):
+    """Where a job's (x, y) examples come from (tensile_tf/jobs/datasets.py):
 
     * ``synthetic`` (default): fixed random batches made once per job;
     * ``function``: 'module:function' returning a tf.data.Dataset of (x, y) batches;
@@ -111,7 +111,7 @@ class DataSpec(_Strict):
                                    "memory; the pool holds the step's batch (and the next with `prefetch`)")
     prefetch: StrictBool = Field(False, description="synthetic data: copy the next batch into the pool before the "
                                  "step runs, as well as the step's own (Note [Just-in-time batches] in "
-                                 "tensile_tf/jobs.py: it holds a second batch through the other jobs' peaks and "
+                                 "tensile_tf/jobs/job.py: it holds a second batch through the other jobs' peaks and "
                                  "hides no copy here)")
     path: StrictStr | None = Field(None, description="npz: the file; npy: the examples' file; tfrecord: a file "
                                    "or glob; image_dir: the directory of class subdirectories")
@@ -126,7 +126,7 @@ class DataSpec(_Strict):
     @property
     def device_batches(self) -> int:
         """Synthetic batches the job holds in the pool (Note [Input data on the host] in
-        tensile_tf/jobs.py): the one its step reads, and the next with ``prefetch``."""
+        tensile_tf/jobs/job.py): the one its step reads, and the next with ``prefetch``."""
         return min(2 if self.prefetch else 1, self.num_batches)
 
     @property

@@ -1,6 +1,6 @@
 """What ``tensile validate`` checks beyond the schema, before anything trains.
 
-``load_config`` (tensile_tf.config) checks the YAML and the schema: types
+``load_config`` (tensile_tf.config.schema) checks the YAML and the schema: types
 (strict: no silent coercions), ranges, unknown and duplicate keys.
 ``check_config`` then checks what the schema cannot see, everything that can
 be checked without training:
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from tensile_tf.config import FILE_KINDS, ConfigError, JobSpec, RunConfig, format_location
+from tensile_tf.config.schema import FILE_KINDS, ConfigError, JobSpec, RunConfig, format_location
 from tensile_tf.units import human_bytes
 
 FLOAT32_BYTES = 4

@@ -21,7 +21,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from tensile_tf.config import PlanPeaks
+from tensile_tf.config.schema import PlanPeaks
 from tensile_tf.runtime.records import RunResult, finite_or_none
 from tensile_tf.units import human_bytes
 

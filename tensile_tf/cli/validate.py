@@ -1,0 +1,34 @@
+"""``tensile validate CONFIG``: every check that can be made without training,
+for a run config or a search config."""
+from __future__ import annotations
+
+from tensile_tf.cli.common import UserError, check_references, install_runtime, is_search_config, load_checked
+
+
+def cmd_validate(args) -> int:
+    from tensile_tf.config.schema import ConfigError
+
+    if is_search_config(args.config):
+        from tensile_tf.search.config import load_search_config
+
+        from tensile_tf.config.schema import read_yaml
+        from tensile_tf.config.validation import check_search, raise_problems
+
+        try:
+            scfg = load_search_config(args.config)
+            marks = read_yaml(args.config)[1]
+            raise_problems(check_search(scfg, references=False), source=args.config, marks=marks)
+            install_runtime(None)
+            raise_problems(check_search(scfg), source=args.config, marks=marks)
+        except ConfigError as e:
+            raise UserError(str(e)) from None
+        s = scfg.search
+        print(f"{args.config}: valid search: pool {scfg.pool} bytes, study {s.study_name!r}, "
+              f"{s.sampler.name.value} sampler, {len(s.space)} parameters "
+              f"({', '.join(s.space)}), n_trials {s.total_trials}")
+        return 0
+    cfg, marks = load_checked(args.config)
+    check_references(cfg, args.config, marks, install_pool=False)
+    print(f"{args.config}: valid: pool {cfg.pool} bytes, {len(cfg.jobs)} jobs "
+          f"({', '.join(j.name for j in cfg.jobs)}); every reference resolves and every size fits")
+    return 0

@@ -1,0 +1,203 @@
+"""The planning pipeline of a job's step, as named phases:
+
+1. **capture** (``tensile_tf.tf.capture``): the step's ops and tensors as a
+   ``JobGraph``, ordered as TensorFlow's executor runs them
+   (``tensile_tf.tf.step_memory.executor_order``);
+2. **step memory** (``tensile_tf.tf.step_memory``): what the pool's trace of
+   real steps adds to the graph (scratch, forwarded buffers, views, data held
+   beside the step), read from the step as it will run: a planned step runs
+   its ops chained in plan order, so a plan-order capture also measures the
+   *plan-order step* (``plan_order_step``: the step's ops chained, no event:
+   the rewrite's chain alone, before any plan exists; Note [Memory of the
+   step as planned] in tensile_tf/tf/step_memory.py);
+3. **latencies**: each op's measured time on that step (or, for a cold
+   start, predicted: ``capture_cold``);
+4. **plan** (``tensile_tf.scheduler``, pure): every job's access sequence
+   planned together for one pool and one swap link;
+5. **rewrite** (``tensile_tf.tf.rewrite``): each job's plan made into the
+   ``PlannedStep`` its thread runs.
+
+Phases 1-3 are ``capture_for_planning`` (per job, right after its probe step,
+while the pool can still hold it); 4-5 are ``plan_captured`` (all jobs at
+once). The host (tensile_tf/runtime/planning.py) and the benchmarks call
+these two.
+
+Note [Example batch]
+Capture and tracing need an example of the step's arguments. The batch a
+job's probe ran is one more batch in the pool, beside the batch each step
+reads: the quickstart's mlp-b held 3.2 MiB before each step where the graph's
+parameters and one batch are 2.4 MiB, and its measured peak was 18% above the
+prediction. A captured job keeps only the batch's TensorSpecs
+(``batch_specs``: ``get_concrete_function`` with them returns the function
+traced with the batch, no second trace), and the runtime drops the batch
+after the job's first training step (``release_first_batch`` in
+tensile_tf/runtime/job_thread.py), so a job holds one batch, as the planner
+counts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
+
+import tensorflow as tf
+
+from tensile_tf.scheduler import DEFAULT_BANDWIDTH_BYTES_PER_S, Plan, PlannerJob
+from tensile_tf.scheduler.job_graph import JobGraph
+from tensile_tf.scheduler.latency_predictor import cold_start_latency
+from tensile_tf.scheduler.planner import plan_in_step_order
+from tensile_tf.tf.capture import capture_job_graph, measure_op_latencies
+from tensile_tf.tf.rewrite import REWRITE_PREFIX, PlannedStep, apply_plan, chain_in_plan_order
+from tensile_tf.tf.step_memory import (MIN_TRACED_STEPS, StepMemory, apply_step_memory, executor_order,
+                                       measure_step_memory)
+
+
+def batch_specs(args: Sequence) -> tuple:
+    """The TensorSpecs of a step's arguments (other values as they are):
+    enough to look up the traced function (Note [Example batch])."""
+    import tensorflow as tf
+
+    return tuple(tf.TensorSpec.from_tensor(a) if isinstance(a, tf.Tensor) else a for a in args)
+
+
+@dataclass
+class JobToPlan:
+    """What capture and planning need of a job."""
+
+    name: str
+    step_fn: Any                 # a traced tf.function (the host's attributed step)
+    example_args: tuple
+    optimizer: Any = None
+    max_swapping_rate: float = 1.0
+    start_offset_s: float = 0.0
+
+
+@dataclass
+class CapturedJob:
+    """A job traced and profiled for planning: its graph in executor order
+    (with scratch bytes) and the planner's view of it."""
+
+    job: JobToPlan
+    graph: JobGraph
+    planner_job: PlannerJob
+    cold: bool = False           # captured without running the step (capture_cold)
+
+
+def capture_for_planning(job: JobToPlan, *, latency_repeats: int = 3, with_temp: bool = True,
+                         step_order: str = "plan") -> CapturedJob:
+    """Runs the job's step a few times (variables restored afterwards, also
+    when a step fails) to capture its graph, scratch bytes and op latencies.
+    ``step_order``: how the planned step will run its ops (the planner's
+    ``step_order``, or "auto"); the latencies are measured on a step that runs
+    them that way, "auto" in plan order, where it falls back to (Note [Latency
+    time base] in tensile_tf/scheduler/latency.py).
+    Errors name the job."""
+    try:
+        graph = capture_job_graph(job.name, job.step_fn, job.example_args, optimizer=job.optimizer)
+        graph = executor_order(graph, job.step_fn, job.example_args)
+        chained = plan_order_step(job, graph) if step_order != "free" else None
+        if with_temp:
+            memory = measure_step_memory(job.step_fn, job.example_args, graph)
+            if chained is not None:   # Note [Memory of the step as planned]
+                memory = _as_planned(memory, job, graph, chained)
+            apply_step_memory(graph, memory)
+        lat = None
+        if chained is not None:
+            lat = measure_plan_order_latencies(job, graph, repeats=latency_repeats, chained=chained)
+        if lat is None:
+            lat = measure_op_latencies(job.step_fn, job.example_args, graph=graph, repeats=latency_repeats)
+    except Exception as e:  # noqa: BLE001 - name the job
+        raise RuntimeError(f"job '{job.name}': could not capture or profile its train step: {e}") from e
+    job = replace(job, example_args=batch_specs(job.example_args))   # Note [Example batch]
+    return CapturedJob(job, graph, PlannerJob(graph, lat, job.start_offset_s, job.max_swapping_rate))
+
+
+def plan_order_step(job: JobToPlan, graph: JobGraph) -> PlannedStep:
+    """The job's step with its ops chained in plan order and no events: the
+    rewrite's chain alone (Note [Plan order] in tensile_tf/tf/rewrite/), the
+    step a planned step will be before a plan adds its events."""
+    return chain_in_plan_order(job.step_fn, job.example_args, job.name, graph)
+
+
+def _as_planned(free: StepMemory, job: JobToPlan, graph: JobGraph, chained: PlannedStep) -> StepMemory:
+    """Note [Memory of the step as planned]: scratch, forwarded bytes and
+    views from the chained step's trace; what the executor's threads hold
+    and what the job holds between steps from the free step's. The free
+    step's trace stands where the chained step does not fit the pool."""
+    try:
+        as_planned = measure_step_memory(job.step_fn, job.example_args, graph, steps=MIN_TRACED_STEPS,
+                                         run_fn=chained.fn, op_name_prefix=REWRITE_PREFIX + "/")
+    except tf.errors.ResourceExhaustedError:
+        return free
+    return replace(free, scratch=as_planned.scratch, forwarded=as_planned.forwarded, views=as_planned.views)
+
+
+def measure_plan_order_latencies(job: JobToPlan, graph: JobGraph, *, repeats: int = 3,
+                                 chained: PlannedStep | None = None):
+    """The op latencies of the job's step with its ops chained in plan order
+    (``chained``, else ``chained_step``), as a planned step runs them (Note
+    [Latency time base] in tensile_tf/scheduler/latency.py); the variables
+    are restored. None when the chained step does not fit the pool (it can
+    peak above the free one on a branchy graph): the caller measures the step
+    as it runs free."""
+    chained = chained or plan_order_step(job, graph)
+    try:
+        table = measure_op_latencies(job.step_fn, job.example_args, graph=graph, repeats=repeats, run_fn=chained.fn)
+    except tf.errors.ResourceExhaustedError:
+        return None
+    return replace(table, source=f"{table.source}, plan order", step_order="plan")
+
+
+def capture_cold(job: JobToPlan) -> CapturedJob:
+    """Captures a job for planning without running its step (§IV-A cold
+    start): for a job whose vanilla step does not fit the pool, so it can be
+    neither profiled nor measured. Static shapes (dynamic ones count 0),
+    no scratch bytes; op latencies from the learned predictor that `tensile
+    calibrate` cached, else ``ColdStartLatency`` (bytes touched)."""
+    from tensile_tf.tf.calibration import cached_predictor
+    try:
+        graph = capture_job_graph(job.name, job.step_fn, job.example_args, optimizer=job.optimizer,
+                                  measure_dynamic=False)
+        graph = executor_order(graph, job.step_fn, job.example_args)
+    except Exception as e:  # noqa: BLE001 - name the job
+        raise RuntimeError(f"job '{job.name}': could not capture its train step: {e}") from e
+    latencies = cold_start_latency(graph, cached_predictor())
+    job = replace(job, example_args=batch_specs(job.example_args))   # Note [Example batch]
+    return CapturedJob(job, graph, PlannerJob(graph, latencies, job.start_offset_s, job.max_swapping_rate), cold=True)
+
+
+def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
+                  bandwidth_bytes_per_s: float | None = None, enable_recompute: bool = True,
+                  delta_scale: float = 1.0, horizon_iterations: float = 2.0,
+                  coincident_peaks: bool = False,
+                  peaking_jobs: int | None = None,
+                  unplanned_peaking_jobs: int | None = None,
+                  strategy: str = "tensile", step_order: str = "plan",
+                  unchain: bool = True) -> tuple[Plan, dict[str, PlannedStep]]:
+    """Plans captured jobs together and rewrites each one's step.
+    ``peaking_jobs``: with ``coincident_peaks``, how many jobs' peaks meet
+    (Note [Paired peaks] in tensile_tf.scheduler.peak_analysis);
+    ``unplanned_peaking_jobs``: how many meet while no job runs a plan (whether
+    the unplanned steps fit; default ``peaking_jobs``).
+    ``unchain``: a plan-order step leaves its ops free inside runs where the
+    footprint has slack (Note [Unchained runs] in
+    tensile_tf.scheduler.unchained_runs); False chains every op.
+    ``strategy``: the planner's policy, TENSILE's Algorithm 3 or a baseline
+    on the same sequences, link and swap ops (``scheduler.baselines.STRATEGIES``).
+    ``step_order``: "plan" chains each planned step's ops in plan order,
+    "free" leaves them to the executor's threads, "auto" takes the free-order
+    plan when it meets the budget by swaps alone and plans in plan order
+    otherwise (Note [Free-order plans] in tensile_tf.scheduler.peak_analysis)."""
+    from tensile_tf.scheduler.baselines import STRATEGIES
+
+    if strategy not in STRATEGIES:
+        raise ValueError(f"planner strategy {strategy!r}: choose one of {sorted(STRATEGIES)}")
+    plan = plan_in_step_order(STRATEGIES[strategy], [c.planner_job for c in captured], step_order,
+                              pool_bytes=pool_bytes,
+                              bandwidth_bytes_per_s=bandwidth_bytes_per_s or DEFAULT_BANDWIDTH_BYTES_PER_S,
+                              horizon_iterations=horizon_iterations, enable_recompute=enable_recompute,
+                              coincident_peaks=coincident_peaks, peaking_jobs=peaking_jobs,
+                              unplanned_peaking_jobs=unplanned_peaking_jobs, unchain=unchain)
+    steps = {c.job.name: apply_plan(c.job.step_fn, c.job.example_args, plan.jobs[c.job.name], c.graph,
+                                    delta_scale=delta_scale)
+             for c in captured}
+    return plan, steps
