@@ -169,7 +169,7 @@ class HostBatches:
     Note [Input data on the host]. A YAML job's synthetic data used to be
     ``data.num_batches`` (default 4) batches in the pool for the job's whole
     life: the planner counted them (Note [Data held beside the step] in
-    tensile_tf/pipeline.py) but no plan could move them, and four jobs held
+    tensile_tf/tf/step_memory.py) but no plan could move them, and four jobs held
     sixteen. Now the arrays stay in host memory and each call returns the next
     batch as tensors made on the calling thread (the job's stream): the pool
     holds the batch a step reads (``DataSpec.device_batches``), and with

@@ -130,7 +130,7 @@ def test_capture_rejects_a_plain_python_function():
 
 
 def test_step_memory_finds_outputs_written_into_a_dying_inputs_buffer():
-    # Note [Buffer forwarding] in tensile_tf/pipeline.py: Relu writes into
+    # Note [Buffer forwarding] in tensile_tf/tf/step_memory.py: Relu writes into
     # the buffer of h, which nothing else reads; MatMul must allocate.
     @tf.function
     def step(x):

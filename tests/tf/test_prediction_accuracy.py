@@ -5,11 +5,11 @@ path (probe, capture with scratch bytes and executor order, plan, run).
 
 The two models are jobs of configs/quickstart.yaml (cnn-a: predicted 13.1
 MiB by a model without measured scratch, 55.3 MiB measured; Note [Scratch
-memory] in tensile_tf/pipeline.py). Each job runs alone (concurrency 1) with
+memory] in tensile_tf/tf/step_memory.py). Each job runs alone (concurrency 1) with
 one inter-op thread, so the executor runs one op at a time and the measured
 peak does not depend on how the machine's load interleaves kernels. With
 TensorFlow's default threads a step's peak depends on which ops met on the
-threads in that step (Note [Concurrent scratch] in tensile_tf/pipeline.py,
+threads in that step (Note [Concurrent scratch] in tensile_tf/tf/step_memory.py,
 Note [Observed, not simulated] in tensile_tf/scheduler/concurrency.py: the
 node-group CNN's steps peak at 62 or 89 MiB); the prediction is the worst
 traced step's, which a short window may not meet, so that case is measured by
