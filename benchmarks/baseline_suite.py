@@ -1,6 +1,6 @@
 """Issue 19's baseline suite: TENSILE against the planners a user would pick
 instead, in the same harness, one process per configuration
-(tests/tf/plan_execution_reference.py: its own pool, deterministic ops).
+(benchmarks/plan_execution_reference.py: its own pool, deterministic ops).
 
 TensorFlow's own memory optimizer (Grappler, run on the unplanned step):
 ``grappler-heuristics`` (RECOMPUTATION_HEURISTICS) and ``grappler-manual``

@@ -5,7 +5,7 @@ jobs, on an unlimited and on a capped swap link.
     python benchmarks/plan_execution_bench.py [--models vgg16,resnet50,...] [--jobs 1,2]
         [--budget-frac 0.5] [--steps 4] [--cap-mib-s 110] [--json OUT]
 
-Each configuration runs in a fresh process (tests/tf/plan_execution_reference.py,
+Each configuration runs in a fresh process (benchmarks/plan_execution_reference.py,
 its own device pool, deterministic ops): once vanilla, then planned for a
 budget of ``budget-frac`` x the planner's predicted vanilla pool peak, on each
 link. Metrics (DESIGN.md, TENSILE's definitions):
@@ -34,7 +34,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REFERENCE = os.path.join(ROOT, "tests", "tf", "plan_execution_reference.py")
+REFERENCE = os.path.join(ROOT, "benchmarks", "plan_execution_reference.py")
 
 # name -> (model for the reference script, input shape "HxWxC" or "SxD")
 MODELS = {

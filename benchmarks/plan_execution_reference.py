@@ -2,11 +2,37 @@
 fresh process (its own device pool), and prints JSON (last line): losses (as
 hex of their float32 bytes), a digest of every variable (model and optimizer),
 the pool's measured peak per step, and for a planned run the plan's
-predictions, the rewrite report and the swap stats. Used by
-tests/tf/test_plan_execution.py and benchmarks/plan_execution_bench.py."""
+predictions, the rewrite report and the swap stats. The harness the suite
+(tests/tf/test_plan_execution.py) and the benchmarks (plan_execution_bench.py,
+baseline_suite.py) share.
+
+Several runs in one process: ``--variants '[["--model", "mlp"], ["--model",
+"mlp", "--planned"]]'`` runs each argument list in turn in this process and
+prints one JSON line per run (``"variant": k`` first). Each run builds its
+jobs afresh from their seeds, on streams of its own, and releases them after;
+its peaks count only what the pool held above what it held before the run
+began (Note [Runs that share a process]). Options that set the process up
+(``--graph-dependent-rewrites``, ``--grappler-off``, ``--grappler-memory``)
+must be the same in every variant.
+
+Note [Runs that share a process]
+A fresh interpreter per run cost the suite about 8 s of imports, plugin
+loading and tracing each (26 runs in test_plan_execution.py alone). Runs
+in one process start from the same state a fresh one does where it matters:
+weights and batches come from the run's seeds (keras.utils.set_random_seed,
+numpy's generator), the swap channel's bandwidth and stats are set and reset
+per run, deterministic ops and Grappler's settings are process-wide and equal
+for every run, and each run's jobs get streams of their own (so the pool's
+per-stream counters never mix runs). What an earlier run leaves in the pool
+(Keras' and tf.function's caches) stays there through the later run's steps,
+so a run's pool peaks are measured above the bytes held when it began. The
+paired-vanilla twin (Note [Paired vanilla steps] in
+benchmarks/baseline_suite.py) showed first that a job built second in a
+process trains bit for bit what a fresh process trains."""
 import argparse
 import hashlib
 import json
+import sys
 import time
 
 parser = argparse.ArgumentParser()
@@ -57,48 +83,57 @@ parser.add_argument("--step-order", default="plan", choices=("plan", "free", "au
                          "(Note [Free-order plans] in tensile_tf.scheduler.peak_analysis)")
 parser.add_argument("--chained", action="store_true",
                     help="chain every planned op in plan order (no unchained runs, Note [Unchained runs])")
+parser.add_argument("--variants", default="",
+                    help="a JSON list of argument lists: run each in this process, one JSON line each "
+                         "(Note [Runs that share a process])")
 parser.add_argument("--paired-vanilla", action="store_true",
                     help="with --planned and one job: also build the job's unplanned twin (same seed: same weights and "
                          "batches) and run its step right after each planned step, in this process; its steps' times, "
                          "peaks, losses and weights are in the output's 'paired_vanilla' (Note [Paired vanilla steps] "
                          "in benchmarks/baseline_suite.py)")
-args = parser.parse_args()
-if args.paired_vanilla and not (args.planned and args.jobs == 1):
-    parser.error("--paired-vanilla needs --planned and --jobs 1")
-
-import tensile_tf  # noqa: E402  (first: its defaults, oneDNN's graph rewrites off, must precede TensorFlow)
-import tensorflow as tf  # noqa: E402
-
-tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-
-import tf_plugin  # noqa: E402
-from tensile_tf.jobs import zoo  # noqa: E402
-from tensile_tf.jobs.job import supervised_train_step  # noqa: E402
-from tensile_tf.tf.pool import JobStream  # noqa: E402
-from tf_plugin import swap  # noqa: E402
-
-from tensile_tf.tf.determinism import enable_deterministic_training  # noqa: E402
-
-if args.graph_dependent_rewrites:
-    tf.config.experimental.enable_op_determinism()
-else:
-    enable_deterministic_training()
-if args.grappler_off:
-    # "name" turns an optimizer off; "disable_meta_optimizer" turns Grappler off altogether
-    tf.config.optimizer.set_experimental_options({k: k == "disable_meta_optimizer"
-                                                  for k in args.grappler_off.split(",")})
-if args.grappler_memory:
-    from tf_plugin.tf_internals import set_memory_optimizer
-
-    set_memory_optimizer(args.grappler_memory, "gradient_tape/")
-shape = tuple(int(s) for s in args.input_shape.split("x"))
-pool = tf_plugin.device_pool()
-swap.set_swap_bandwidth(args.bandwidth)
+PROCESS_WIDE = ("graph_dependent_rewrites", "grappler_off", "grappler_memory")
 
 
-def checkpointed_forward(model, segments: int):
+def parse(argv: list[str]) -> argparse.Namespace:
+    args = parser.parse_args(argv)
+    if args.paired_vanilla and not (args.planned and args.jobs == 1):
+        parser.error("--paired-vanilla needs --planned and --jobs 1")
+    return args
+
+
+def set_up_process(args: argparse.Namespace) -> None:
+    """What every run of this process shares: the pool as TensorFlow's
+    allocator (before any op), deterministic ops, Grappler's settings."""
+    global tf, keras, np, tf_plugin, zoo, supervised_train_step, JobStream, swap
+    import tensile_tf  # first: its defaults, oneDNN's graph rewrites off, must precede TensorFlow
+    import tensorflow as tf
+
+    tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
+    import keras
+    import numpy as np
+
+    import tf_plugin
+    from tensile_tf.jobs import zoo
+    from tensile_tf.jobs.job import supervised_train_step
+    from tensile_tf.tf.determinism import enable_deterministic_training
+    from tensile_tf.tf.pool import JobStream
+    from tf_plugin import swap
+
+    if args.graph_dependent_rewrites:
+        tf.config.experimental.enable_op_determinism()
+    else:
+        enable_deterministic_training()
+    if args.grappler_off:
+        # "name" turns an optimizer off; "disable_meta_optimizer" turns Grappler off altogether
+        tf.config.optimizer.set_experimental_options({k: k == "disable_meta_optimizer"
+                                                      for k in args.grappler_off.split(",")})
+    if args.grappler_memory:
+        from tf_plugin.tf_internals import set_memory_optimizer
+
+        set_memory_optimizer(args.grappler_memory, "gradient_tape/")
+
+
+def checkpointed_forward(args, model, segments: int):
     """The model's forward pass as ``segments`` consecutive segments of its
     layers (0: sqrt(layers)), each under tf.recompute_grad: only segment
     boundaries are kept for the backward pass, the rest is recomputed
@@ -131,8 +166,9 @@ def checkpointed_forward(model, segments: int):
     return forward
 
 
-def build(name: str, seed: int):
-    stream = JobStream(name)
+def build(args, name: str, seed: int, stream_name: str):
+    shape = tuple(int(s) for s in args.input_shape.split("x"))
+    stream = JobStream(stream_name)
     with stream.eager_scope():
         keras.utils.set_random_seed(seed)
         if hasattr(zoo, args.model):
@@ -149,7 +185,7 @@ def build(name: str, seed: int):
         if args.recompute_segments < 0:
             train_step = supervised_train_step(model, opt, lossf)
         else:
-            forward = checkpointed_forward(model, args.recompute_segments)
+            forward = checkpointed_forward(args, model, args.recompute_segments)
 
             def train_step(x, y):   # supervised_train_step's arithmetic, through the checkpointed forward pass
                 with tf.GradientTape() as tape:
@@ -165,11 +201,13 @@ def build(name: str, seed: int):
     return {"name": name, "stream": stream, "model": model, "opt": opt, "step": step, "batches": batches}
 
 
-jobs = [build(f"job{j}", j) for j in range(args.jobs)]
-out = {"model": args.model, "planned": args.planned, "jobs": {}}
-if args.planned:
+def plan_jobs(args, jobs: list[dict], out: dict) -> None:
+    """Captures and plans the jobs together, puts each one's step to run in
+    ``job["run"]`` and the plan's figures in ``out``."""
     from tensile_tf.pipeline import JobToPlan, capture_cold, capture_for_planning, plan_captured
     from tensile_tf.scheduler import Planner
+    from tensile_tf.scheduler.link_bound import swap_link_bound, working_set_floor
+
     to_plan = [JobToPlan(j["name"], j["step"], j["batches"][0], j["opt"]) for j in jobs]
     t0 = time.perf_counter()
     captured = []
@@ -202,25 +240,22 @@ if args.planned:
                                 bandwidth_bytes_per_s=args.bandwidth or None,
                                 coincident_peaks=coincident, strategy=args.strategy,
                                 step_order=args.step_order, unchain=not args.chained)
-    if args.bandwidth:   # the swap link's ceilings for this capture (tensile_tf.scheduler.link_bound)
-        from tensile_tf.scheduler.link_bound import swap_link_bound
-
-        bound = swap_link_bound([c.planner_job for c in captured], args.bandwidth)
     for j in jobs:
         if plan.jobs[j["name"]].changes_step or args.empty_plan:
             with j["stream"].eager_scope():
                 steps[j["name"]].evict()  # the first planned step starts as every later one
     out["planning_s"] = time.perf_counter() - t0
-    out["plan"] = {"strategy": args.strategy, "peak_model": plan.peak_model, "step_order": next(iter(plan.jobs.values())).step_order, "pool_vanilla_peak": plan.pool_vanilla_peak_bytes,
+    out["plan"] = {"strategy": args.strategy, "peak_model": plan.peak_model,
+                   "step_order": next(iter(plan.jobs.values())).step_order,
+                   "pool_vanilla_peak": plan.pool_vanilla_peak_bytes,
                    "pool_planned_peak": plan.pool_planned_peak_bytes,
                    "iteration_s": max(jp.iteration_s for jp in plan.jobs.values()),
                    "swapped_bytes_per_iteration": sum(jp.swapped_bytes_per_iteration for jp in plan.jobs.values()),
                    "budget": budget, "budget_met": plan.budget_met, "stop_reason": plan.stop_reason}
-    from tensile_tf.scheduler.link_bound import working_set_floor
-
     # the lowest peak any plan could reach (a step's own tensors, scratch and what no plan moves)
     out["plan"]["working_set_floor"] = working_set_floor([c.planner_job for c in captured])
-    if args.bandwidth:
+    if args.bandwidth:   # the swap link's ceilings for this capture (tensile_tf.scheduler.link_bound)
+        bound = swap_link_bound([c.planner_job for c in captured], args.bandwidth)
         out["plan"]["link_bound"] = {"vanilla_peak": bound.vanilla_peak_bytes,
                                      "bandwidth_bound_peak": bound.bandwidth_bound_peak_bytes,
                                      "deadline_bound_peak": bound.deadline_bound_peak_bytes,
@@ -240,57 +275,6 @@ if args.planned:
                                   "cross_iteration_slot_swaps": sum(
                                       1 for e in jp.swap_ins if e.cross_iteration and e.tensor.startswith("var:")
                                       and ("momentum" in e.tensor or "velocity" in e.tensor))}
-else:
-    for j in jobs:
-        j["run"] = j["step"]
-
-twin = build("vanilla", 0) if args.paired_vanilla else None   # job0's twin: seed 0 as job0
-twin_times, twin_peaks = [], []
-swap.reset_swap_stats()
-if args.trace_json:
-    swap.set_swap_log_capacity(1 << 16)
-peaks, times = [], []
-import threading  # noqa: E402
-job_peaks = {j["name"]: [] for j in jobs}
-step_starts = []
-for i in range(args.steps):
-    if args.trace_json and i == 0:
-        pool.clear_trace()
-        pool.set_trace_enabled(True)
-    # the twin's tensors sit in the pool while job0 steps: its held bytes are not job0's peak
-    twin_held = twin["stream"].stats().get("current", 0) if twin else 0
-    pool.reset_peak()
-    for j in jobs:
-        j["stream"].reset_peak()
-    t0 = time.perf_counter()
-    step_starts.append(time.monotonic_ns())
-    if len(jobs) == 1:
-        with jobs[0]["stream"].eager_scope():
-            jobs[0].setdefault("losses", []).append(jobs[0]["run"](*jobs[0]["batches"][i % 3]))
-    else:
-        def one(j):
-            with j["stream"].eager_scope():
-                j.setdefault("losses", []).append(j["run"](*j["batches"][i % 3]))
-        threads = [threading.Thread(target=one, args=(j,)) for j in jobs]
-        [t.start() for t in threads]
-        [t.join() for t in threads]
-    times.append(time.perf_counter() - t0)
-    peaks.append(pool.stats()["peak"] - twin_held)
-    for j in jobs:
-        job_peaks[j["name"]].append(j["stream"].stats()["peak"])
-    if twin:   # right after, so the machine's drift meets both (Note [Paired vanilla steps])
-        swap.drain_swap_channel()   # transfers still in flight would move the planned job's bytes under the twin's step
-        planned_held = pool.stats()["current"] - twin_held
-        pool.reset_peak()
-        t0 = time.perf_counter()
-        with twin["stream"].eager_scope():
-            twin.setdefault("losses", []).append(twin["step"](*twin["batches"][i % 3]))
-        twin_times.append(time.perf_counter() - t0)
-        twin_peaks.append(pool.stats()["peak"] - planned_held)
-if args.trace_json:
-    with open(args.trace_json, "w") as f:
-        json.dump({"streams": {j["name"]: j["stream"].stream for j in jobs}, "events": pool.trace(),
-                   "transfers": swap.swap_channel_log(), "step_starts_ns": step_starts}, f)
 
 
 def trained(j) -> dict:
@@ -300,16 +284,104 @@ def trained(j) -> dict:
             "weights_sha256": hashlib.sha256(b"".join(np.asarray(v.numpy()).tobytes() for v in weights)).hexdigest()}
 
 
-for j in jobs:
-    if j["run"] is not j["step"]:
-        with j["stream"].eager_scope():
-            j["run"].restore()
-    out["jobs"].setdefault(j["name"], {}).update(trained(j))
-if twin:   # shaped as an unplanned run's output, its job named as job0
-    out["paired_vanilla"] = {"jobs": {jobs[0]["name"]: trained(twin)}, "step_s": twin_times, "peaks": twin_peaks}
-out["step_graph_ops"] = len(jobs[0]["step"].get_concrete_function(*jobs[0]["batches"][0]).graph.get_operations())
-out["peaks"] = peaks
-out["job_peaks"] = job_peaks
-out["step_s"] = times
-out["swap"] = swap.swap_stats()
-print(json.dumps(out))
+def run(args: argparse.Namespace, tag: str = "") -> dict:
+    """One run: build the jobs, plan them if asked, train ``args.steps``
+    steps, and return what the run measured (the JSON a test reads)."""
+    import threading
+
+    pool = tf_plugin.device_pool()
+    swap.set_swap_bandwidth(args.bandwidth)
+    held_before = pool.stats()["current"]   # Note [Runs that share a process]
+    jobs = [build(args, f"job{j}", j, f"{tag}job{j}") for j in range(args.jobs)]
+    out = {"model": args.model, "planned": args.planned, "jobs": {}}
+    if args.planned:
+        plan_jobs(args, jobs, out)
+    else:
+        for j in jobs:
+            j["run"] = j["step"]
+    twin = build(args, "vanilla", 0, f"{tag}vanilla") if args.paired_vanilla else None   # job0's twin: seed 0 as job0
+    twin_times, twin_peaks = [], []
+    swap.reset_swap_stats()
+    if args.trace_json:
+        swap.set_swap_log_capacity(1 << 16)
+    peaks, times = [], []
+    job_peaks = {j["name"]: [] for j in jobs}
+    step_starts = []
+    for i in range(args.steps):
+        if args.trace_json and i == 0:
+            pool.clear_trace()
+            pool.set_trace_enabled(True)
+        # the twin's tensors sit in the pool while job0 steps: its held bytes are not job0's peak
+        twin_held = twin["stream"].stats().get("current", 0) if twin else 0
+        pool.reset_peak()
+        for j in jobs:
+            j["stream"].reset_peak()
+        t0 = time.perf_counter()
+        step_starts.append(time.monotonic_ns())
+        if len(jobs) == 1:
+            with jobs[0]["stream"].eager_scope():
+                jobs[0].setdefault("losses", []).append(jobs[0]["run"](*jobs[0]["batches"][i % 3]))
+        else:
+            def one(j):
+                with j["stream"].eager_scope():
+                    j.setdefault("losses", []).append(j["run"](*j["batches"][i % 3]))
+            threads = [threading.Thread(target=one, args=(j,)) for j in jobs]
+            [t.start() for t in threads]
+            [t.join() for t in threads]
+        times.append(time.perf_counter() - t0)
+        peaks.append(pool.stats()["peak"] - twin_held - held_before)
+        for j in jobs:
+            job_peaks[j["name"]].append(j["stream"].stats()["peak"])
+        if twin:   # right after, so the machine's drift meets both (Note [Paired vanilla steps])
+            swap.drain_swap_channel()   # transfers still in flight would move the planned job's bytes under the twin's step
+            planned_held = pool.stats()["current"] - twin_held
+            pool.reset_peak()
+            t0 = time.perf_counter()
+            with twin["stream"].eager_scope():
+                twin.setdefault("losses", []).append(twin["step"](*twin["batches"][i % 3]))
+            twin_times.append(time.perf_counter() - t0)
+            twin_peaks.append(pool.stats()["peak"] - planned_held)
+    if args.trace_json:
+        with open(args.trace_json, "w") as f:
+            json.dump({"streams": {j["name"]: j["stream"].stream for j in jobs}, "events": pool.trace(),
+                       "transfers": swap.swap_channel_log(), "step_starts_ns": step_starts}, f)
+        pool.set_trace_enabled(False)
+    for j in jobs:
+        if j["run"] is not j["step"]:
+            with j["stream"].eager_scope():
+                j["run"].restore()
+        out["jobs"].setdefault(j["name"], {}).update(trained(j))
+    if twin:   # shaped as an unplanned run's output, its job named as job0
+        out["paired_vanilla"] = {"jobs": {jobs[0]["name"]: trained(twin)}, "step_s": twin_times, "peaks": twin_peaks}
+    out["step_graph_ops"] = len(jobs[0]["step"].get_concrete_function(*jobs[0]["batches"][0]).graph.get_operations())
+    out["peaks"] = peaks
+    out["job_peaks"] = job_peaks
+    out["step_s"] = times
+    out["swap"] = swap.swap_stats()
+    for j in jobs + ([twin] if twin else []):
+        j["stream"].release()
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    first = parse(argv)
+    if not first.variants:
+        set_up_process(first)
+        print(json.dumps(run(first)))
+        return
+    variants = [parse(v) for v in json.loads(first.variants)]
+    for k, v in enumerate(variants):
+        differ = [o for o in PROCESS_WIDE if getattr(v, o) != getattr(first, o)]
+        if differ:
+            parser.error(f"--variants: variant {k} sets {differ} unlike the process (Note [Runs that share a process])")
+    set_up_process(first)
+    import gc
+
+    for k, v in enumerate(variants):
+        print(json.dumps({"variant": k, **run(v, tag=f"v{k}.")}), flush=True)
+        gc.collect()
+
+
+if __name__ == "__main__":
+    main()
