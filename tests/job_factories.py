@@ -85,10 +85,13 @@ def regression_dataset(batch_size=32, seed=0, **_):
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size)
 
 
-def signals_progress(marker, mark_at_step=3, batch_size=32, width=64, seed=0, **_):
+def signals_progress(marker, mark_at_step=3, batch_size=32, width=64, seed=0, hold_until=None, **_):
     """A small regression step whose batch source creates the file ``marker``
     when step ``mark_at_step`` asks for its batch: a test waits for that file
-    (what the job did, not a sleep) before it signals the process."""
+    (what the job did, not a sleep) before it signals the process. With
+    ``hold_until`` (a path), that step then waits until the file exists: the
+    job is mid-run for as long as the test needs, without training thousands
+    of steps to get there."""
     from pathlib import Path
 
     rng = np.random.default_rng(seed)
@@ -100,6 +103,16 @@ def signals_progress(marker, mark_at_step=3, batch_size=32, width=64, seed=0, **
         calls["n"] += 1
         if calls["n"] == mark_at_step + 1:
             Path(marker).touch()
+            wait_for_file(hold_until)
         return (x,)
 
     return TrainStep(step_fn=_relu_regression_step(w), batches=batches, variables=[w])
+
+
+def wait_for_file(path) -> None:
+    """Holds the calling job until the test creates ``path`` (None: no hold)."""
+    import time
+    from pathlib import Path
+
+    while path is not None and not Path(path).exists():
+        time.sleep(0.01)

@@ -29,7 +29,8 @@ def _header(path: Path, key: str) -> str:
     raise AssertionError(f"{path.name}: no '# {key}:' line")
 
 
-def _cli(*argv) -> tuple[int, str, str]:
+def cli_in_process(*argv) -> tuple[int, str, str]:
+    """The tensile command in this process: (exit code, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
         code = main(list(argv))
@@ -38,7 +39,7 @@ def _cli(*argv) -> tuple[int, str, str]:
 
 @pytest.mark.parametrize("path", sorted(CORPUS.glob("*.yaml")), ids=lambda p: p.stem)
 def test_each_bad_config_says_where_and_what_to_do(path):
-    code, _, err = _cli("validate", str(path))
+    code, _, err = cli_in_process("validate", str(path))
     assert code == 2, err
     assert "Traceback" not in err
     where, says = _header(path, "where"), _header(path, "says")
@@ -66,7 +67,7 @@ def test_validation_of_many_jobs_resolves_each_reference_once(tmp_path):
     cfg = write(tmp_path, "pool: 1GiB\njobs:" + jobs + "\n")
     validation._resolve.cache_clear()
     validation._optimizer_problem.cache_clear()
-    code, out, err = _cli("validate", str(cfg))
+    code, out, err = cli_in_process("validate", str(cfg))
     assert code == 0, err
     assert "400 jobs" in out
     assert validation._resolve.cache_info().misses == 1            # one import for 400 builders
@@ -75,10 +76,12 @@ def test_validation_of_many_jobs_resolves_each_reference_once(tmp_path):
 
 def test_shipped_configs_pass_every_check():
     configs = sorted((REPO_ROOT / "configs").glob("*.yaml"))
-    assert len(configs) >= 4
+    assert {"quickstart.yaml", "planner.yaml", "hybrid.yaml", "nodegroup.yaml",
+            "search_quickstart.yaml"} <= {c.name for c in configs}
     for config in configs:
-        code, out, err = _cli("validate", str(config))
+        code, out, err = cli_in_process("validate", str(config))
         assert code == 0, (config, err)
+        assert "valid" in out, (config, out)
 
 
 def test_an_argument_the_search_space_sets_counts_as_given(tmp_path):
@@ -92,35 +95,63 @@ search:
   space:
     model.args.marker: {type: categorical, choices: [a, b]}
 """
-    code, out, err = _cli("validate", str(write(tmp_path, search)))
+    code, out, err = cli_in_process("validate", str(write(tmp_path, search)))
     assert code == 0, err   # signals_progress requires `marker`: the space gives it to every trial
-    code, out, err = _cli("validate", str(write(tmp_path, search.replace("model.args.marker", "model.args.markr"))))
+    code, out, err = cli_in_process("validate", str(write(tmp_path, search.replace("model.args.marker", "model.args.markr"))))
     assert code == 2 and "requires argument 'marker'" in err, err   # a misspelt key gives nothing
 
 
 # ----------------------------------------------------------- the command line
+# Refused before the runtime is installed, so in this process (the same entry point, ``main``).
 
-def _assert_user_error(proc, *needles):
-    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr + proc.stdout
+
+def _assert_refused(result, *needles):
+    code, out, err = result
+    assert code == 2, out[-2000:] + err[-2000:]
+    assert "Traceback" not in err + out
     for needle in needles:
-        assert needle in proc.stderr, proc.stderr[-2000:]
+        assert needle in err, err[-2000:]
 
 
 def test_plan_budget_that_is_not_a_size(tmp_path):
     cfg = write(tmp_path, SMALL_CONFIG)
-    _assert_user_error(tensile("plan", str(cfg), "--budget", "lots", timeout=120),
-                       "tensile plan: --budget: cannot read 'lots' as a byte size", "'512MiB'")
+    _assert_refused(cli_in_process("plan", str(cfg), "--budget", "lots"),
+                    "tensile plan: --budget: cannot read 'lots' as a byte size", "'512MiB'")
 
 
 def test_out_naming_a_file_is_refused_before_training(tmp_path):
     cfg = write(tmp_path, SMALL_CONFIG)
     target = tmp_path / "results.txt"
     target.write_text("keep me")
-    proc = tensile("run", str(cfg), "--out", str(target), timeout=120)
-    _assert_user_error(proc, f"--out {target}: is a file, not a folder")
+    result = cli_in_process("run", str(cfg), "--out", str(target))
+    _assert_refused(result, f"--out {target}: is a file, not a folder")
     assert target.read_text() == "keep me"
-    assert "cnn" not in proc.stdout   # nothing trained: no progress, no table
+    assert "cnn" not in result[1]   # nothing trained: no progress, no table
+
+
+def test_missing_config_file_and_unreadable_plan(tmp_path):
+    _assert_refused(cli_in_process("run", str(tmp_path / "nope.yaml")),
+                    "nope.yaml: cannot read the configuration (No such file or directory)")
+    cfg = write(tmp_path, SMALL_CONFIG)
+    bad_plan = tmp_path / "plan.json"
+    bad_plan.write_text("{not json")
+    _assert_refused(cli_in_process("run", str(cfg), "--out", str(tmp_path / "o"), "--plan", str(bad_plan)),
+                    "cannot read the plan", f"tensile plan {cfg}")
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    with pytest.raises(Exception) as raised:   # --debug lets the error through, with its traceback
+        cli_in_process("--debug", "validate", str(tmp_path / "nope.yaml"))
+    assert "nope.yaml" in str(raised.value)
+
+
+# As a user runs them, in a subprocess: what needs the config's own pool or environment.
+
+def _assert_user_error(proc, *needles):
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    for needle in needles:
+        assert needle in proc.stderr, proc.stderr[-2000:]
 
 
 def test_bfc_allocator_variable_is_a_clear_error(tmp_path):
@@ -130,26 +161,11 @@ def test_bfc_allocator_variable_is_a_clear_error(tmp_path):
     _assert_user_error(proc, "TF_CPU_ALLOCATOR_USE_BFC is set", "unset TF_CPU_ALLOCATOR_USE_BFC")
 
 
-def test_missing_config_file_and_unreadable_plan(tmp_path):
-    _assert_user_error(tensile("run", str(tmp_path / "nope.yaml"), timeout=120),
-                       "nope.yaml: cannot read the configuration (No such file or directory)")
-    cfg = write(tmp_path, SMALL_CONFIG)
-    bad_plan = tmp_path / "plan.json"
-    bad_plan.write_text("{not json")
-    _assert_user_error(tensile("run", str(cfg), "--out", str(tmp_path / "o"), "--plan", str(bad_plan), timeout=120),
-                       "cannot read the plan", f"tensile plan {cfg}")
-
-
 def test_run_checks_the_references_before_training(tmp_path):
     cfg = write(tmp_path, SMALL_CONFIG.replace('"tensile_tf.jobs.zoo:mlp"', '"tensile_tf.jobs.zoo:mlpp"'))
     proc = tensile("run", str(cfg), "--out", str(tmp_path / "out"), timeout=120)
     _assert_user_error(proc, "jobs[1].model.builder", "has no function 'mlpp'", "did you mean mlp")
     assert not (tmp_path / "out" / "results.json").exists()
-
-
-def test_debug_shows_the_traceback(tmp_path):
-    proc = tensile("--debug", "validate", str(tmp_path / "nope.yaml"), timeout=120)
-    assert proc.returncode != 0 and "Traceback" in proc.stderr
 
 
 def test_no_gpu_probe_noise_on_the_console(tmp_path):

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -39,19 +40,34 @@ def _wait_for(path, proc, what: str, deadline_s: float = 240) -> None:
         time.sleep(0.05)
 
 
-def _signalled(marker, sig, *args) -> tuple[int, str]:
+def _signalled(marker, sig, *args, release=None) -> tuple[int, str]:
     """Runs ``tensile ARGS``, sends ``sig`` once ``marker`` exists, and
-    returns the exit code and the output."""
+    returns the exit code and the output. With ``release`` (the file held
+    jobs wait for, tests.job_factories:signals_progress), creates it once the
+    process has said it is stopping, so the held jobs reach their next step
+    boundary with the stop already requested."""
     env = {k: v for k, v in os.environ.items() if k != "TENSILE_POOL_BYTES"} | {"PYTHONPATH": str(REPO_ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "tensile_tf", *args], cwd=REPO_ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         _wait_for(marker, proc, f"{marker.name} (the job's progress)")
         proc.send_signal(sig)
+        seen = []
+        if release is not None:
+            # a guard, not a synchronisation: should the line below never come, the
+            # held jobs are let go and the test fails on what they then did
+            guard = threading.Timer(120, release.touch)
+            guard.start()
+            for line in proc.stdout:   # the process's own word that the stop is requested
+                seen.append(line)
+                if "stopping" in line:
+                    break
+            release.touch()
+            guard.cancel()
         output, _ = proc.communicate(timeout=120)
     finally:
         proc.kill()
-    return proc.returncode, output
+    return proc.returncode, "".join(seen) + output
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -86,31 +102,32 @@ search:
   objective: {{metric: final_loss, direction: minimize}}
   base_job:
     name: t
-    model: {{train_step_factory: "tests.job_factories:signals_progress", args: {{marker: "{marker}", mark_at_step: 5}}}}
-    steps: 20000
+    model: {{train_step_factory: "tests.job_factories:signals_progress", args: {{marker: "{marker}", mark_at_step: 5,
+                                                                             hold_until: "{release}"}}}}
+    steps: 40
   space:
     model.args.width: {{type: categorical, choices: [16, 32, 48]}}
 """
 
 
 def test_sigint_mid_search_requeues_running_trials_and_resumes(tmp_path):
-    marker = tmp_path / "reached-step-5"
-    cfg = write(tmp_path, SEARCH.format(marker=marker))
+    marker, release = tmp_path / "reached-step-5", tmp_path / "release"
+    cfg = write(tmp_path, SEARCH.format(marker=marker, release=release))
     out = tmp_path / "out"
-    returncode, output = _signalled(marker, signal.SIGINT, "search", str(cfg), "--out", str(out))
+    returncode, output = _signalled(marker, signal.SIGINT, "search", str(cfg), "--out", str(out), release=release)
     assert returncode == 130, output[-4000:]
     assert "Traceback" not in output and "--resume" in output
     results = json.loads((out / "results.json").read_text())
     interrupted = [t for t in results["trials"] if t["interrupted"]]
     assert interrupted, results["trials"]
     for t in interrupted:
-        assert t["state"] == "FAIL" and t["job"]["status"] == "interrupted" and t["job"]["steps"] < 20000
+        assert t["state"] == "FAIL" and t["job"]["status"] == "interrupted" and t["job"]["steps"] < 40
     resumed = tensile("search", str(cfg), "--out", str(out), "--resume", timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-4000:] + resumed.stderr[-2000:]
     results = json.loads((out / "results.json").read_text())
     complete = [t for t in results["trials"] if t["state"] == "COMPLETE"]
     assert sorted(t["params"]["model.args.width"] for t in complete) == [16, 32, 48]   # every grid point once
-    assert all(t["job"]["steps"] == 20000 for t in complete)
+    assert all(t["job"]["steps"] == 40 for t in complete)
     for t in interrupted:  # each interrupted trial was run again with its params
         assert [r["params"] for r in results["trials"] if r["retry_of"] == t["number"]] == [t["params"]]
 

@@ -10,13 +10,10 @@ import pytest
 
 from tests.e2e.test_cli import tensile, write
 
-DIGITS = """
-pool: 256MiB
-run: {{out_dir: unused}}
-jobs:
-  - name: digits
+JOB = """
+  - name: {name}
     model: {{builder: "tensile_tf.jobs.zoo:mlp", args: {{hidden: [64]}}}}
-    input_shape: [64]
+    input_shape: {shape}
     data: {data}
     batch_size: 64
     optimizer: {{name: adam, learning_rate: 0.01}}
@@ -27,23 +24,71 @@ jobs:
 """
 
 
-def _run(tmp_path, data, extra=""):
-    cfg = write(tmp_path, DIGITS.format(data=data) + extra)
-    out = tmp_path / "out"
+def _write_data(folder) -> dict[str, str]:
+    """Each data kind's files, from scikit-learn's digits: name -> the job's ``data:``."""
+    import tensorflow as tf
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x, y = d.data.astype(np.float32) / 16.0, d.target.astype(np.int64)
+    np.savez(folder / "digits.npz", images=x, labels=y)
+    np.save(folder / "x.npy", x)
+    np.save(folder / "y.npy", y)
+    np.savez(folder / "train.npz", x=x[:1400], y=y[:1400])
+    np.savez(folder / "val.npz", x=x[1400:], y=y[1400:])
+    np.savez(folder / "wrong.npz", x=np.zeros((100, 64), np.float32), y=np.zeros(100, np.int32))
+    for part in range(2):   # two files, one glob
+        with tf.io.TFRecordWriter(str(folder / f"digits-{part}.tfrecord")) as w:
+            for xs, label in zip(d.data[part::2] / 16.0, d.target[part::2]):
+                w.write(tf.train.Example(features=tf.train.Features(feature={
+                    "pixels": tf.train.Feature(float_list=tf.train.FloatList(value=xs.tolist())),
+                    "digit": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)]))})).SerializeToString())
+    for k, (image, label) in enumerate(zip(d.images[:600], d.target[:600])):
+        sub = folder / "images" / f"digit_{label}"
+        sub.mkdir(parents=True, exist_ok=True)
+        pixels = tf.constant((image * 255 / 16).astype(np.uint8)[..., None])
+        tf.io.write_file(str(sub / f"{k}.png"), tf.io.encode_png(pixels))
+    return {
+        "digits": "{kind: digits, validation_split: 0.2}",
+        "npz": f"{{kind: npz, path: {folder / 'digits.npz'}, x_key: images, y_key: labels, validation_split: 0.25}}",
+        "npy": f"{{kind: npy, path: {folder / 'x.npy'}, labels_path: {folder / 'y.npy'}, validation_split: 0.25}}",
+        "own_validation": f"{{kind: npz, path: {folder / 'train.npz'}, validation_path: {folder / 'val.npz'}}}",
+        "tfrecord": f"{{kind: tfrecord, path: '{folder}/digits-*.tfrecord', x_key: pixels, y_key: digit, "
+                    "validation_split: 0.25}",
+        "images": f"{{kind: image_dir, path: '{folder / 'images'}', validation_split: 0.25}}",
+        "wrong_key": f"{{kind: npz, path: {folder / 'wrong.npz'}, y_key: labels, validation_split: 0.2}}",
+    }
+
+
+@pytest.fixture(scope="module")
+def data_run(tmp_path_factory):
+    """One `tensile run` of a job per data kind, side by side in one pool (and
+    one whose file lacks the array its y_key names: it fails alone)."""
+    folder = tmp_path_factory.mktemp("real_data")
+    data = _write_data(folder)
+    jobs = "".join(JOB.format(name=name, data=d, shape="[8, 8, 1]" if name == "images" else "[64]")
+                   + ("    checkpoint_every: 25\n" if name == "digits" else "") for name, d in data.items())
+    cfg = write(folder, "pool: 512MiB\nrun: {out_dir: unused, concurrency: 3}\njobs:" + jobs)
+    out = folder / "out"
     proc = tensile("run", str(cfg), "--out", str(out))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (job,) = json.loads((out / "results.json").read_text())["jobs"]
-    return out, job
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]   # wrong_key failed, alone
+    jobs = {j["name"]: j for j in json.loads((out / "results.json").read_text())["jobs"]}
+    return out, jobs
 
 
-def test_digits_trains_validates_and_writes_tensorboard_and_a_model_keras_loads(tmp_path):
-    out, job = _run(tmp_path, "{kind: digits, validation_split: 0.2}", "    checkpoint_every: 25\n")
+def _trained_and_validated(job) -> None:
+    assert job["status"] == "finished" and [v["step"] for v in job["validation"]] == [20, 40, 60], job
+    # held-out digits, 10 classes (chance 0.1): a trained MLP gets most right
+    assert job["validation"][-1]["metrics"]["accuracy"] > 0.5, job["validation"]
+
+
+def test_digits_trains_validates_and_writes_tensorboard_and_a_model_keras_loads(data_run):
+    out, jobs = data_run
+    job = jobs["digits"]
     assert job["status"] == "finished" and len(job["losses"]) == 60
-    steps = [v["step"] for v in job["validation"]]
-    assert steps == [20, 40, 60], job["validation"]
+    _trained_and_validated(job)
     last = job["validation"][-1]
-    # 360 held-out digits, 10 classes (chance 0.1): a trained MLP gets most right
-    assert last["metrics"]["accuracy"] > 0.5 and last["loss"] < job["validation"][0]["loss"] * 1.5, job["validation"]
+    assert last["loss"] < job["validation"][0]["loss"] * 1.5, job["validation"]
     assert last["metrics"]["sparse_top_k_categorical_accuracy"] >= last["metrics"]["accuracy"]
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -75,90 +120,47 @@ def test_digits_trains_validates_and_writes_tensorboard_and_a_model_keras_loads(
 
 
 @pytest.mark.parametrize("kind", ["npz", "npy"])
-def test_a_jobs_own_numpy_files_train_it(tmp_path, kind):
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x, y = d.data.astype(np.float32) / 16.0, d.target.astype(np.int64)
-    if kind == "npz":
-        np.savez(tmp_path / "digits.npz", images=x, labels=y)
-        data = f"{{kind: npz, path: {tmp_path / 'digits.npz'}, x_key: images, y_key: labels, validation_split: 0.25}}"
-    else:
-        np.save(tmp_path / "x.npy", x)
-        np.save(tmp_path / "y.npy", y)
-        data = f"{{kind: npy, path: {tmp_path / 'x.npy'}, labels_path: {tmp_path / 'y.npy'}, validation_split: 0.25}}"
-    out, job = _run(tmp_path, data)
-    assert job["status"] == "finished" and [v["step"] for v in job["validation"]] == [20, 40, 60]
-    assert job["validation"][-1]["metrics"]["accuracy"] > 0.5, job["validation"]
+def test_a_jobs_own_numpy_files_train_it(data_run, kind):
+    _trained_and_validated(data_run[1][kind])
 
 
-def test_validation_data_of_its_own_is_used_instead_of_a_split(tmp_path):
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x, y = d.data.astype(np.float32) / 16.0, d.target.astype(np.int64)
-    np.savez(tmp_path / "train.npz", x=x[:1400], y=y[:1400])
-    np.savez(tmp_path / "val.npz", x=x[1400:], y=y[1400:])
-    out, job = _run(tmp_path, f"{{kind: npz, path: {tmp_path / 'train.npz'}, validation_path: {tmp_path / 'val.npz'}}}")
-    assert job["status"] == "finished" and [v["step"] for v in job["validation"]] == [20, 40, 60]
-    assert job["validation"][-1]["metrics"]["accuracy"] > 0.5, job["validation"]
+def test_validation_data_of_its_own_is_used_instead_of_a_split(data_run):
+    job = data_run[1]["own_validation"]
+    _trained_and_validated(job)
     # all 397 validation examples were judged: accuracy is a multiple of 1/397
-    assert abs(job["validation"][-1]["metrics"]["accuracy"] * 397 - round(job["validation"][-1]["metrics"]["accuracy"] * 397)) < 1e-3
+    accuracy = job["validation"][-1]["metrics"]["accuracy"]
+    assert abs(accuracy * 397 - round(accuracy * 397)) < 1e-3
 
 
-def test_tfrecord_files_train_a_job(tmp_path):
-    import tensorflow as tf
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    for part in range(2):   # two files, one glob
-        with tf.io.TFRecordWriter(str(tmp_path / f"digits-{part}.tfrecord")) as w:
-            for x, y in zip(d.data[part::2] / 16.0, d.target[part::2]):
-                w.write(tf.train.Example(features=tf.train.Features(feature={
-                    "pixels": tf.train.Feature(float_list=tf.train.FloatList(value=x.tolist())),
-                    "digit": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(y)]))})).SerializeToString())
-    out, job = _run(tmp_path, f"{{kind: tfrecord, path: '{tmp_path}/digits-*.tfrecord', x_key: pixels, "
-                              "y_key: digit, validation_split: 0.25}")
-    assert job["status"] == "finished" and [v["step"] for v in job["validation"]] == [20, 40, 60]
-    assert job["validation"][-1]["metrics"]["accuracy"] > 0.5, job["validation"]
+def test_tfrecord_files_train_a_job(data_run):
+    _trained_and_validated(data_run[1]["tfrecord"])
 
 
-def test_a_directory_of_images_trains_a_job_through_keras_loader(tmp_path):
-    import tensorflow as tf
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    for k, (image, label) in enumerate(zip(d.images[:600], d.target[:600])):
-        folder = tmp_path / "images" / f"digit_{label}"
-        folder.mkdir(parents=True, exist_ok=True)
-        pixels = tf.constant((image * 255 / 16).astype(np.uint8)[..., None])
-        tf.io.write_file(str(folder / f"{k}.png"), tf.io.encode_png(pixels))
-    config = DIGITS.replace("input_shape: [64]", "input_shape: [8, 8, 1]")
-    cfg = write(tmp_path, config.format(data=f"{{kind: image_dir, path: '{tmp_path / 'images'}', "
-                                             "validation_split: 0.25}"))
-    out = tmp_path / "out"
-    proc = tensile("run", str(cfg), "--out", str(out))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (job,) = json.loads((out / "results.json").read_text())["jobs"]
-    assert job["status"] == "finished" and [v["step"] for v in job["validation"]] == [20, 40, 60]
+def test_a_directory_of_images_trains_a_job_through_keras_loader(data_run):
     # the folders' sorted names are the classes, so digit_3's images are class 3
-    assert job["validation"][-1]["metrics"]["accuracy"] > 0.5, job["validation"]
+    _trained_and_validated(data_run[1]["images"])
+
+
+def test_a_file_without_the_named_array_fails_that_job_alone(data_run):
+    jobs = data_run[1]
+    job = jobs["wrong_key"]
+    assert job["status"] == "failed" and "has no array 'labels'" in job["error"] and "y_key" in job["error"], job
+    assert all(j["status"] == "finished" for name, j in jobs.items() if name != "wrong_key")
 
 
 def test_bad_data_is_refused_with_where_and_what_to_do(tmp_path):
-    cfg = write(tmp_path, DIGITS.format(data=f"{{kind: npz, path: {tmp_path / 'missing.npz'}, validation_split: 0.2}}"))
-    proc = tensile("run", str(cfg), "--out", str(tmp_path / "out"))
-    assert proc.returncode == 2 and "jobs[0].data.path" in proc.stderr and "does not exist" in proc.stderr, proc.stderr
-    np.savez(tmp_path / "wrong.npz", x=np.zeros((100, 64), np.float32), y=np.zeros(100, np.int32))
-    cfg = write(tmp_path, DIGITS.format(data=f"{{kind: npz, path: {tmp_path / 'wrong.npz'}, y_key: labels, "
-                                             "validation_split: 0.2}"))
-    proc = tensile("run", str(cfg), "--out", str(tmp_path / "out2"))
-    assert proc.returncode == 1, proc.stdout[-2000:]
-    (job,) = json.loads((tmp_path / "out2" / "results.json").read_text())["jobs"]
-    assert job["status"] == "failed" and "has no array 'labels'" in job["error"] and "y_key" in job["error"], job
-    cfg = write(tmp_path, DIGITS.format(data="{kind: digits}"))   # validate_every, nothing held out
-    proc = tensile("run", str(cfg), "--out", str(tmp_path / "out3"))
-    assert proc.returncode == 2 and "validation_split" in proc.stderr, proc.stderr
+    from tests.e2e.test_bad_inputs import cli_in_process
+
+    one_job = "pool: 256MiB\nrun: {{out_dir: unused}}\njobs:" + JOB
+    cfg = write(tmp_path, one_job.format(name="digits", shape="[64]",
+                                         data=f"{{kind: npz, path: {tmp_path / 'missing.npz'}, validation_split: 0.2}}"))
+    # `tensile validate` makes the checks `tensile run` makes first, in this process (whose pool is not
+    # the config's: `run` would install the config's pool before checking the data's references)
+    code, _, err = cli_in_process("validate", str(cfg))
+    assert code == 2 and "jobs[0].data.path" in err and "does not exist" in err, err
+    cfg = write(tmp_path, one_job.format(name="digits", shape="[64]", data="{kind: digits}"))  # nothing held out
+    code, _, err = cli_in_process("validate", str(cfg))
+    assert code == 2 and "validation_split" in err, err
 
 
 PLANNED_DIGITS = """

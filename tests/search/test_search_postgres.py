@@ -21,8 +21,8 @@ CONFIG = """
       max_concurrent: 2
       objective: {metric: final_loss}
       base_job:
-        model: {train_step_factory: "tests.search.factories:sgd_regression"}
-        steps: 1500
+        model: {train_step_factory: "tests.search.factories:meeting_sgd_regression", args: {meet_dir: "MEET_DIR"}}
+        steps: 40
       space:
         model.args.learning_rate: {type: float, low: 1.0e-3, high: 5.0e-2, log: true}
         batch_size: {type: categorical, choices: [16, 32, 64]}
@@ -34,7 +34,9 @@ def results_of(tmp_path, i: int) -> dict:
 
 
 def test_two_workers_share_one_postgres_study(tmp_path, postgres_url):
-    config = write_yaml(tmp_path / "shared.yaml", CONFIG)
+    meet = tmp_path / "meet"   # each worker's first trial waits for the other's (the factory's docstring)
+    meet.mkdir()
+    config = write_yaml(tmp_path / "shared.yaml", CONFIG.replace("MEET_DIR", str(meet)))
     workers = [subprocess.Popen(search_cmd(config, "--out", tmp_path / f"w{i}", "--storage", postgres_url),
                                 cwd=REPO_ROOT, env=cli_env(), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True) for i in range(2)]
