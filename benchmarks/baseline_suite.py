@@ -45,15 +45,6 @@ that size would refuse the vanilla probe step that captures the job).
     PYTHONPATH=. python benchmarks/baseline_suite.py --largest-batch --models transformer \\
         --strategies tensile,capuchin,vdnn --links unlimited [--batch-factors 1.5,2,3,4]
 
-Note [Paired repeats]. Two concurrent ResNet50 jobs on the capped link
-measured a vanilla peak 6% apart between runs (798-847 MiB) and a plan's MSR
-as far apart (Capuchin 2.3-13.3% with one policy), so one run per row ranked
-TENSILE above Capuchin in three of five runs and below in two. ``--repeats R``
-runs the whole row group R times, each repeat with its own vanilla run, and
-then prints per method the median MSR, EOR and CBR and, against each other
-method, in how many repeats its CBR was at least the other's: a method is
-compared only with runs made beside it, on the same vanilla.
-
 Note [Paired vanilla steps]. A time ratio divides the planned step's median by
 the unplanned one's, and the two came from separate processes run a minute
 apart: on the 2-core VM the same unplanned Transformer step (batch 48) took a
@@ -77,6 +68,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from plan_execution_bench import capped_link, compare, run, vanilla_runs  # noqa: E402
+from tensile_tf.scheduler.paired_repeats import paired_summary, summary_line  # noqa: E402
 
 
 #: TensorFlow's own memory optimizer (Grappler), by strategy name: its recomputation heuristics
@@ -189,8 +181,11 @@ def main() -> None:
         rows = largest_batch(a, cap)
     else:
         rows = [dict(r, repeat=i) for i in range(a.repeats) for r in compare_methods(a, cap)]
-        if a.repeats > 1:
-            rows += paired_summary(rows)
+        if a.repeats > 1:   # Note [Paired repeats] in tensile_tf/scheduler/paired_repeats.py
+            summaries = paired_summary(rows)
+            for summary in summaries:
+                print(summary_line(summary), flush=True)
+            rows += summaries
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
@@ -233,34 +228,6 @@ def compare_methods(a, cap: float) -> list[dict]:
                       + ("" if row["bit_for_bit"] else f" (largest loss difference {row['max_loss_difference']:.3g})"),
                       flush=True)
     return rows
-
-
-def paired_summary(rows: list[dict]) -> list[dict]:
-    """Note [Paired repeats]: per row group and method, the medians over the
-    repeats, and against each other method the repeats where its CBR was at
-    least the other's (both measured in the same repeat)."""
-    out = []
-    groups: dict[tuple, dict[str, dict[int, dict]]] = {}
-    for r in rows:
-        groups.setdefault((r["model"], r["jobs"], r["link"]), {}).setdefault(r["strategy"], {})[r["repeat"]] = r
-    for (model, jobs, link), by_method in groups.items():
-        for method, runs in by_method.items():
-            wins = {}
-            for other, other_runs in by_method.items():
-                if other != method:
-                    both = sorted(set(runs) & set(other_runs))
-                    wins[other] = (sum(runs[i]["cbr"] >= other_runs[i]["cbr"] for i in both), len(both))
-            summary = {"model": model, "jobs": jobs, "link": link, "strategy": method, "summary": True,
-                       "repeats": len(runs), "cbr_runs": [runs[i]["cbr"] for i in sorted(runs)],
-                       **{f"median_{key}": statistics.median(r[key] for r in runs.values())
-                          for key in ("msr", "eor", "cbr", "vmp_MiB")},
-                       "cbr_at_least": {o: f"{w} of {n}" for o, (w, n) in wins.items()}}
-            out.append(summary)
-            print(f"{model:12s} x{jobs} {link:9s} {method:14s} over {len(runs)} repeats: median MSR "
-                  f"{summary['median_msr']:6.1%} EOR {summary['median_eor']:5.2f} CBR {summary['median_cbr']:5.2f} "
-                  f"(runs {', '.join(f'{c:.2f}' for c in summary['cbr_runs'])}); CBR at least "
-                  + ", ".join(f"{o}'s in {v}" for o, v in summary["cbr_at_least"].items()), flush=True)
-    return out
 
 
 if __name__ == "__main__":

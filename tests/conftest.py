@@ -1,8 +1,8 @@
 """Test tiers:
 
 * tests/scheduler: pure (planner, node-group partition and pairing, config).
-  Never imports TensorFlow; test_purity.py runs the tier with TensorFlow
-  made unimportable to prove it.
+  Never imports TensorFlow: tests/scheduler/conftest.py makes it
+  unimportable while the tier is collected and run, to prove it.
 * tests/pool: the standalone StreamAwarePool (the plugin library, no graphs).
 * tests/nodegroup, tests/tf: TensorFlow integration (the runtime, real kernels).
 * tests/e2e, tests/search: the CLI and the search drivers end to end.
@@ -19,6 +19,19 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
+
+# -- Hypothesis profiles -------------------------------------------------------
+# "default": a short search on every run; "slow" (--run-slow): as many examples
+# as the most any property asked for. Tests leave max_examples and the deadline
+# to the profile (a loaded machine makes any deadline flaky).
+hypothesis_settings.register_profile("default", max_examples=25, deadline=None)
+hypothesis_settings.register_profile("slow", max_examples=150, deadline=None)
+
+
+def pytest_configure(config):
+    hypothesis_settings.load_profile("slow" if config.getoption("--run-slow") else "default")
+
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("TENSILE_POOL_BYTES", "3GiB")

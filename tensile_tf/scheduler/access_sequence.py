@@ -165,7 +165,7 @@ class TensorAccessSequence:
             step_names.append(op.name)
             step_op.append(op.name)
             lat.append(max(0.0, float(latencies.latency_s(op))))
-            temp.append(op.temp_bytes - op.forwarded_bytes)   # Note [Buffer forwarding] in tensile_tf/pipeline.py
+            temp.append(op.temp_bytes - op.forwarded_bytes)   # Note [Buffer forwarding] in tensile_tf/tf/step_memory.py
             concurrent[k] = op.concurrent_bytes
             for t in op.inputs:
                 touch(ti[t], k, "TUA")

@@ -12,7 +12,7 @@ bytes the job really held while each op allocated, in a few traced steps
 (``tensile_tf.pipeline.measure_step_memory``), and returns per op the
 largest difference from the sequential footprint; the capture stores it as
 the op's ``concurrent_bytes`` (Note [Concurrent scratch] in
-tensile_tf/pipeline.py), and the vanilla footprint is the executor's (Note
+tensile_tf/tf/step_memory.py), and the vanilla footprint is the executor's (Note
 [Free-running steps] in peak_analysis).
 
 Note [Observed, not simulated]

@@ -43,7 +43,7 @@ from typing import Any, Iterable
 TENSOR_KINDS = ("activation", "input", "parameter", "slot", "state")
 #: Bytes the job holds in the pool beside its step's tensors (its data
 #: source's other batches), measured by the capture: an ``input`` no op reads
-#: (Note [Data held beside the step] in tensile_tf/pipeline.py).
+#: (Note [Data held beside the step] in tensile_tf/tf/step_memory.py).
 HELD_BESIDE_STEP = "held:data beside the step"
 PERSISTENT_KINDS = frozenset({"input", "parameter", "slot", "state"})
 UPDATED_KINDS = frozenset({"parameter", "slot", "state"})

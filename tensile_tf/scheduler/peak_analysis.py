@@ -67,7 +67,7 @@ runs free on the executor's inter-op threads, which holds more at some ops
 and free their inputs). ``JobFootprint.base`` is the first: the planner
 plans on it. ``JobFootprint.free_running`` adds each op's
 ``concurrent_bytes`` (observed in traced steps, Note [Concurrent scratch] in
-tensile_tf/pipeline.py) and is the vanilla footprint: the predicted vanilla
+tensile_tf/tf/step_memory.py) and is the vanilla footprint: the predicted vanilla
 peak, MSR's reference, and what a job whose plan changes nothing holds. A
 plan with no events still runs its job in plan order when that lowers the
 job's peak (``JobPlan.order_only``): on the node-group CNN the free-running

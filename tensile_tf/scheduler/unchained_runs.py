@@ -17,7 +17,7 @@ any order (all at once, in the worst case) and still hold at most
 where c is the first graph op after b (the recomputations and swap-ins its
 ops trigger, counted from the steps after them, may start before the run
 ends), and scratch is counted without the bytes an op forwards into its
-output buffer (Note [Buffer forwarding] in tensile_tf/pipeline.py: an op
+output buffer (Note [Buffer forwarding] in tensile_tf/tf/step_memory.py: an op
 that is not its input's last reader in the order it runs in gets no
 buffer to forward into). So ``unchained_runs`` cuts the plan order greedily
 into maximal runs whose U stays at or under the plan's own predicted peak,

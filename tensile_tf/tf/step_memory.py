@@ -102,7 +102,6 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-
 import tf_plugin
 from tensile_tf.tf.pool import traced_op_matches
 from tensile_tf.tf.capture import snapshot_variables
@@ -237,10 +236,7 @@ def _buffers(trace: list[dict], graph: JobGraph, ops_of: dict[str, list]
             live[ev["offset"]] = entry
         elif ev["kind"] == "free" and ev["offset"] in live:
             live.pop(ev["offset"])[1] = True
-    last_use: dict[str, str] = {}
-    for o in graph.ops:
-        for t in o.inputs:
-            last_use[t] = o.name
+    last_use: dict[str, str] = {t: o.name for o in graph.ops for t in o.inputs}   # tensor -> its last reader
     scratch: dict[str, int] = {}
     forwarded: dict[str, int] = {}
     unallocated: dict[str, list[str]] = {}   # op -> its outputs no allocation of its own matched

@@ -135,5 +135,5 @@ class PoolMachine(RuleBasedStateMachine):
         assert self.pool.chunks() == [dict(offset=0, size=self.capacity, requested=0, in_use=False, owner=SYNCED)]
 
 
-PoolMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
+PoolMachine.TestCase.settings = settings(stateful_step_count=60)
 TestPoolStateMachine = PoolMachine.TestCase

@@ -175,5 +175,5 @@ class StitchingPoolMachine(PoolMachine):
         assert pages * PAGE < -(-rounded // PAGE) * PAGE
 
 
-StitchingPoolMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+StitchingPoolMachine.TestCase.settings = settings(stateful_step_count=40)
 TestStitchingPoolStateMachine = StitchingPoolMachine.TestCase

@@ -1,13 +1,7 @@
-"""Note [Paired repeats] in benchmarks/baseline_suite.py: a method's CBR is
-compared only with the other methods' runs of the same repeat (the same
+"""Note [Paired repeats] in tensile_tf/scheduler/paired_repeats.py: a method's
+CBR is compared only with the other methods' runs of the same repeat (the same
 vanilla run), and the medians are over its repeats."""
-import importlib.util
-
-from tests.conftest import REPO_ROOT
-
-_spec = importlib.util.spec_from_file_location("baseline_suite", REPO_ROOT / "benchmarks" / "baseline_suite.py")
-suite = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(suite)
+from tensile_tf.scheduler import paired_repeats as suite
 
 
 def row(strategy, repeat, cbr, msr, eor=1.2, vmp=800.0):
@@ -33,3 +27,10 @@ def test_a_repeat_one_method_missed_is_not_compared():
     rows = [row("tensile", 0, 0.05, 0.06), row("capuchin", 0, 0.02, 0.03), row("tensile", 1, 0.01, 0.01)]
     out = {s["strategy"]: s for s in suite.paired_summary(rows)}
     assert out["tensile"]["cbr_at_least"] == {"capuchin": "1 of 1"} and out["tensile"]["repeats"] == 2
+
+
+def test_a_summary_prints_as_one_line():
+    (tensile,) = [s for s in suite.paired_summary([row("tensile", 0, 0.05, 0.06), row("capuchin", 0, 0.02, 0.03)])
+                  if s["strategy"] == "tensile"]
+    assert suite.summary_line(tensile) == ("ResNet50     x2 capped    tensile        over 1 repeats: median MSR   6.0% "
+                                           "EOR  1.20 CBR  0.05 (runs 0.05); CBR at least capuchin's in 1 of 1")

@@ -1,5 +1,5 @@
 """The swap link's ceiling (tensile_tf/scheduler/link_bound.py) and the
-planner's bottleneck restarts (Note [Bottleneck first] in planner.py).
+planner's bottleneck restarts (Note [Bottleneck first] in planner_passes.py).
 
 Hand-worked: the nested-capacity cut on three tensors, and a job whose only
 swap candidate must come back within one short op, so the deadline-aware
@@ -112,7 +112,7 @@ def test_a_recompute_that_moves_one_jobs_peak_off_the_others_stays_above_the_flo
 # bound: both were one gap swapped twice (Note [One swap per gap] in
 # swap_scheduling; the hand-worked case at the end of this file). At that fix
 # both properties passed 2000 random examples.
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@settings(suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(scenarios())
 def test_no_plan_goes_below_the_working_set_floor(scn):
     jobs, _, _ = scn
@@ -120,7 +120,7 @@ def test_no_plan_goes_below_the_working_set_floor(scn):
     assert plan.pool_planned_peak_bytes >= working_set_floor(jobs)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@settings(suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(scenarios())
 def test_no_swap_only_plan_goes_below_the_deadline_aware_link_bound(scn):
     jobs, bandwidth, frac = scn
@@ -133,7 +133,7 @@ def test_no_swap_only_plan_goes_below_the_deadline_aware_link_bound(scn):
         bound.deadline_bound_peak_bytes <= bound.vanilla_peak_bytes
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@settings(suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(scenarios())
 def test_bottleneck_restarts_never_raise_the_peak_and_keep_the_invariants(scn):
     jobs, bandwidth, frac = scn

@@ -94,7 +94,7 @@ def check_invariants(planner: Planner, plan: Plan) -> None:
         assert a[1] <= b[0] + 1e-7, f"overlapping transfers on the swap channel: {a} and {b}"
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_plans_keep_the_invariants(scn):
     jobs, bandwidth, frac = scn
@@ -107,7 +107,7 @@ def test_plans_keep_the_invariants(scn):
     assert Plan.from_json(plan.to_json()) == plan
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_the_plan_kept_costs_no_more_than_a_plan_at_any_one_of_its_chain_limits(scn):
     """Note [Chain limits tried]: planning at limits 2 and 4 keeps a plan that
@@ -123,7 +123,7 @@ def test_the_plan_kept_costs_no_more_than_a_plan_at_any_one_of_its_chain_limits(
         assert both.pass_costs[both.max_chain] <= one.pass_costs[limit]
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(), st.floats(0.5, 2.0))
 def test_replans_keep_the_invariants(scn, scale):
     jobs, bandwidth, frac = scn

@@ -95,7 +95,7 @@ def test_a_planned_step_carries_its_runs_through_json_and_a_chained_plan_has_non
     assert Planner([PlannerJob(g, UNIT)], step_order="free", **kw).plan().jobs["six"].unchained_runs == []
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@settings(suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(scenarios())
 def test_run_bounds_stay_under_each_jobs_planned_peak(scn):
     jobs, bandwidth, frac = scn
