@@ -119,7 +119,14 @@ from tensile_tf.jobs.job import Job
 from tensile_tf.runtime import JobHost
 from tensile_tf.scheduler import LatencyTable
 import tensile_tf.runtime.job_thread as job_thread
+import tensile_tf.runtime.replanning as replanning
 
+# Note [Latency drift]: a job is profiled while profiling costs under OVERHEAD_SHARE of its
+# training time, which the machine's speed decides; here every check is due at once, so the
+# checks land on the same steps on any machine and at any load
+replanning.OVERHEAD_SHARE = 1.0
+
+STEPS = 40
 SLOWER_FROM = int(sys.argv[2])   # the profiled step from which its ops are reported 3x slower (0: never)
 real = job_thread.profiled_step
 profiled = []
@@ -133,7 +140,7 @@ job_thread.profiled_step = slower
 
 cfg = load_config(sys.argv[1])
 host = JobHost.from_config(cfg.pool, cfg.run)
-host.submit(Job.from_spec(next(s for s in cfg.jobs if s.name == "long").model_copy(update={"steps": 250})))
+host.submit(Job.from_spec(next(s for s in cfg.jobs if s.name == "long").model_copy(update={"steps": STEPS})))
 r = host.run()
 (s,) = r.jobs
 print(json.dumps({"status": s.status.value, "error": s.error, "swap_outs": s.plan.swap_outs if s.plan else None,
@@ -151,8 +158,7 @@ def drifting(tmp_path, slower_from: int) -> dict:
 
 
 def test_a_latency_drift_past_the_threshold_replans_the_job(tmp_path):
-    # Note [Latency drift]: once the job has trained long enough for a
-    # profiled step to cost under 2% of its time (about 50 median steps), the
+    # Note [Latency drift]: with every check due (the script's OVERHEAD_SHARE), the
     # profiled step's ops read 3x what they took (from the second profiled
     # step on: the first one re-bases the table, below); EWMA (alpha 0.3)
     # moves the table well past the 20% threshold (up to 60% off, less where
@@ -161,12 +167,12 @@ def test_a_latency_drift_past_the_threshold_replans_the_job(tmp_path):
     out = drifting(tmp_path, slower_from=2)
     assert out["status"] == "finished", out
     first, (step, rate, requested, reordered), *_ = out["checks"]
-    assert 8 <= step < 250 and requested and rate > 0.2 and not reordered, out
+    assert 8 <= step < 40 and requested and rate > 0.2 and not reordered, out
     # (the injection keeps reporting 3x, so later checks may re-plan again)
     replan, *_ = out["replans"]
     assert replan["reason"].startswith("latency drift of long") and replan["error"] is None, out
     (switched,) = replan["switched"]
-    assert switched is not None and step < switched < 250, out   # the next step boundary after the re-plan
+    assert switched is not None and step < switched < 40, out   # the next step boundary after the re-plan
 
 
 def test_a_job_whose_plan_leaves_its_step_as_it_is_is_not_replanned_for_the_chain_it_does_not_run(tmp_path):
