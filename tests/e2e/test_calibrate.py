@@ -3,54 +3,61 @@ predictor fitted and cached, and cold starts that use it; a broken or stale
 cache is reported and never stops a cold start (Note [Predictor cache] in
 tensile_tf/scheduler/latency_predictor.py)."""
 
-from tests.conftest import last_json_line, run_python
+import os
+
 from tests.e2e.test_cli import tensile
 
-COLD_CAPTURE = """
-import json, warnings
-import tensile_tf
-tensile_tf.install("512MiB")
-import keras, tensorflow as tf
-from tensile_tf.jobs import zoo
-from tensile_tf.pipeline import JobToPlan, capture_cold
-from tensile_tf.jobs.job import supervised_train_step
-model = zoo.mlp((784,), 10)
-opt = keras.optimizers.Adam(1e-3)
-step = tf.function(supervised_train_step(model, opt, keras.losses.SparseCategoricalCrossentropy()))
-x, y = tf.random.normal([64, 784]), tf.zeros([64], tf.int32)
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    c = capture_cold(JobToPlan("cold", step, (x, y), optimizer=opt))
-lat = c.planner_job.latencies
-print(json.dumps({"source": lat.source, "warnings": [str(w.message) for w in caught],
-                  "positive": all(lat.latency_s(o) > 0 for o in c.graph.ops)}))
-"""
+def _cold_capture(monkeypatch, cache) -> dict:
+    """A cold start's capture of a small MLP, in this process, with the
+    predictor cached at ``cache``: its latency source and the warnings."""
+    import warnings
+
+    import keras
+    import tensorflow as tf
+
+    from tensile_tf.jobs import zoo
+    from tensile_tf.jobs.job import supervised_train_step
+    from tensile_tf.pipeline import JobToPlan, capture_cold
+    from tensile_tf.tf import calibration
+
+    monkeypatch.setenv("TENSILE_LATENCY_PREDICTOR", str(cache))
+    monkeypatch.setattr(calibration, "_warned", set())   # one warning per reason and process
+    model = zoo.mlp((784,), 10)
+    opt = keras.optimizers.Adam(1e-3)
+    step = tf.function(supervised_train_step(model, opt, keras.losses.SparseCategoricalCrossentropy()))
+    x, y = tf.random.normal([64, 784]), tf.zeros([64], tf.int32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        c = capture_cold(JobToPlan("cold", step, (x, y), optimizer=opt))
+    lat = c.planner_job.latencies
+    return {"source": lat.source, "warnings": [str(w.message) for w in caught],
+            "positive": all(lat.latency_s(o) > 0 for o in c.graph.ops)}
 
 
-def test_calibrate_caches_a_predictor_that_cold_starts_use(tmp_path):
+def test_calibrate_caches_a_predictor_that_cold_starts_use(tmp_path, monkeypatch):
+    # the command in this process (its pool is this process's: --pool says so), real models measured
+    from tests.e2e.test_bad_inputs import cli_in_process
+
     cache = tmp_path / "predictor.joblib"
-    proc = tensile("calibrate", "--models", "mlp-b32,small_cnn-b16", "--cache", str(cache), "--repeats", "2")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith(("mlp-b32", "small_cnn-b16"))]
-    assert [r[0] for r in rows] == ["mlp-b32", "small_cnn-b16"], proc.stdout
-    for r in rows:   # each held-out model: learned and bytes-touched errors, both measured
-        assert r[2].endswith("%") and r[3].endswith("%"), proc.stdout
-    assert cache.exists() and f"wrote {cache}" in proc.stdout
-
-    learned = last_json_line(run_python(COLD_CAPTURE, env={"TENSILE_LATENCY_PREDICTOR": str(cache)}))
-    assert learned["source"].startswith("cold-start (learned on 2 models"), learned
-    assert learned["positive"] and learned["warnings"] == [], learned
-
-    cache.write_bytes(b"truncated")
-    broken = last_json_line(run_python(COLD_CAPTURE, env={"TENSILE_LATENCY_PREDICTOR": str(cache)}))
+    cache.write_bytes(b"truncated")   # a cache a crash left behind
+    broken = _cold_capture(monkeypatch, cache)
     assert broken["source"] == "cold-start (bytes touched)", broken
     assert any("unreadable" in w and "tensile calibrate" in w for w in broken["warnings"]), broken
+    assert broken["positive"], broken
 
     # what the warning says to do rebuilds it
-    proc = tensile("calibrate", "--models", "mlp-b32,small_cnn-b16", "--cache", str(cache), "--repeats", "2")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rebuilt = last_json_line(run_python(COLD_CAPTURE, env={"TENSILE_LATENCY_PREDICTOR": str(cache)}))
-    assert rebuilt["source"].startswith("cold-start (learned on 2 models") and rebuilt["warnings"] == [], rebuilt
+    code, out, err = cli_in_process("calibrate", "--models", "mlp-b32,small_cnn-b16", "--cache", str(cache),
+                                    "--repeats", "2", "--pool", os.environ["TENSILE_POOL_BYTES"])
+    assert code == 0, err[-3000:]
+    rows = [line.split() for line in out.splitlines() if line.startswith(("mlp-b32", "small_cnn-b16"))]
+    assert [r[0] for r in rows] == ["mlp-b32", "small_cnn-b16"], out
+    for r in rows:   # each held-out model: learned and bytes-touched errors, both measured
+        assert r[2].endswith("%") and r[3].endswith("%"), out
+    assert f"wrote {cache}" in out
+
+    learned = _cold_capture(monkeypatch, cache)
+    assert learned["source"].startswith("cold-start (learned on 2 models"), learned
+    assert learned["positive"] and learned["warnings"] == [], learned
 
 
 def test_calibrate_refuses_unknown_or_too_few_models(tmp_path):

@@ -22,9 +22,10 @@ def _shortened(name: str, tmp_path: Path, steps: dict[str, int], **job_updates) 
 
 
 @pytest.mark.parametrize("name, steps, updates", [
-    ("quickstart.yaml", {"cnn-a": 30, "mlp-b": 30, "resnet-c": 20, "transformer-d": 20}, {}),
+    # admission decides at the probes which jobs wait: a few steps each show it
+    ("quickstart.yaml", {"cnn-a": 6, "mlp-b": 6, "resnet-c": 4, "transformer-d": 4}, {}),
     ("digits.yaml", {"mlp": 40, "cnn": 40}, {"mlp": {"validate_every": 20}, "cnn": {"validate_every": 20}}),
-    ("arrivals.yaml", {"long": 60, "late": 10}, {"late": {"arrive_at_s": 0.01}}),
+    ("arrivals.yaml", {"long": 30, "late": 10}, {"late": {"arrive_at_s": 0.01}}),
     ("planner.yaml", {"encoder-a": 8, "encoder-b": 8}, {}),
     ("hybrid.yaml", {"encoder-a": 4, "encoder-b": 4}, {}),
     ("nodegroup.yaml", {"cnn-a": 4, "cnn-b": 4}, {}),

@@ -122,39 +122,48 @@ for seed in (1, 2):
         fn(*ts.next_batch())
     reference.append([v.numpy() for v in model.variables])
 
-# PLANNER: "none" (barriers only) or "tensile" (the hybrid: planner swaps plus node groups)
-host = JobHost(pipeline="nodegroup", split_size="64KiB", admission="none", planner=PLANNER, plan_budget="256KiB")
-models = []
-for seed in (1, 2):
-    model, ts = make(seed)
-    models.append(model)
-    host.submit(Job.from_train_step(f"job{seed}", ts, steps=steps))
-r = host.run()
-equal = all(np.array_equal(a, v.numpy()) for ref, m in zip(reference, models)
-            for a, v in zip(ref, m.variables))
-ng = r.pool.nodegroup
-print(json.dumps({"equal": equal, "status": [s.status.value for s in r.jobs],
-                  "groups": [len(p["groups"]) for p in ng["partitions"].values()],
-                  "paired": any(len(s["jobs"]) == 2 for s in ng["schedules"]),
-                  "waits": ng["runtime"]["waits"], "timeouts": ng["runtime"]["timeouts"],
-                  "plan_errors": [s.plan_error for s in r.jobs],
-                  "rewrites": [s.plan.rewrite if s.plan else None for s in r.jobs],
-                  "swap": dataclasses.asdict(r.planner.swap) if r.planner else None}))
+# "none" (barriers only), then "tensile" (the hybrid: planner swaps plus node groups), one host after
+# the other in this process, against the one reference
+out = {}
+for planner in ("none", "tensile"):
+    host = JobHost(pipeline="nodegroup", split_size="64KiB", admission="none", planner=planner, plan_budget="256KiB")
+    models = []
+    for seed in (1, 2):
+        model, ts = make(seed)
+        models.append(model)
+        host.submit(Job.from_train_step(f"{planner}-job{seed}", ts, steps=steps))
+    r = host.run()
+    equal = all(np.array_equal(a, v.numpy()) for ref, m in zip(reference, models)
+                for a, v in zip(ref, m.variables))
+    ng = r.pool.nodegroup
+    out[planner] = {"equal": equal, "status": [s.status.value for s in r.jobs],
+                    "groups": [len(p["groups"]) for name, p in ng["partitions"].items() if name.startswith(planner)],
+                    "paired": any(len(s["jobs"]) == 2 for s in ng["schedules"]),
+                    "waits": ng["runtime"]["waits"], "timeouts": ng["runtime"]["timeouts"],
+                    "plan_errors": [s.plan_error for s in r.jobs],
+                    "rewrites": [s.plan.rewrite if s.plan else None for s in r.jobs],
+                    "swap": dataclasses.asdict(r.planner.swap) if r.planner else None}
+print(json.dumps(out))
 """
 
 
-def test_training_is_bit_for_bit_identical_with_barriers():
-    out = last_json_line(run_python(BIT_IDENTICAL.replace("PLANNER", '"none"')))
+@pytest.fixture(scope="module")
+def bit_identical():
+    return last_json_line(run_python(BIT_IDENTICAL, timeout=600))
+
+
+def test_training_is_bit_for_bit_identical_with_barriers(bit_identical):
+    out = bit_identical["none"]
     assert out["status"] == ["finished", "finished"], out
     assert out["paired"] and out["waits"] > 0 and min(out["groups"]) >= 3, out
     assert out["equal"], out
 
 
-def test_hybrid_planner_swaps_and_barriers_train_bit_for_bit():
+def test_hybrid_planner_swaps_and_barriers_train_bit_for_bit(bit_identical):
     """planner: tensile + pipeline: nodegroup. The plan is made on the step with
     its barriers and keeps them; both jobs swap through the link and wait at
     barriers, and train exactly as the plain tf.function does."""
-    out = last_json_line(run_python(BIT_IDENTICAL.replace("PLANNER", '"tensile"'), timeout=600))
+    out = bit_identical["tensile"]
     assert out["status"] == ["finished", "finished"], out
     assert out["plan_errors"] == [None, None], out
     for rewrite in out["rewrites"]:
