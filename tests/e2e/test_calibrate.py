@@ -5,8 +5,6 @@ tensile_tf/scheduler/latency_predictor.py)."""
 
 import os
 
-from tests.e2e.test_cli import tensile
-
 def _cold_capture(monkeypatch, cache) -> dict:
     """A cold start's capture of a small MLP, in this process, with the
     predictor cached at ``cache``: its latency source and the warnings."""
@@ -61,8 +59,13 @@ def test_calibrate_caches_a_predictor_that_cold_starts_use(tmp_path, monkeypatch
 
 
 def test_calibrate_refuses_unknown_or_too_few_models(tmp_path):
-    proc = tensile("calibrate", "--models", "mlp-b32", "--cache", str(tmp_path / "p.joblib"))
-    assert proc.returncode == 2 and "at least two" in proc.stderr, proc.stderr
-    proc = tensile("calibrate", "--models", "mlp-b32,nope", "--cache", str(tmp_path / "p.joblib"))
-    assert proc.returncode == 2 and "unknown ['nope']" in proc.stderr, proc.stderr
+    from tests.e2e.test_bad_inputs import cli_in_process
+
+    pool = os.environ["TENSILE_POOL_BYTES"]   # this process's pool: the command runs in it
+    code, _, err = cli_in_process("calibrate", "--models", "mlp-b32", "--cache", str(tmp_path / "p.joblib"),
+                                  "--pool", pool)
+    assert code == 2 and "at least two" in err, err
+    code, _, err = cli_in_process("calibrate", "--models", "mlp-b32,nope", "--cache", str(tmp_path / "p.joblib"),
+                                  "--pool", pool)
+    assert code == 2 and "unknown ['nope']" in err, err
     assert not (tmp_path / "p.joblib").exists()
