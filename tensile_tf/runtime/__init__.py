@@ -2,12 +2,16 @@
 
 Files in the order a run goes through them:
 
+* ``threads.py``   Note [Threads and hand-offs]: every thread, what it owns, every hand-off
 * ``run_loop.py``  JobHost: submit, probe, admit, start, watch, tear down (reads in one sitting)
+* ``arrivals.py``  the waiting line: arrivals, admission of waiting jobs, joint plans on arrival
 * ``probing.py``   build a job, run its first step, measure P and T; teardown
 * ``admission.py`` the Salus safety condition (seed 002 §2.2) and the other policies
 * ``planning.py``  TENSILE in the host: capture, joint plan, cold start, saved plans
 * ``nodegroup.py`` the Waterwave node-group pipeline's coordinator (seed 004)
+* ``replanning.py`` re-plans while jobs run, plan switches at step boundaries, latency drift
 * ``job_thread.py`` a job's steps and training thread
+* ``outcome.py``   the memory sampler and the RunResult
 * ``failures.py``  how a job's failure is recorded
 * ``records.py``   the typed records and the results.json schema
 

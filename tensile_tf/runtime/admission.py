@@ -92,9 +92,16 @@ class AdmissionControl:
         """(P, T): planned, measured, else scaled from a measured job of the
         same signature. Temporary memory scales with the batch; persistent
         memory is taken as the larger of the two (synthetic batches grow with
-        it too), so the prediction errs on the safe side."""
-        if state.planned_needs is not None:
-            return state.planned_needs
+        it too), so the prediction errs on the safe side. A planned job with a
+        plan switch pending counts the larger of its needs and the switch's."""
+        # A switch offered and not yet applied (Note [Threads and hand-offs], H3):
+        # peek first, then planned_needs, which the job thread writes before it settles.
+        switch = state.switch.peek()
+        planned = state.planned_needs
+        if planned is not None:
+            if switch is not None:   # the larger of the two until the job has switched
+                return tuple(max(a, b) for a, b in zip(planned, switch.needs))
+            return planned
         if state.measured:
             return state.persistent_bytes, state.temporary_bytes
         sig = _signature(state)

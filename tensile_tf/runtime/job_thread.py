@@ -4,14 +4,15 @@
 job's stream peak, runs the step, and records duration, loss and the step's
 own peak (Note [Training window] in records.py). ``JobThread`` runs a job's
 remaining steps in its own thread (TensorFlow releases the GIL, so jobs
-train at once), and reports the end, whatever it was, on the host's queue.
+train at once), and reports the end, whatever it was, in the run loop's inbox.
+What the thread owns and how it hands things to the run loop: Note [Threads
+and hand-offs] in threads.py.
 """
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import math
-import queue
 import threading
 import time
 from pathlib import Path
@@ -22,7 +23,8 @@ import tensorflow as tf
 from tensile_tf.tf.capture import profiled_step
 from tensile_tf.runtime.failures import NonFiniteLoss, record_failure
 from tensile_tf.runtime.records import JobState, JobStatus, StepRecord
-from tensile_tf.runtime.replanning import StepGate, take_switch
+from tensile_tf.runtime.replanning import take_switch
+from tensile_tf.runtime.threads import RunLoopInbox, StepGate, StopRequest
 
 
 class RunClock:
@@ -119,21 +121,21 @@ class JobThread:
     ``after_step(state)`` runs in the thread after each step (the pipeline
     calibrates the job there); ``on_end(state)`` runs in the thread when the
     job ends (the pipeline releases its barriers there, at once); then the
-    state goes on ``ended``, where the host's run loop picks it up. Never raises. When ``stop`` is
-    set (the run is interrupted) the job ends, ``interrupted``, before its
-    next step.
+    state goes in the ``inbox`` (its last act), where the host's run loop
+    picks it up. Never raises. When ``stop`` is set (the run is interrupted)
+    the job ends, ``interrupted``, before its next step.
     """
 
-    def __init__(self, state: JobState, clock: RunClock, ended: "queue.Queue[JobState]", *,
+    def __init__(self, state: JobState, clock: RunClock, inbox: RunLoopInbox, *,
                  record_weights: bool, on_end: Callable[[JobState], None] | None = None,
-                 stop: threading.Event | None = None, gate: StepGate | None = None,
+                 stop: StopRequest | threading.Event | None = None, gate: StepGate | None = None,
                  model_dir: Path | None = None, after_step: Callable[[JobState], None] | None = None):
         self.state = state
         self.clock = clock
-        self.ended = ended
+        self.inbox = inbox
         self.record_weights = record_weights
         self.on_end = on_end
-        self.stop = stop or threading.Event()
+        self.stop = stop or StopRequest()
         self.gate = gate
         self.model_dir = model_dir
         self.after_step = after_step
@@ -219,6 +221,8 @@ class JobThread:
             if self.gate is not None:
                 self.gate.leave(state.name)
             state.ended_at_s = self.clock.now()
-            if self.on_end is not None:
-                self.on_end(state)
-            self.ended.put(state)
+            try:
+                if self.on_end is not None:
+                    self.on_end(state)
+            finally:   # even if the hook failed: the run loop waits for this
+                self.inbox.job_ended(state)   # Note [Threads and hand-offs], H2: the record is the run loop's now

@@ -276,6 +276,7 @@ class JobLifecycle:
         """Drops the job's objects; its pool bytes must return to zero."""
         stream = state.job_stream
         planned, state.planned_step = state.planned_step, None
+        state.switch.clear()   # a switch its thread never took: its step holds the job's variables
         state.captured = None  # a rebuild traces new ops; it is captured and planned again
         state.cold_planned = False
         state.probe_plan_peak_bytes = None

@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Callable
 
+from tensile_tf.runtime.threads import Handoff
+
 if TYPE_CHECKING:  # runtime objects, never serialised
     from tensile_tf.jobs.job import Job, TrainStep
     from tensile_tf.tf.pool import JobStream
@@ -125,7 +127,8 @@ class JobState:
     sample_inputs: Any = field(default=None, repr=False)          # a few of its inputs, on the host (save_model)
     custom_gradients: set[str] = field(default_factory=set, repr=False)
     planned_step: Any = field(default=None, repr=False)   # rewrite.PlannedStep
-    pending_switch: Any = field(default=None, repr=False)  # replanning.StepSwitch the job thread takes next
+    # replanning.StepSwitch from the run loop to the job thread (Note [Threads and hand-offs], H3)
+    switch: Handoff = field(default_factory=Handoff, repr=False, compare=False)
     latency_monitor: Any = field(default=None, repr=False)  # replanning.LatencyMonitor
     captured: Any = field(default=None, repr=False)       # execution.CapturedJob of the current build
     awaiting_switches: bool = field(default=False, repr=False)  # jointly planned on arrival, starts once all switched
@@ -144,6 +147,12 @@ class JobState:
     @property
     def name(self) -> str:
         return self.job.name
+
+    @property
+    def pending_switch(self) -> Any:
+        """The StepSwitch offered and not yet applied (None: none); read-only,
+        the hand-off is ``switch``."""
+        return self.switch.peek()
 
     @property
     def example_args(self) -> tuple | None:

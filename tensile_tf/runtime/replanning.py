@@ -17,14 +17,19 @@ after the switch), in trace.json (an instant event) and on ``memory.png``
 (a mark).
 
 Note [Hot swap]
-Before a step, the job thread takes a pending ``StepSwitch``: the variables
+Before a step, the job thread takes the ``StepSwitch`` the run loop offered
+(``JobState.switch``, a ``Handoff``: Note [Threads and hand-offs] in
+threads.py), if there is one: the variables
 the old plan keeps on the host come back into the pool (``restore``), the
 new plan's cross-iteration variables leave it (``evict``), and the new step
 runs from then on. Between two steps no activation is alive, so the pool
 holds the job's parameters and slots once and never two plans' peaks. A
 plan never changes what a step computes, so training stays bit for bit
 across a switch (tests/e2e/test_replanning.py). A newer switch replaces one
-not yet taken; the older one is then recorded as never switched.
+not yet taken; the older one is then recorded as never switched. The switch
+also carries the latency table its plan was made with, which becomes the
+job's latency monitor's baseline as the job switches (Note [Latency drift]):
+the monitor is its job thread's alone.
 
 Note [Latency drift]
 Now and then a job's training step runs under the profiler
@@ -92,63 +97,21 @@ arrivals wait as before.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import statistics
-import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 from tensile_tf.runtime.failures import summarize_error
 from tensile_tf.runtime.records import DriftCheck, JobReplan, JobState, JobStatus, PlanRecord, ReplanRecord
+from tensile_tf.runtime.threads import StepGate  # noqa: F401 - re-exported: it lived here
 from tensile_tf.scheduler import LatencyTable
 
 EWMA_ALPHA = 0.3
 FIRST_CHECK_STEP = 8
 MIN_CHECK_INTERVAL = 20
 OVERHEAD_SHARE = 0.02
-
-
-class StepGate:
-    """Parks job threads at their next step boundary (Note [Joint re-plan on arrival])."""
-
-    def __init__(self) -> None:
-        self._cv = threading.Condition()
-        self._closed = False
-        self._parked: set[str] = set()
-        self._gone: set[str] = set()   # one gate per run: job names are unique in it
-
-    def at_boundary(self, name: str, stop: threading.Event) -> None:
-        """A job thread, before a step: waits while the gate is closed."""
-        with self._cv:
-            if not self._closed:
-                return
-            self._parked.add(name)
-            self._cv.notify_all()
-            while self._closed and not stop.is_set():
-                self._cv.wait(0.1)
-            self._parked.discard(name)
-
-    def leave(self, name: str) -> None:
-        """A job thread that steps no more (its job ended)."""
-        with self._cv:
-            self._gone.add(name)
-            self._cv.notify_all()
-
-    @contextlib.contextmanager
-    def closed(self, names: Sequence[str], stop: threading.Event):
-        """Parks the named jobs' threads; yields once every one is parked or gone."""
-        with self._cv:
-            self._closed = True
-            while not stop.is_set() and not all(n in self._parked or n in self._gone for n in names):
-                self._cv.wait(0.1)
-        try:
-            yield
-        finally:
-            with self._cv:
-                self._closed = False
-                self._cv.notify_all()
 
 
 @dataclass
@@ -159,25 +122,33 @@ class StepSwitch:
     record: PlanRecord
     needs: tuple[int, int]         # (P, T) admission uses under the new plan
     replan: JobReplan
+    baseline: Any = None           # the latency table the new plan was made with (the monitor's, Note [Latency drift])
 
 
-def take_switch(state: JobState) -> None:
-    """Called by the job's thread before a step (inside its stream scope)."""
-    switch = state.pending_switch
+def take_switch(state: JobState) -> StepSwitch | None:
+    """Called by the job's thread before a step (inside its stream scope):
+    takes the switch the run loop offered, if any, and runs the new step from
+    now on (Note [Threads and hand-offs], H3). Returns the switch taken."""
+    switch = state.switch.take()
     if switch is None:
-        return
-    state.pending_switch = None
-    if state.planned_step is not None:
-        state.planned_step.restore()       # the old plan's host-side variables back first
-    if switch.step is not None:
-        switch.step.evict()                # the new plan's first step starts as every later one
-        state.step_fn = switch.step
-    else:
-        state.step_fn = state.captured.job.step_fn
-    state.planned_step = switch.step
-    state.plan = switch.record
-    state.planned_needs = switch.needs
-    switch.replan.switched_at_step = state.steps_done
+        return None
+    try:
+        if state.planned_step is not None:
+            state.planned_step.restore()       # the old plan's host-side variables back first
+        if switch.step is not None:
+            switch.step.evict()                # the new plan's first step starts as every later one
+            state.step_fn = switch.step
+        else:
+            state.step_fn = state.captured.job.step_fn
+        state.planned_step = switch.step
+        state.plan = switch.record
+        state.planned_needs = switch.needs
+        if state.latency_monitor is not None and switch.baseline is not None:
+            state.latency_monitor.replanned(switch.baseline)
+        switch.replan.switched_at_step = state.steps_done
+    finally:
+        state.switch.settle()   # after planned_needs: admission reads peek(), then planned_needs
+    return switch
 
 
 def _median_step_s(state: JobState, lo: int, hi: int | None) -> float | None:
@@ -264,8 +235,9 @@ class LatencyMonitor:
         plan = self.state.plan
         return "plan" if plan is not None and plan.changes_step and plan.step_order == "plan" else "free"
 
-    def replanned(self) -> None:
-        self.baseline = self.state.captured.planner_job.latencies
+    def replanned(self, baseline: LatencyTable) -> None:
+        """The job switched to a plan made with ``baseline`` (its thread, at the switch)."""
+        self.baseline = baseline
 
 
 class JointPlanMissesBudget(RuntimeError):
@@ -355,13 +327,11 @@ class Replanner:
             newcomer.planned_needs = None   # its probe (the planned step) measures them
             record.predicted_peak_sum_after_bytes += plan.jobs[newcomer.name].planned_peak_bytes
         for s in jobs:
-            if s.latency_monitor is not None:
-                s.latency_monitor.replanned()
+            # The job thread takes it at its next step boundary; until it has,
+            # admission holds the larger of its needs and these (AdmissionControl.predict).
             switch = switches[s.name]
-            if s.planned_needs is not None:   # admission holds the larger of the two until the switch
-                switch_needs = tuple(max(a, b) for a, b in zip(s.planned_needs, switch.needs))
-                s.planned_needs = switch_needs
-            s.pending_switch = switch
+            switch.baseline = s.captured.planner_job.latencies   # what the plan was made with
+            s.switch.offer(switch)   # one not taken yet is replaced: never switched (Note [Hot swap])
         self.records.append(record)
         return record
 

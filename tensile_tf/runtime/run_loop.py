@@ -28,45 +28,49 @@ as usual, jobs not started yet end ``interrupted`` too, and the RunResult
 
 Failure isolation: an exception in one job (OOM included) marks that job
 failed with its error; the others go on.
+
+Collaborators: arrivals.py (the waiting line, admission of waiting jobs,
+joint plans on arrival), outcome.py (the memory sampler, the RunResult).
+Every thread and every hand-off between them: Note [Threads and hand-offs]
+in threads.py.
 """
 from __future__ import annotations
 
-import queue
-import threading
-import time
 from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
 import tf_plugin
-from tensile_tf.config.schema import Admission, PipelineKind, PlannerKind, PlanOrder, PlanPeaks, RunSpec
+from tensile_tf.config.schema import PipelineKind, PlannerKind, PlanPeaks, RunSpec
 from tensile_tf.tf.determinism import disable_graph_dependent_rewrites
 from tensile_tf.jobs.job import Job
 from tensile_tf.tf.pool import allocation_wait, ensure_pool, pool_stats
 from tensile_tf.runtime.admission import AdmissionControl
+from tensile_tf.runtime.arrivals import Arrivals
 from tensile_tf.runtime.job_thread import JobThread, RunClock
 from tensile_tf.runtime.nodegroup import NodeGroupCoordinator
+from tensile_tf.runtime.outcome import MemorySampler, RunWindow, held_outside_jobs, run_result
 from tensile_tf.runtime.planning import JobPlanning, PlanningSettings, SavedPlan
 from tensile_tf.runtime.probing import JobLifecycle, ProbeOutcome
-from tensile_tf.runtime.replanning import LatencyMonitor, Replanner, ReplanRequest, StepGate
-from tensile_tf.runtime.records import (
-    FINAL_STATUSES,
-    JobState,
-    JobStatus,
-    MemorySample,
-    PlannerRecord,
-    PlanSummary,
-    PoolRecord,
-    RunResult,
-    SwapLinkRecord,
-    TraceCoverage,
-)
-from tensile_tf.units import parse_bytes
+from tensile_tf.runtime.replanning import LatencyMonitor, Replanner, ReplanRequest
+from tensile_tf.runtime.records import FINAL_STATUSES, JobState, JobStatus, RunResult
+from tensile_tf.runtime.threads import RunLoopInbox, StepGate, StopRequest
 
 
 class ProgressSink(Protocol):
     def update(self, state: JobState, pool: dict[str, Any]) -> None: ...
     # optional: note(text), a line for run-level events such as a re-plan
+
+
+def run_spec_with(run: RunSpec | None, settings: dict[str, Any]) -> RunSpec:
+    """``run`` (default: RunSpec's defaults) with ``settings`` (RunSpec's
+    fields, e.g. ``planner="tensile"``) put over it, validated as the YAML's
+    ``run:`` section is."""
+    unknown = sorted(set(settings) - set(RunSpec.model_fields))
+    if unknown:
+        raise TypeError(f"JobHost() got unexpected keyword argument(s): {', '.join(unknown)}")
+    run = run if run is not None else RunSpec()
+    return RunSpec.model_validate(run.model_dump() | settings) if settings else run
 
 
 class JobHost:
@@ -75,70 +79,72 @@ class JobHost:
     >>> host = JobHost(pool_bytes="2GiB")
     >>> host.submit(Job.from_train_step("mine", TrainStep(step_fn, batches), steps=100))
     >>> result = host.run()
+
+    ``pool`` (or ``pool_bytes``): the pool's capacity, created now if given.
+    ``run``: the settings of a config's ``run:`` section (RunSpec); keyword
+    arguments named as RunSpec's fields (``concurrency=2``,
+    ``planner="tensile"``, ...) override them. The other keywords are what a
+    config does not say: ``progress`` (a ProgressSink), ``sample_interval_s``
+    (the memory samples), ``record_weights`` (a digest of each job's final
+    variables), ``saved_plan`` (``tensile run --plan``: exactly that plan)
+    and ``model_dir`` (each finished job's model, saved).
     """
 
-    def __init__(self, pool_bytes: int | str | None = None, *, concurrency: int | None = None,
-                 admission: Admission | str = Admission.salus, sample_interval_s: float = 0.05,
-                 progress: ProgressSink | None = None, pipeline: PipelineKind | str = PipelineKind.none,
-                 split_size: int | str = "auto", barrier_timeout_s: float = 60.0,
-                 planner: PlannerKind | str = PlannerKind.none, swap_bandwidth: int | str | None = None,
-                 plan_budget: int | str | None = None, plan_peaks: PlanPeaks | str | None = None,
-                 plan_order: PlanOrder | str = PlanOrder.plan,
-                 record_weights: bool = False, saved_plan: SavedPlan | None = None, replan: bool = True,
-                 replan_threshold: float = 0.2, model_dir: str | Path | None = None,
-                 allocation_wait_ms: int = 1000):
+    def __init__(self, pool: int | str | None = None, run: RunSpec | None = None, *,
+                 progress: ProgressSink | None = None, sample_interval_s: float = 0.05,
+                 record_weights: bool = False, saved_plan: SavedPlan | None = None,
+                 model_dir: str | Path | None = None, pool_bytes: int | str | None = None, **run_settings: Any):
         if pool_bytes is not None:
-            ensure_pool(pool_bytes)
+            if pool is not None:
+                raise TypeError("JobHost: give pool or pool_bytes, not both")
+            pool = pool_bytes
+        self.run_spec = spec = run_spec_with(run, run_settings)
+        if pool is not None:
+            ensure_pool(pool)
         self.capacity = tf_plugin.device_pool().capacity
-        self.planner, self.pipeline_kind = PlannerKind(planner), PipelineKind(pipeline)
-        self.plan_peaks = PlanPeaks(plan_peaks) if plan_peaks is not None else PlanPeaks.for_pipeline(self.pipeline_kind)
-        self.swap_bandwidth = parse_bytes(swap_bandwidth, what="swap_bandwidth") if swap_bandwidth else None
+        self.planner, self.pipeline_kind = spec.planner, spec.pipeline
+        self.plan_peaks = spec.plan_peaks if spec.plan_peaks is not None else PlanPeaks.for_pipeline(spec.pipeline)
+        self.swap_bandwidth = spec.swap_bandwidth or None
         self.record_weights = record_weights
         self.model_dir = Path(model_dir) if model_dir is not None else None   # each finished job's model, saved
-        self.allocation_wait_ms = allocation_wait_ms   # Note [Waiting for frees], while run() runs
+        self.allocation_wait_ms = spec.allocation_wait_ms   # Note [Waiting for frees], while run() runs
         self.sample_interval_s = sample_interval_s
         self.progress = progress
         self.states: list[JobState] = []
-        self.admission = AdmissionControl(self.capacity, Admission(admission), concurrency)
+        self.admission = AdmissionControl(self.capacity, spec.admission, spec.concurrency)
         self.planning = None
         if self.planner == PlannerKind.tensile:
             self.planning = JobPlanning(self.capacity, PlanningSettings(
-                self.plan_peaks, self.swap_bandwidth,
-                parse_bytes(plan_budget, what="plan_budget") if plan_budget else None, saved_plan,
-                PlanOrder(plan_order)))
+                self.plan_peaks, self.swap_bandwidth, spec.plan_budget or None, saved_plan, spec.plan_order))
         self.replanner = None
-        self.replan_threshold = replan_threshold
-        if self.planning is not None and replan and saved_plan is None:   # --plan runs exactly that plan
-            self.replanner = Replanner(self.planning, lambda: self.clock.now(), self._held_outside_jobs)
+        self.replan_threshold = spec.replan_threshold
+        if self.planning is not None and spec.replan and saved_plan is None:   # --plan runs exactly that plan
+            self.replanner = Replanner(self.planning, lambda: self.clock.now(), held_outside_jobs)
         self.pipeline = None
         if self.pipeline_kind == PipelineKind.nodegroup:
-            split = split_size if split_size == "auto" else parse_bytes(split_size, what="split_size")
-            self.pipeline = NodeGroupCoordinator(self.capacity, split, timeout_s=barrier_timeout_s)
+            self.pipeline = NodeGroupCoordinator(self.capacity, spec.split_size, timeout_s=spec.barrier_timeout_s)
         if self.planning is not None or self.pipeline is not None:
             # Rewritten steps must compute what the unplanned ones compute
             # (Note [Graph-dependent Grappler rewrites] in tensile_tf.tf.determinism).
             disable_graph_dependent_rewrites()
         self.clock = RunClock()
-        self.lifecycle = JobLifecycle(self.states, self.clock, self.admission, self._held_outside_jobs,
+        self.lifecycle = JobLifecycle(self.states, self.clock, self.admission, held_outside_jobs,
                                       pipeline=self.pipeline, planning=self.planning)
-        self._ended: queue.Queue[JobState | ReplanRequest] = queue.Queue()   # ended jobs; re-plan requests
-        self._stop = threading.Event()
-        self._stop_reason: str | None = None
-        self._threads: dict[str, JobThread] = {}
-        self._most_running = 0
-        self._joint_tried: set[str] = set()   # waiting jobs tried for a joint plan since the last event
-        self._gate = StepGate()
+        self.arrivals = Arrivals(self)
+        # Between the threads (Note [Threads and hand-offs] in threads.py):
+        self.inbox = RunLoopInbox()      # job threads -> run loop: ended jobs, re-plan requests
+        self.stop = StopRequest()        # anyone -> job threads: end at the next step boundary
+        self.gate = StepGate()           # run loop -> job threads: park at a step boundary
+        self._threads: dict[str, JobThread] = {}   # the run loop's own: the jobs it started and has not joined
+        self.most_running = 0
 
     @classmethod
-    def from_config(cls, pool: int, run: "RunSpec", **kwargs) -> "JobHost":
+    def from_config(cls, pool: int, run: RunSpec, **kwargs) -> "JobHost":
         """The host a config's ``pool:`` and ``run:`` section describe (every
         command builds its host here); ``kwargs`` override or add settings."""
-        settings = dict(concurrency=run.concurrency, admission=run.admission, pipeline=run.pipeline,
-                        split_size=run.split_size, barrier_timeout_s=run.barrier_timeout_s, planner=run.planner,
-                        swap_bandwidth=run.swap_bandwidth, plan_budget=run.plan_budget, plan_peaks=run.plan_peaks,
-                        plan_order=run.plan_order, replan=run.replan, replan_threshold=run.replan_threshold,
-                        allocation_wait_ms=run.allocation_wait_ms)
-        return cls(pool, **(settings | kwargs))
+        return cls(pool, run, **kwargs)
+
+    held_outside_jobs = staticmethod(held_outside_jobs)
 
     @property
     def concurrency(self) -> int | None:
@@ -150,14 +156,12 @@ class JobHost:
 
     def request_stop(self, reason: str) -> None:
         """Stops the run at the jobs' next step boundaries (see the module
-        docstring). Only sets a flag: safe from a signal handler."""
-        if self._stop_reason is None:
-            self._stop_reason = reason
-        self._stop.set()
+        docstring). Never blocks: safe from a signal handler."""
+        self.stop.request(reason)
 
     @property
     def stopping(self) -> bool:
-        return self._stop.is_set()
+        return self.stop.is_set()
 
     def submit(self, job: Job) -> JobState:
         if any(s.name == job.name for s in self.states):
@@ -184,98 +188,93 @@ class JobHost:
         for "nothing more now". The run ends when no job runs or waits and the
         source has nothing more (search drivers keep the pool full with it).
         """
-        started_at, pool = time.time(), tf_plugin.device_pool()
-        before = pool_stats()
-        self.clock.restart()
-        self._most_running = 0
-        pool.reset_peak()
-        if self.planning is not None:
-            from tf_plugin import swap
-
-            swap.set_swap_bandwidth(self.swap_bandwidth or 0)
-            swap.reset_swap_stats()
-        origin_ns = time.monotonic_ns()
-        samples: list[MemorySample] = []
-        stop_sampling = threading.Event()
-        sampler = threading.Thread(target=self._sample, args=(samples, stop_sampling),
-                                   name="tensile-memory-sampler", daemon=True)
+        window = RunWindow.open(self.clock, planner=self.planning is not None, swap_bandwidth=self.swap_bandwidth)
+        self.most_running = 0
+        sampler = MemorySampler(self.clock, self.sample_interval_s)
         sampler.start()
-        waiting: deque[JobState] = deque()
-        # Jobs that arrive later (``arrive_at_s``), soonest first.
-        arrivals = deque(sorted((s for s in self.states if s.status == JobStatus.pending and _arrive_at(s) > 0),
-                                key=_arrive_at))
-        self._joint_tried.clear()
-        self._gate = StepGate()
+        line = self.arrivals
+        line.reset(self.states)
+        self.gate = StepGate()
         try:
-            admitted = self._probe_start(waiting, arrivals)
-            # Peaks from here on are the training's (probing and planning ran vanilla steps).
-            start_peak = pool.stats()["peak"]
-            pool.reset_peak()
+            admitted = self._probe_start(line.waiting, line.later)
+            window.training_starts()
             if self.pipeline is not None and admitted:
                 # Note [Jobs that start together join one schedule] in nodegroup.py
                 self.pipeline.jobs_started([(s.name, s.stream, s.persistent_bytes, s.temporary_bytes)
                                             for s in admitted])
             for state in admitted:
-                self._start(state)
+                self.start_job(state)
             while True:
                 if self.stopping:
                     if not self._threads:
                         break  # every running job has ended at a step boundary
                 else:
-                    self._pull_jobs(job_source, waiting)
-                    self._arrive(arrivals, waiting)
-                if not (self._threads or waiting or arrivals):
+                    self._pull_jobs(job_source)
+                    line.arrive()
+                if not (self._threads or line.waiting or line.later):
                     break
                 if not self._threads and not self.stopping:
-                    self._admit_waiting(waiting)
-                    if not self._threads and not arrivals:
+                    line.admit_waiting()
+                    if not self._threads and not line.later:
                         break  # what waits cannot run even alone
-                timeout = 0.25
-                if arrivals:
-                    timeout = min(timeout, max(0.0, _arrive_at(arrivals[0]) - self.clock.now()))
-                try:
-                    ended = self._ended.get(timeout=timeout)
-                except queue.Empty:
-                    for state in self.states:
-                        if state.status == JobStatus.running:
-                            self._report(state)
-                    if any(s.awaiting_switches for s in waiting) and not self.stopping:
-                        self._admit_waiting(waiting)   # Note [Joint re-plan on arrival]: switched yet?
-                    continue
-                if isinstance(ended, ReplanRequest):   # Note [Latency drift]
-                    self._serve_replan_request(ended, len(waiting))
-                    continue
-                self._threads.pop(ended.name).join()
-                self.lifecycle.teardown(ended)
-                self._report(ended)
-                self._notify_end(ended)
-                if not self.stopping:
-                    self._joint_tried.clear()   # a departure is a new event for the waiting jobs
-                    self._admit_waiting(waiting)
-                    if self.replanner is not None:
-                        running = self._running()
-                        replan = self.replanner.on_departure(ended, running, len(waiting),
-                                                             self._outside_replan_need(running))
-                        if replan is not None:
-                            self._note_replan(replan)
+                next_arrival = line.next_in(self.clock.now())
+                message = self.inbox.next(0.25 if next_arrival is None else min(0.25, next_arrival))
+                if message is None:
+                    self._idle()
+                elif isinstance(message, ReplanRequest):   # Note [Latency drift]
+                    self._serve_replan_request(message, len(line.waiting))
+                else:
+                    self._job_ended(message)
         finally:
-            stop_sampling.set()
-            sampler.join()
-        for state in waiting:
+            samples = sampler.stop()
+        self._end_the_unstarted()
+        return run_result(self, window, samples)
+
+    def _idle(self) -> None:
+        """No message for a while: progress lines, and a newcomer planned on
+        arrival starts once every running job switched (Note [Joint re-plan on arrival])."""
+        for state in self.states:
+            if state.status == JobStatus.running:
+                self.report(state)
+        if any(s.awaiting_switches for s in self.arrivals.waiting) and not self.stopping:
+            self.arrivals.admit_waiting()
+
+    def _job_ended(self, ended: JobState) -> None:
+        """A job thread's last message (Note [Threads and hand-offs], H2):
+        join it, tear the job down, admit what waits, relax the plans."""
+        self._threads.pop(ended.name).join()
+        self.lifecycle.teardown(ended)
+        self.report(ended)
+        self.notify_end(ended)
+        if self.stopping:
+            return
+        line = self.arrivals
+        line.new_event()   # a departure is a new event for the waiting jobs
+        line.admit_waiting()
+        if self.replanner is not None:
+            running = self.running()
+            replan = self.replanner.on_departure(ended, running, len(line.waiting),
+                                                 line.outside_replan_need(running))
+            if replan is not None:
+                self.note_replan(replan)
+
+    def _end_the_unstarted(self) -> None:
+        """Jobs still waiting when the run ends: rejected (they never fit even
+        alone) or, when the run was stopped, interrupted."""
+        for state in self.arrivals.waiting:
             if self.stopping:
                 continue  # ended below, as never started
             state.status = JobStatus.rejected  # could not be admitted even when alone
             state.error = state.error or "never fit the pool"
-            self._notify_end(state)
+            self.notify_end(state)
         if self.stopping:
             for state in self.states:  # pending, or probed and kept waiting: never started
                 if state.status in (JobStatus.pending, JobStatus.queued):
                     state.status = JobStatus.interrupted
-                    state.error = state.error or f"not started: {self._stop_reason}"
+                    state.error = state.error or f"not started: {self.stop.reason}"
                     if state.train is not None or state.job_stream is not None:
                         self.lifecycle.teardown(state)
-                    self._notify_end(state)
-        return self._result(started_at, origin_ns, before, start_peak, samples)
+                    self.notify_end(state)
 
     def _probe_start(self, waiting: deque, arrivals: deque) -> list[JobState]:
         """Probes every submitted job serially, before any job thread starts;
@@ -294,8 +293,8 @@ class JobHost:
                 admitted.append(state)
             elif outcome in (ProbeOutcome.queued, ProbeOutcome.hold):
                 waiting.append(state)
-            self._report(state)
-            self._notify_end(state)
+            self.report(state)
+            self.notify_end(state)
         if hold and not self.stopping:
             admitted = self._plan_start(waiting)
         return [] if self.stopping else admitted
@@ -306,7 +305,7 @@ class JobHost:
         built = [s for s in waiting if s.train is not None]
         plan = None
         if built:
-            budget = self.planning.start_budget(built, self._held_outside_jobs())
+            budget = self.planning.start_budget(built, held_outside_jobs())
             plan = self.planning.plan(built, budget, saved_plan_allowed=True)
         # A plan that met its budget is the admission prediction for the jobs
         # in it (their combined peak over time, not the sum of their peaks).
@@ -314,7 +313,7 @@ class JobHost:
         admitted: list[JobState] = []
         for state in built:
             if (state.name in jointly and self.admission.has_room(len(admitted))) or \
-                    self.admission.fits(state, admitted, self._held_outside_jobs()):
+                    self.admission.fits(state, admitted, held_outside_jobs()):
                 waiting.remove(state)
                 admitted.append(state)
             elif state.job.rebuildable:
@@ -327,152 +326,24 @@ class JobHost:
         Returns the Plan (None if nothing could be planned)."""
         if self.planning is None:
             raise ValueError("JobHost.plan_only needs planner='tensile'")
-        waiting: deque[JobState] = deque()
         self.clock.restart()
-        self._probe_start(waiting, deque())
+        self._probe_start(deque(), deque())
         for state in self.states:
             self.lifecycle.teardown(state)
         return self.plans[-1] if self.plans else None
 
-    def _running(self) -> list[JobState]:
-        return [s for s in self.states if s.status == JobStatus.running]
+    def running(self) -> list[JobState]:
+        """The jobs whose threads the run loop started and has not joined, in
+        submit order: a job that has just ended still holds its pool bytes
+        until it is torn down (Note [Threads and hand-offs], H2)."""
+        return [s for s in self.states if s.name in self._threads]
 
-    def _arrive(self, arrivals: deque, waiting: deque) -> None:
-        """Jobs whose ``arrive_at_s`` came join the waiting jobs, then admission runs."""
-        arrived = False
-        while arrivals and _arrive_at(arrivals[0]) <= self.clock.now():
-            state = arrivals.popleft()
-            state.arrived_at_s = _arrive_at(state)   # its waiting counts from then, however busy the loop was
-            waiting.append(state)
-            arrived = True
-        if arrived:
-            self._admit_waiting(waiting)
-
-    def _admit_waiting(self, waiting: deque) -> None:
-        """Starts queued jobs that fit now, in submit order (later small jobs may pass)."""
-        awaiting = [s for s in waiting if s.awaiting_switches]
-        if awaiting:
-            # Note [Joint re-plan on arrival]: the joint plan holds room for the
-            # newcomer; nothing else is admitted or planned until it starts.
-            for state in awaiting:
-                self._start_jointly_planned(state, waiting, self._running())
-            return
-        for state in list(waiting):
-            active = self._running()
-            if not self.admission.has_room(len(active)):
-                for queued in waiting:
-                    self._wait(queued, f"{len(active)} jobs run, the concurrency limit")
-                return
-            if not state.measured:
-                # Probing runs a step. With nothing running, nothing can be
-                # disturbed; otherwise only a job whose predicted needs fit.
-                predicted = self.admission.predict(state) is not None
-                if self._threads and not (predicted and self.admission.fits(state, active, self._held_outside_jobs())):
-                    self._plan_arrival(state, waiting, active)
-                    continue
-                waiting.remove(state)
-                outcome = self.lifecycle.probe(state, active)
-                if outcome == ProbeOutcome.run:
-                    self._plan_alone(state, active)
-                    self._start(state)
-                elif outcome == ProbeOutcome.queued:
-                    waiting.append(state)
-                self._report(state)
-                self._notify_end(state)
-                continue
-            if not self.admission.fits(state, active, self._held_outside_jobs()):
-                if self._threads:
-                    self._plan_arrival(state, waiting, active)
-                else:
-                    self._wait(state, "its measured needs do not fit the pool left to jobs")
-                continue
-            waiting.remove(state)
-            if state.train is None and not self.lifecycle.build(state):
-                if state.status == JobStatus.queued:
-                    waiting.append(state)
-                self._report(state)
-                self._notify_end(state)
-                continue
-            if self.planning is not None and state.planned_step is None and state.captured is None:
-                self.planning.capture(state)
-            self._plan_alone(state, active)
-            self._start(state)
-
-    def _outside_replan_need(self, running: list[JobState]) -> int:
-        """Bytes the running jobs a re-plan cannot change (unplanned) need."""
-        inside = {s.name for s in Replanner.replannable(running)}
-        return sum(sum(self.admission.predict(s) or (0, 0)) for s in running if s.name not in inside)
-
-    def _plan_arrival(self, state: JobState, waiting: deque, active: list[JobState]) -> None:
-        """Note [Joint re-plan on arrival] in replanning.py: ``state`` does not
-        fit beside ``active``; plan it together with them, once per event."""
-        if state.name in self._joint_tried:
-            return
-        later = "; waits for a running job to end"
-        if self.replanner is None or self.pipeline is not None:
-            self._wait(state, "does not fit beside the running jobs and re-planning is off" + later)
-            return
-        if not Replanner.replannable(active):
-            self._wait(state, "does not fit beside the running jobs, and none of them runs a plan "
-                       "a joint re-plan could tighten" + later)
-            return
-        self._joint_tried.add(state.name)
-        with self._gate.closed([s.name for s in active], self._stop):
-            paused_from = time.perf_counter()
-            if self.stopping or (state.train is None and not self.lifecycle.build(state)):
-                if state.status not in (JobStatus.queued, JobStatus.pending):   # failed or rejected building
-                    waiting.remove(state)
-                elif not self.stopping:
-                    self._wait(state, "building it for a joint plan ran out of the pool memory "
-                               "the running jobs leave" + later)
-                self._report(state)
-                self._notify_end(state)
-                return
-            record = None
-            if self.planning.capture_cold(state):
-                record = self.replanner.on_arrival(state, active, self._outside_replan_need(active))
-            else:
-                self._wait(state, f"could not be captured for a joint plan ({state.plan_error})" + later)
-        if record is not None:
-            record.paused_s = time.perf_counter() - paused_from
-            self._note_replan(record)
-        if record is not None and record.error is None:
-            state.awaiting_switches = True
-            self._start_jointly_planned(state, waiting, active)
-            return
-        if record is not None:
-            self._wait(state, f"the joint plan with the running jobs failed ({record.error})" + later)
-        state.captured = None   # planned later, from a real capture, when it is admitted
-        if state.job.rebuildable:
-            self.lifecycle.teardown(state)
-
-    def _start_jointly_planned(self, state: JobState, waiting: deque, active: list[JobState]) -> None:
-        """Probes (its planned step) and starts a job planned on arrival once
-        every running job has switched to the joint plan (Note [Hot swap])."""
-        if any(s.pending_switch is not None for s in active):
-            return
-        state.awaiting_switches = False
-        waiting.remove(state)
-        outcome = self.lifecycle.probe(state, active, hold=True)
-        if outcome == ProbeOutcome.hold:
-            self._start(state)   # admitted on the joint plan's prediction
-        elif outcome == ProbeOutcome.queued:
-            waiting.append(state)
-        self._report(state)
-        self._notify_end(state)
-
-    def _plan_alone(self, state: JobState, alongside: list[JobState]) -> None:
-        """A job admitted after the start is planned alone for what the running jobs leave."""
-        if self.planning is None or state.cold_planned or state.planned_step is not None:
-            return
-        needs = [self.admission.predict(s) or (0, 0) for s in alongside if s is not state]
-        budget = self.planning.alone_budget(sum(p + t for p, t in needs), self._held_outside_jobs())
-        self.planning.plan([state], budget)
-
-    def _start(self, state: JobState) -> None:
+    def start_job(self, state: JobState) -> None:
+        """Starts the job's thread (Note [Threads and hand-offs], H1: what the
+        state holds now is written before the thread starts)."""
         if self.replanner is not None and state.captured is not None and state.plan is not None:
             state.latency_monitor = LatencyMonitor(state, self.replan_threshold,
-                                                   lambda job, why: self._ended.put(ReplanRequest(job, why)),
+                                                   lambda job, why: self.inbox.ask_replan(ReplanRequest(job, why)),
                                                    self.clock.now)
         state.status = JobStatus.running
         state.admitted_at_s = self.clock.now()
@@ -482,18 +353,19 @@ class JobHost:
         # Note [Overlap after measuring] in nodegroup.py
         after_step = (lambda s: self.pipeline.step_ended(s.stream, s.records[-1].peak_bytes)) \
             if self.pipeline is not None else None
-        thread = JobThread(state, self.clock, self._ended, record_weights=self.record_weights, on_end=on_end,
-                           stop=self._stop, gate=self._gate, model_dir=self.model_dir, after_step=after_step)
+        thread = JobThread(state, self.clock, self.inbox, record_weights=self.record_weights, on_end=on_end,
+                           stop=self.stop, gate=self.gate, model_dir=self.model_dir, after_step=after_step)
         self._threads[state.name] = thread
         # Jobs whose threads the host holds at once (an ended job counts until
         # the run loop joins it): what admission let run together.
-        self._most_running = max(self._most_running, len(self._threads))
+        self.most_running = max(self.most_running, len(self._threads))
         thread.start()
 
-    def _pull_jobs(self, job_source, waiting: deque) -> None:
+    def _pull_jobs(self, job_source) -> None:
         """Takes new jobs from job_source while there is room, and admits them."""
         if job_source is None:
             return
+        waiting = self.arrivals.waiting
         while not waiting and self.admission.has_room(len(self._threads)):
             job = job_source()
             if job is None:
@@ -501,11 +373,20 @@ class JobHost:
             state = self.submit(job)
             state.arrived_at_s = self.clock.now()
             waiting.append(state)
-            self._admit_waiting(waiting)
+            self.arrivals.admit_waiting()
+
+    def _serve_replan_request(self, request: ReplanRequest, waiting: int) -> None:
+        """Note [Latency drift]: a job's monitor asked for a re-plan."""
+        if self.replanner is None or self.stopping or waiting:
+            return
+        running = self.running()
+        jobs = Replanner.replannable(running)
+        if any(s.name == request.job for s in jobs):
+            self.note_replan(self.replanner.replan(jobs, request.reason, self.arrivals.outside_replan_need(running)))
 
     # ------------------------------------------------------- bookkeeping
 
-    def _notify_end(self, state: JobState) -> None:
+    def notify_end(self, state: JobState) -> None:
         """Calls the job's on_end once, when it reached a final status (also
         for jobs failed or rejected while probing, or never admitted)."""
         if state.end_notified or state.status not in FINAL_STATUSES:
@@ -517,22 +398,13 @@ class JobHost:
             except Exception as e:  # noqa: BLE001 - a callback must not stop the host
                 state.error = (state.error or "") + f" [on_end callback failed: {e!r}]"
 
-    def _serve_replan_request(self, request: "ReplanRequest", waiting: int) -> None:
-        """Note [Latency drift]: a job's monitor asked for a re-plan."""
-        if self.replanner is None or self.stopping or waiting:
-            return
-        running = self._running()
-        jobs = Replanner.replannable(running)
-        if any(s.name == request.job for s in jobs):
-            self._note_replan(self.replanner.replan(jobs, request.reason, self._outside_replan_need(running)))
-
-    def _wait(self, state: JobState, why: str) -> None:
+    def note_wait(self, state: JobState, why: str) -> None:
         """Records (and shows, once per reason) why ``state`` is not started."""
         note = getattr(self.progress, "note", None)
         if state.wait(self.clock.now(), why) and note is not None:
             note(f"{state.name} waits: {why}")
 
-    def _note_replan(self, record) -> None:
+    def note_replan(self, record) -> None:
         note = getattr(self.progress, "note", None)
         if note is None:
             return
@@ -543,59 +415,6 @@ class JobHost:
             note(f"re-planned ({record.reason}) in {record.planning_s * 1e3:.0f} ms + rewrite "
                  f"{record.rewrite_s:.2f} s: {jobs}")
 
-    def _report(self, state: JobState) -> None:
+    def report(self, state: JobState) -> None:
         if self.progress is not None:
             self.progress.update(state, pool_stats())
-
-    def _sample(self, samples: list[MemorySample], stop: threading.Event) -> None:
-        """Samples the pool from the run's start to its end: the first sample
-        before any job's first step, the last after every job ended."""
-        pool = tf_plugin.device_pool()
-        stopped = False
-        while not stopped:
-            stopped = stop.wait(self.sample_interval_s) if samples else False
-            s = pool.stats()
-            samples.append(MemorySample(self.clock.now(), s["current"],
-                                        {name: j["current"] for name, j in s["jobs"].items()}))
-
-    @staticmethod
-    def _held_outside_jobs() -> int:
-        """Pool bytes held outside every job (eager tensors, stray state)."""
-        return pool_stats()["jobs"].get("default", {}).get("current", 0)
-
-    def _result(self, started_at: float, origin_ns: int, before: dict, start_peak: int,
-                samples: list[MemorySample]) -> RunResult:
-        wall = self.clock.now()
-        stats = pool_stats()
-        pool = tf_plugin.device_pool()
-        events = pool.trace()
-        in_run = stats["trace_recorded"] - before["trace_recorded"]
-        kept = [e for e in events if e["time_ns"] >= origin_ns]
-        coverage = TraceCoverage(events_in_run=in_run, events_kept=len(kept),
-                                 kept_from_s=(kept[0]["time_ns"] - origin_ns) / 1e9 if kept else None,
-                                 samples=len(samples))
-        pool_record = PoolRecord(
-            capacity=self.capacity, peak=max(stats["peak"], start_peak), training_peak=stats["peak"],
-            current=stats["current"], start_current=before["current"], run_ooms=stats["num_ooms"] - before["num_ooms"],
-            stats={k: v for k, v in stats.items() if k != "jobs"},
-            run_stitched=stats["num_stitched"] - before["num_stitched"],
-            nodegroup=self.pipeline.summary() if self.pipeline is not None else None)
-        planner = None
-        if self.planning is not None:
-            from tf_plugin import swap
-
-            planner = PlannerRecord([PlanSummary.of(p) for p in self.plans],
-                                    SwapLinkRecord.of(self.swap_bandwidth, swap.swap_stats()),
-                                    self.replanner.finish(self.states) if self.replanner is not None else [],
-                                    [c for s in self.states if s.latency_monitor is not None
-                                     for c in s.latency_monitor.checks])
-        return RunResult(capacity=self.capacity, pool=pool_record, jobs=list(self.states), samples=samples,
-                         pool_events=kept, started_at=started_at, wall_s=wall, trace_origin_ns=origin_ns,
-                         trace=coverage, most_jobs_running=self._most_running,
-                         interrupted=self._stop_reason if self.stopping else None, planner=planner,
-                         plans=list(self.plans))
-
-
-def _arrive_at(state: JobState) -> float:
-    spec = state.job.spec
-    return spec.arrive_at_s if spec is not None else 0.0

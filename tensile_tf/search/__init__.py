@@ -6,8 +6,10 @@ whose trials train concurrently in one process, as many as admission allows.
     samplers.py   grid / random / TPE samplers and the median pruner
     storage.py    SQLite or shared storage; interrupted trials (a Note)
     driver.py     SearchDriver, run_search: the ask/tell loop on a JobHost
+    trials.py     a trial's run and the search's result (TrialRun, SearchResult), OOM retries
+    reporter.py   the thread that writes intermediate values and heartbeats to the study
     results.py    results.json and Optuna's plots (objective, params, importances, ...)
-    cli.py        ``tensile search``
+    (the command, ``tensile search``, is tensile_tf/cli/search.py)
 
 ``from tensile_tf.search import run_search`` imports TensorFlow (through the
 host): import tensile_tf first, as always.

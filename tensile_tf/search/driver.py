@@ -33,153 +33,38 @@ The host calls ``on_end`` once for every job that reached a final status,
 including jobs failed or rejected while probed and jobs never admitted; a
 sweep of the host's states (on every progress update and job_source call)
 is a second, idempotent path to the same ``_finish``.
+
+The pieces: trials.py (``TrialRun``, ``SearchResult``, the space),
+reporter.py (the reporter thread); this module re-exports their public
+names. Which thread runs what, and the hand-offs between them: Note [Threads
+and hand-offs] in tensile_tf/runtime/threads.py (T4, H10).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-import queue
 import threading
 import time
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import optuna
-from optuna.distributions import BaseDistribution
 from optuna.trial import TrialState
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from tensile_tf.config.schema import JobSpec
-from tensile_tf.runtime import JobHost, JobRecord, JobState, JobStatus, RunResult
+from tensile_tf.runtime import JobHost, JobRecord, JobState, JobStatus
 from tensile_tf.jobs.job import Job
 from tensile_tf.search import storage as st
-from tensile_tf.search.config import CategoricalParam, ParamSpec, trial_job_spec
+from tensile_tf.search.config import trial_job_spec
 from tensile_tf.search.objective import metric_function
+from tensile_tf.search.reporter import Reporter
 from tensile_tf.search.results import TrialFacts
+from tensile_tf.search.trials import MAX_OOM_RETRIES, OOM_RETRIES_ATTR, SearchResult, TrialRun, normalize_space
 
-# A trial that runs out of memory beside others is re-queued at most this often.
-MAX_OOM_RETRIES = 2
-OOM_RETRIES_ATTR = st.OOM_RETRIES_ATTR
-
+_Reporter = Reporter   # its old name
 _ENDED = (JobStatus.finished, JobStatus.stopped, JobStatus.failed, JobStatus.rejected, JobStatus.interrupted)
-_PARAM = TypeAdapter(ParamSpec)
-
-
-@dataclass
-class TrialRun:
-    """One trial this driver handed to the host."""
-
-    trial: optuna.Trial
-    job: Job
-    params: dict[str, Any]
-    retry_of: int | None = None
-    issued: bool = False              # its job was handed to the host
-    state: JobState | None = None
-    prune_requested: bool = False
-    pending_reports: int = 0
-    told: TrialState | None = None
-    value: float | None = None
-
-    @property
-    def number(self) -> int:
-        return self.trial.number
-
-
-@dataclass
-class SearchResult:
-    study: optuna.Study
-    trials: list[TrialRun]            # this driver's trials, in ask order
-    host_result: RunResult | None
-    wall_s: float
-    requeued: list[int] = field(default_factory=list)  # interrupted trials found and re-queued
-
-    @property
-    def counts(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for t in self.trials:
-            key = t.told.name if t.told is not None else "RUNNING"
-            out[key] = out.get(key, 0) + 1
-        return out
-
-
-def normalize_space(space: Mapping[str, Any]) -> tuple[dict[str, BaseDistribution], dict[str, Callable]]:
-    """Space entries (Optuna distributions, ParamSpec models or plain dicts
-    like ``{"type": "float", "low": 1e-4, "high": 0.1, "log": True}``) ->
-    (distributions, decoders for values that are stored encoded)."""
-    dists: dict[str, BaseDistribution] = {}
-    decoders: dict[str, Callable] = {}
-    for name, entry in space.items():
-        if isinstance(entry, BaseDistribution):
-            dists[name] = entry
-            continue
-        try:
-            param = entry if hasattr(entry, "distribution") else _PARAM.validate_python(entry)
-        except ValidationError as e:
-            raise ValueError(f"search space entry {name!r}: {e.errors()[0]['msg']}") from None
-        dists[name] = param.distribution()
-        if isinstance(param, CategoricalParam) and param.encoded:
-            decoders[name] = param.decode
-    return dists, decoders
-
-
-class _Reporter(threading.Thread):
-    """The one thread that writes intermediate values and heartbeats.
-
-    Per-trial writes are serialised with the driver's lock so that nothing is
-    written to a trial after it has been told.
-    """
-
-    def __init__(self, driver: "SearchDriver", heartbeat_s: float):
-        super().__init__(name="tensile-search-reporter", daemon=True)
-        self.driver = driver
-        self.heartbeat_s = heartbeat_s
-        self.items: queue.Queue = queue.Queue()
-        self.idle = threading.Condition(driver._lock)  # noqa: SLF001
-        self._halt = threading.Event()
-        self._last_beat = time.monotonic()
-
-    def put(self, run: TrialRun, step: int, value: float) -> None:
-        with self.idle:
-            run.pending_reports += 1
-        self.items.put((run, step, value))
-
-    def flush(self, run: TrialRun) -> None:
-        """Waits until every value queued for run has been written."""
-        with self.idle:
-            self.idle.wait_for(lambda: run.pending_reports == 0 or not self.is_alive(), timeout=60)
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.items.put(None)
-        self.join(timeout=30)
-
-    def run(self) -> None:
-        while not self._halt.is_set():
-            try:
-                item = self.items.get(timeout=min(1.0, self.heartbeat_s))
-            except queue.Empty:
-                item = None
-            if item is not None:
-                self._report(*item)
-            if time.monotonic() - self._last_beat >= self.heartbeat_s:
-                self._last_beat = time.monotonic()
-                self.driver._heartbeat()  # noqa: SLF001
-
-    def _report(self, run: TrialRun, step: int, value: float) -> None:
-        try:
-            with self.idle:
-                if run.told is None:
-                    run.trial.report(value, step)
-                    if run.trial.should_prune():
-                        run.prune_requested = True
-        except Exception as e:  # noqa: BLE001 - a storage hiccup must not kill the reporter
-            self.driver._log(f"trial {run.number}: could not report step {step}: {e}")  # noqa: SLF001
-        finally:
-            with self.idle:
-                run.pending_reports -= 1
-                self.idle.notify_all()
 
 
 class SearchDriver:
@@ -222,7 +107,7 @@ class SearchDriver:
         self.runs: list[TrialRun] = []
         self._by_job: dict[str, TrialRun] = {}
         self._lock = threading.RLock()
-        self._reporter = _Reporter(self, heartbeat_s)
+        self._reporter = Reporter(self, heartbeat_s)
         self._last_recovery = 0.0
         self._wall0 = time.time()
         self.requeued: list[int] = []
@@ -327,7 +212,7 @@ class SearchDriver:
         batch = run.job.spec.batch_size if run.job and run.job.spec else None
 
         def on_step(state: JobState) -> bool:
-            if run.prune_requested:
+            if run.prune.is_set():   # raised by the reporter thread
                 return False
             if self.metric_name.startswith("val_"):
                 # validation metrics change only when the job validates: report each validation
@@ -539,3 +424,7 @@ def run_search(study: optuna.Study, base_job: JobSpec | Mapping[str, Any], space
     driver = SearchDriver(study, base_job, space, n_trials=n_trials, host=host, metric=metric,
                           report_every=report_every, max_concurrent=max_concurrent, **kwargs)
     return driver.run()
+
+
+__all__ = ["MAX_OOM_RETRIES", "OOM_RETRIES_ATTR", "SearchDriver", "SearchResult", "TrialRun", "normalize_space",
+           "run_search"]

@@ -1,0 +1,288 @@
+"""Every thread the runtime starts, what each owns, and every hand-off
+between them; the hand-off primitives (``Handoff``, ``StopRequest``,
+``StepGate``, ``RunLoopInbox``) live here.
+
+Note [Threads and hand-offs]
+============================
+Jobs train at once in ONE process: TensorFlow releases the GIL while a step
+runs, so a thread per job is what makes them concurrent. Everything else the
+runtime does happens on the main thread. A field of a JobState has one owner
+at a time; ownership moves only at the hand-offs listed below.
+
+Threads
+-------
+T1 main thread: the run loop (``JobHost.run``, run_loop.py) and its
+   collaborators (arrivals.py, probing.py, planning.py, ``Replanner`` in
+   replanning.py, outcome.py). It builds, traces, probes, plans, re-plans,
+   admits and tears down every job (TensorFlow tracing is serial, here), calls
+   the progress sink and each job's ``on_end``, and, under a search, the
+   driver's ``job_source`` and its tells. It owns the host's own fields
+   (``_threads``, ``_most_running``, the waiting line in arrivals.py) and
+   every field of a job that is not running: pending, queued, or ended and
+   joined. Python runs signal handlers on this thread, between bytecodes; the
+   handler only calls ``StopRequest.request`` (interrupts.py).
+T2 job threads, ``job-NAME`` (``JobThread``, job_thread.py), one per admitted
+   job, from ``JobHost._start`` until the run loop has joined it after its end
+   came through the inbox. While it runs it owns its job's training fields:
+   ``steps_done``, ``records``, ``peak_bytes``, ``first_batch`` /
+   ``batch_specs`` / ``sample_inputs``, ``step_fn``, ``planned_step``,
+   ``plan``, ``planned_needs``, ``validation``, ``checkpoints``,
+   ``model_path``, ``weights_digest``, the final ``status`` / ``error`` and
+   ``ended_at_s``, and the whole ``latency_monitor``. It runs the job's
+   ``on_step``, the pipeline's ``after_step`` / ``on_end`` hooks and the
+   profiled steps of Note [Latency drift].
+T3 the memory sampler, ``tensile-memory-sampler`` (``MemorySampler``,
+   outcome.py), for the length of one ``run()``: owns its list of samples.
+T4 the search reporter, ``tensile-search-reporter`` (search/reporter.py),
+   while a ``SearchDriver`` runs: writes intermediate values and heartbeats
+   to the study.
+Not started by the runtime, but sharing its data: TensorFlow's inter-op and
+intra-op threads run each step's ops (a job's allocations are attributed to
+its stream by the step's graph and, for eager work, by a thread-local stream
+that ``JobStream.eager_scope`` sets on the calling thread only); the swap
+channel's C++ thread (tf_plugin/swap/swap_channel.h); the node-group
+CounterBarriers that pace job threads' ops against each other in C++
+(tf_plugin/nodegroup/counter_barrier.h); the allocator's wait for frees
+(Note [Waiting for frees], its own mutex); the stderr pump of
+tf_plugin/_loader.py, only while TensorFlow imports.
+
+Hand-offs (and why each is safe)
+--------------------------------
+H1 Start, T1 -> T2. Everything the run loop wrote into a JobState (build,
+   probe, plan, ``latency_monitor``, ``status = running``, ``admitted_at_s``)
+   is written before ``Thread.start``, which happens-before the thread runs.
+H2 End, T2 -> T1. A job thread's last act is ``RunLoopInbox.job_ended``
+   (a ``queue.Queue``), after its final writes; the run loop takes it off the
+   inbox and joins the thread before it reads the record or tears it down.
+   After the join the JobState is the run loop's again. The run loop's notion
+   of "running" is its own thread table, never the status a job thread
+   writes: a job that has just written ``finished`` still holds its pool
+   bytes until the run loop tears it down, so admission must count it.
+H3 Plan switch, T1 -> T2: ``JobState.switch``, a ``Handoff`` (Note [Hot
+   swap] in replanning.py). ``Replanner.replan`` ``offer``s a StepSwitch; the
+   job thread ``take``s it at its next step boundary (``take_switch``),
+   applies it and ``settle``s. The lock makes take and offer atomic: a switch
+   is applied at most once, and an offer that replaces one not yet taken gets
+   the replaced one back (it is never applied: its ``switched_at_step`` stays
+   None). ``pending`` is true from the offer until the taker has settled, so
+   the run loop starts a newcomer planned on arrival only once every running
+   job *runs* the joint plan (Note [Joint re-plan on arrival]), and admission
+   holds a job at the larger of its needs and the switch's (``predict`` in
+   admission.py reads ``peek()`` first, then ``planned_needs``: if nothing is
+   pending, the taker wrote ``planned_needs`` before it settled).
+   The latency monitor's new baseline travels in the switch too, so the
+   monitor is touched by its job thread alone.
+H4 Re-plan request, T2 -> T1: ``RunLoopInbox.ask_replan`` (the same queue
+   as H2): a job's latency monitor asks; the run loop decides (Note [Latency
+   drift]).
+H5 Stop, any thread or the signal handler -> all: ``StopRequest``. Only the
+   first request's reason is kept (a non-blocking claim, so it is safe in a
+   signal handler), and the event is set after the reason is written. Job
+   threads read it at step boundaries, in ``StepGate`` and while waiting for
+   their ``start_offset_s``.
+H6 Parking, T1 -> T2: ``StepGate`` (a Condition). The run loop closes it and
+   waits until every named job thread is parked at a step boundary or gone;
+   they wait while it is closed (Note [Joint re-plan on arrival]).
+H7 Node-group schedule, T1 <-> T2: ``NodeGroupCoordinator`` (nodegroup.py)
+   guards its tables with its own lock; job threads call ``step_ended`` and
+   ``job_ended`` (their ``on_end``), the run loop ``job(s)_started`` and
+   ``job_ended`` at teardown; a trace-time ``graph_transform`` may run on any
+   thread. The C++ pipeline it installs schedules into is thread-safe.
+H8 The profiler, T1 <-> T2: ``_PROFILER`` in tensile_tf/tf/capture.py, one
+   profiler per process. The run loop's capture waits for it; a job thread's
+   profiled step only tries it and runs unprofiled when it is taken.
+H9 Memory samples, T3 -> T1: the sampler starts after the run's clock was
+   restarted (the clock is never restarted while it runs), reads the pool's
+   counters (C++, locked) and appends to its own list; the run loop reads the
+   list after ``stop()`` has joined it.
+H10 Search, T2 -> T4 -> T2 and T1: a trial's ``on_step`` (T2) queues values
+   for the reporter and counts them under the driver's lock; the reporter
+   (T4) raises the trial's ``prune`` event, which the next ``on_step``
+   answers; the run loop (T1) tells the study under the same lock, after
+   ``flush`` waited for the trial's queued values.
+H11 Snapshots read without a lock: the run loop reads a running job's
+   ``records`` and ``steps_done`` (progress lines, a re-plan's "before" step
+   times: an append-only list), its ``plan`` (which jobs a re-plan may change,
+   and what they ran before it: a reference the job thread replaces only in
+   ``take_switch``), its ``status`` (progress lines only, see H2), and a
+   search driver reads ``admitted_at_s`` / ``ended_at_s`` of other jobs (its
+   packing check, after the job in question ended). A job thread's latency
+   monitor replaces ``captured.planner_job.latencies`` whole; a re-plan on
+   the run loop reads whichever table is current. Each such read sees one
+   whole value and tolerates it being a step old. This rests on CPython's GIL
+   (Python 3.11 here: one attribute or list operation is atomic and seen in
+   program order); a free-threaded build would need these to become
+   hand-offs too.
+"""
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from typing import TYPE_CHECKING, Generic, Sequence, TypeVar, Union
+
+if TYPE_CHECKING:
+    from tensile_tf.runtime.records import JobState
+    from tensile_tf.runtime.replanning import ReplanRequest
+
+T = TypeVar("T")
+
+
+class Handoff(Generic[T]):
+    """A one-slot mailbox from one thread (``offer``) to another (``take``,
+    then ``settle`` once what it took is applied). Note [Threads and
+    hand-offs], H3.
+
+    A newer offer replaces one not yet taken and returns it. Counters say
+    what happened: ``offered``, ``taken``, ``replaced``, ``dropped``
+    (offered = taken + replaced + dropped + whatever is still waiting).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: T | None = None     # offered, not taken yet
+        self._in_hand: T | None = None     # taken, not settled yet
+        self.offered = 0
+        self.taken = 0
+        self.replaced = 0
+        self.dropped = 0
+
+    def offer(self, item: T) -> T | None:
+        """Puts ``item`` in the slot; returns the item it replaced (never to
+        be taken), or None."""
+        if item is None:
+            raise ValueError("Handoff.offer: None is what 'nothing waits' reads as")
+        with self._lock:
+            replaced, self._waiting = self._waiting, item
+            self.offered += 1
+            if replaced is not None:
+                self.replaced += 1
+            return replaced
+
+    def take(self) -> T | None:
+        """The item waiting (now in hand until ``settle``), or None."""
+        with self._lock:
+            item, self._waiting = self._waiting, None
+            if item is not None:
+                self._in_hand = item
+                self.taken += 1
+            return item
+
+    def settle(self) -> None:
+        """The taker has applied (or given up on) what it took."""
+        with self._lock:
+            self._in_hand = None
+
+    def clear(self) -> T | None:
+        """Drops the item waiting, if any, and returns it (the owner of both
+        ends, once the taker thread is gone: teardown)."""
+        with self._lock:
+            item, self._waiting, self._in_hand = self._waiting, None, None
+            if item is not None:
+                self.dropped += 1
+            return item
+
+    def peek(self) -> T | None:
+        """What the taker will run once settled: the item waiting, else the
+        one in hand, else None."""
+        with self._lock:
+            return self._waiting if self._waiting is not None else self._in_hand
+
+    @property
+    def pending(self) -> bool:
+        """Offered and not yet settled (waiting, or being applied)."""
+        return self.peek() is not None
+
+
+class StopRequest:
+    """The run's stop flag and its reason (Note [Threads and hand-offs], H5).
+    ``request`` is safe from a signal handler: it never blocks. Quacks like
+    the ``threading.Event`` job threads and ``StepGate`` wait on."""
+
+    def __init__(self) -> None:
+        self._claim = threading.Lock()   # acquired once, never released: the first request wins
+        self._event = threading.Event()
+        self._reason: str | None = None
+
+    def request(self, reason: str) -> None:
+        if self._claim.acquire(blocking=False):
+            self._reason = reason
+            self._event.set()   # after the reason: whoever sees the event sees the reason
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._event.wait(timeout)
+
+    @property
+    def reason(self) -> str | None:
+        """The first request's reason (None: no stop was requested)."""
+        return self._reason if self._event.is_set() else None
+
+
+class StepGate:
+    """Parks job threads at their next step boundary (Note [Joint re-plan on
+    arrival] in replanning.py; Note [Threads and hand-offs], H6)."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._closed = False
+        self._parked: set[str] = set()
+        self._gone: set[str] = set()   # one gate per run: job names are unique in it
+
+    def at_boundary(self, name: str, stop) -> None:
+        """A job thread, before a step: waits while the gate is closed."""
+        with self._cv:
+            if not self._closed:
+                return
+            self._parked.add(name)
+            self._cv.notify_all()
+            while self._closed and not stop.is_set():
+                self._cv.wait(0.1)
+            self._parked.discard(name)
+
+    def leave(self, name: str) -> None:
+        """A job thread that steps no more (its job ended)."""
+        with self._cv:
+            self._gone.add(name)
+            self._cv.notify_all()
+
+    @contextlib.contextmanager
+    def closed(self, names: Sequence[str], stop):
+        """Parks the named jobs' threads; yields once every one is parked or gone."""
+        with self._cv:
+            self._closed = True
+            while not stop.is_set() and not all(n in self._parked or n in self._gone for n in names):
+                self._cv.wait(0.1)
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._closed = False
+                self._cv.notify_all()
+
+
+class RunLoopInbox:
+    """What job threads tell the run loop (Note [Threads and hand-offs], H2
+    and H4): a job ended, or its latency monitor asks for a re-plan."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[Union["JobState", "ReplanRequest"]] = queue.Queue()
+
+    def job_ended(self, state: "JobState") -> None:
+        """A job thread's last act: nothing it writes after this."""
+        self._queue.put(state)
+
+    def ask_replan(self, request: "ReplanRequest") -> None:
+        self._queue.put(request)
+
+    def next(self, timeout: float) -> Union["JobState", "ReplanRequest", None]:
+        """The next message, or None after ``timeout`` seconds without one."""
+        try:
+            return self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+
+__all__ = ["Handoff", "RunLoopInbox", "StepGate", "StopRequest"]

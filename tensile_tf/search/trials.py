@@ -1,0 +1,94 @@
+"""A search driver's bookkeeping of its trials: ``TrialRun`` (one trial handed
+to the host), ``SearchResult``, and the search space in Optuna's terms
+(``normalize_space``). No TensorFlow: the runtime's records are only named.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.trial import TrialState
+from pydantic import TypeAdapter, ValidationError
+
+from tensile_tf.search import storage as st
+from tensile_tf.search.config import CategoricalParam, ParamSpec
+
+if TYPE_CHECKING:
+    from tensile_tf.jobs.job import Job
+    from tensile_tf.runtime import JobState, RunResult
+
+# A trial that runs out of memory beside others is re-queued at most this often.
+MAX_OOM_RETRIES = 2
+OOM_RETRIES_ATTR = st.OOM_RETRIES_ATTR
+
+_PARAM = TypeAdapter(ParamSpec)
+
+
+@dataclass
+class TrialRun:
+    """One trial this driver handed to the host.
+
+    Threads (Note [Threads and hand-offs] in tensile_tf/runtime/threads.py,
+    H10): ``prune`` is raised by the reporter thread and read by the trial's
+    ``on_step`` on its job thread; ``pending_reports`` and ``told`` change
+    under the driver's lock."""
+
+    trial: optuna.Trial
+    job: "Job"
+    params: dict[str, Any]
+    retry_of: int | None = None
+    issued: bool = False              # its job was handed to the host
+    state: "JobState | None" = None
+    prune: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+    pending_reports: int = 0
+    told: TrialState | None = None
+    value: float | None = None
+
+    @property
+    def number(self) -> int:
+        return self.trial.number
+
+    @property
+    def prune_requested(self) -> bool:
+        """The study's pruner asked to stop this trial (the reporter raised ``prune``)."""
+        return self.prune.is_set()
+
+
+@dataclass
+class SearchResult:
+    study: optuna.Study
+    trials: list[TrialRun]            # this driver's trials, in ask order
+    host_result: "RunResult | None"
+    wall_s: float
+    requeued: list[int] = field(default_factory=list)  # interrupted trials found and re-queued
+
+    @property
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for t in self.trials:
+            key = t.told.name if t.told is not None else "RUNNING"
+            out[key] = out.get(key, 0) + 1
+        return out
+
+
+def normalize_space(space: Mapping[str, Any]) -> tuple[dict[str, BaseDistribution], dict[str, Callable]]:
+    """Space entries (Optuna distributions, ParamSpec models or plain dicts
+    like ``{"type": "float", "low": 1e-4, "high": 0.1, "log": True}``) ->
+    (distributions, decoders for values that are stored encoded)."""
+    dists: dict[str, BaseDistribution] = {}
+    decoders: dict[str, Callable] = {}
+    for name, entry in space.items():
+        if isinstance(entry, BaseDistribution):
+            dists[name] = entry
+            continue
+        try:
+            param = entry if hasattr(entry, "distribution") else _PARAM.validate_python(entry)
+        except ValidationError as e:
+            raise ValueError(f"search space entry {name!r}: {e.errors()[0]['msg']}") from None
+        dists[name] = param.distribution()
+        if isinstance(param, CategoricalParam) and param.encoded:
+            decoders[name] = param.decode
+    return dists, decoders
