@@ -121,10 +121,11 @@ def test_capture_and_plan_end_to_end_on_two_mlp_jobs(mlp_job):
     plan = Planner([c.planner_job for c in captured], pool_bytes=budget, bandwidth_bytes_per_s=1e9).plan()
     assert set(plan.jobs) == {"a", "b"}
     assert plan.pool_planned_peak_bytes <= plan.pool_vanilla_peak_bytes
-    # a budget below the unplanned peak takes events, and they lower the peak
+    # a budget below the unplanned peak is met below it: by plan order alone (Note [Free-running
+    # steps]: the chained step holds less than the free one, by how much the capture's threads
+    # decide) or with events besides
     assert plan.pool_vanilla_peak_bytes > budget, (plan.pool_vanilla_peak_bytes, budget)
-    events = sum(len(jp.swap_outs) + len(jp.recomputes) for jp in plan.jobs.values())
-    assert events > 0 and plan.pool_planned_peak_bytes < plan.pool_vanilla_peak_bytes, plan.stop_reason
+    assert plan.budget_met and plan.pool_planned_peak_bytes <= budget, plan.stop_reason
     assert plan.pool_vanilla_peak_bytes <= plan.sum_of_job_peaks_bytes
     assert Plan.from_json(plan.to_json()) == plan
     text = format_plan_summary(plan)
