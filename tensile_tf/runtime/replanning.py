@@ -84,7 +84,7 @@ job is admitted or planned on arrival: the joint plan holds its room (seen:
 a second arrival planned with the running jobs but without the first
 newcomer, both admitted, and a running job ran out of memory).
 
-The running jobs are parked at their next step boundary (``StepGate``)
+The running jobs are parked at their next step boundary (``StepGate`` in threads.py)
 while the newcomer is built, captured and planned: building beside a
 running step in a full pool took the memory that step's plan counted on
 (seen: the running job's Adam update ran out of memory during the
@@ -105,7 +105,6 @@ from typing import Any, Callable, Sequence
 
 from tensile_tf.runtime.failures import summarize_error
 from tensile_tf.runtime.records import DriftCheck, JobReplan, JobState, JobStatus, PlanRecord, ReplanRecord
-from tensile_tf.runtime.threads import StepGate  # noqa: F401 - re-exported: it lived here
 from tensile_tf.scheduler import LatencyTable
 
 EWMA_ALPHA = 0.3

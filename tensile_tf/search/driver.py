@@ -63,7 +63,6 @@ from tensile_tf.search.reporter import Reporter
 from tensile_tf.search.results import TrialFacts
 from tensile_tf.search.trials import MAX_OOM_RETRIES, OOM_RETRIES_ATTR, SearchResult, TrialRun, normalize_space
 
-_Reporter = Reporter   # its old name
 _ENDED = (JobStatus.finished, JobStatus.stopped, JobStatus.failed, JobStatus.rejected, JobStatus.interrupted)
 
 

@@ -3,7 +3,7 @@ jobs' threads at a step boundary while it builds a newcomer. Checked with
 real threads, synchronised by events only (no timing)."""
 import threading
 
-from tensile_tf.runtime.replanning import StepGate
+from tensile_tf.runtime.threads import StepGate
 
 
 def test_closed_waits_until_every_job_is_parked_and_holds_them_until_it_opens():
