@@ -3,6 +3,12 @@ allocator adapter and custom ops, and the pybind11 bindings, as ONE shared
 library. TensorFlow loads it with tf.load_op_library (registering the allocator
 factory and the ops); Python imports the same file as a module.
 
+Also builds tf_plugin._pool_replay: the same pool core with its host backends
+(synchronous and asynchronous) and the trace replay, WITHOUT TensorFlow, for
+the stream-ordering race test (tf_plugin/allocator/trace_replay.h). The CUDA
+backend is not built here: benchmarks/gpu/CMakeLists.txt builds it where CUDA
+is found.
+
 The library must be built against the exact TensorFlow that loads it (C++ ABI,
 op registry). TENSORFLOW_PIN below is the single source of that version: the
 runtime dependency and the isolated build environment (pyproject.toml) both
@@ -66,4 +72,30 @@ plugin = Pybind11Extension(
     ],
 )
 
-setup(ext_modules=[plugin], cmdclass={"build_ext": build_ext})
+pool_core_headers = [
+    "tf_plugin/allocator/stream_aware_pool.h",
+    "tf_plugin/allocator/pool_backend.h",
+    "tf_plugin/allocator/event_trace.h",
+    "tf_plugin/allocator/free_chunk_set.h",
+    "tf_plugin/allocator/stream_kernels.h",
+    "tf_plugin/allocator/async_host_backend.h",
+    "tf_plugin/allocator/trace_replay.h",
+]
+pool_replay = Pybind11Extension(
+    "tf_plugin._pool_replay",
+    sources=[
+        "tf_plugin/allocator/stream_aware_pool.cc",
+        "tf_plugin/allocator/async_host_backend.cc",
+        "tf_plugin/allocator/trace_replay.cc",
+        "tf_plugin/allocator/replay_bindings.cc",
+    ],
+    include_dirs=["."],
+    # Hidden: the same pool classes live in _tensile_plugin; neither library may bind the
+    # other's symbols when both are loaded in one process.
+    extra_compile_args=["-O2", "-pthread", "-fvisibility=hidden"],
+    extra_link_args=["-pthread"],
+    cxx_std=17,
+    depends=pool_core_headers,
+)
+
+setup(ext_modules=[plugin, pool_replay], cmdclass={"build_ext": build_ext})

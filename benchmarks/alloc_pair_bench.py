@@ -86,12 +86,10 @@ def capture(args: argparse.Namespace) -> None:
     import keras
 
     pool = device_pool()
-    model = keras.applications.ResNet50(
-        weights=None, input_shape=(args.image_size, args.image_size, 3), classes=10
-    )
+    model, input_shape, description = build_model(args)
     opt = keras.optimizers.SGD(0.01)
     loss_fn = keras.losses.SparseCategoricalCrossentropy()
-    x = tf.random.normal((args.batch, args.image_size, args.image_size, 3))
+    x = tf.random.normal((args.batch, *input_shape))
     y = tf.random.uniform((args.batch,), 0, 10, tf.int32)
 
     @tf.function(jit_compile=False)
@@ -125,8 +123,7 @@ def capture(args: argparse.Namespace) -> None:
     Path(args.capture).write_text(
         json.dumps(
             {
-                "model": f"keras.applications.ResNet50(weights=None), "
-                f"{args.image_size}x{args.image_size}x3, batch {args.batch}, SGD",
+                "model": f"{description}, batch {args.batch}, SGD",
                 "warmup_steps": args.warmup_steps,
                 "window_steps": args.window_steps,
                 "window_seconds": seconds,
@@ -141,12 +138,32 @@ def capture(args: argparse.Namespace) -> None:
     )
 
 
+MODELS = ("resnet50", "transformer_encoder", "small_cnn", "residual_net", "mlp")
+
+
+def build_model(args: argparse.Namespace):
+    """The model to record: (keras.Model, input shape, description)."""
+    import keras
+
+    if args.model == "resnet50":
+        shape = (args.image_size, args.image_size, 3)
+        model = keras.applications.ResNet50(weights=None, input_shape=shape, classes=10)
+        return model, shape, f"keras.applications.ResNet50(weights=None), {args.image_size}x{args.image_size}x3"
+    from tensile_tf.jobs import zoo
+
+    model = getattr(zoo, args.model)()
+    shape = tuple(model.input_shape[1:])
+    return model, shape, f"tensile_tf.jobs.zoo:{args.model}, input {shape}"
+
+
 def record_trace(args: argparse.Namespace, path: Path) -> None:
     cmd = [
         sys.executable,
         str(Path(__file__).resolve()),
         "--capture",
         str(path),
+        "--model",
+        args.model,
         "--image-size",
         str(args.image_size),
         "--batch",
@@ -156,7 +173,7 @@ def record_trace(args: argparse.Namespace, path: Path) -> None:
         "--window-steps",
         str(args.window_steps),
     ]
-    print(f"recording: ResNet50 {args.image_size}x{args.image_size} batch {args.batch}, "
+    print(f"recording: {args.model} ({args.image_size}px if an image model) batch {args.batch}, "
           f"{args.warmup_steps} warm-up + {args.window_steps} recorded steps ...", flush=True)
     subprocess.run(cmd, check=True, env=_env(TENSILE_POOL_BYTES=args.pool_bytes))
 
@@ -321,6 +338,8 @@ def print_table(results: list[dict], summary: dict) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="short run: 1 recorded step, 5 samples")
+    p.add_argument("--model", choices=MODELS, default="resnet50",
+                   help="resnet50 (keras.applications) or a tensile_tf.jobs.zoo builder at its defaults")
     p.add_argument("--image-size", type=int, default=64)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--warmup-steps", type=int, default=3)
@@ -346,7 +365,7 @@ def main() -> None:
     exe = build_replayer()
     trace_path = args.trace
     if trace_path is None:
-        trace_path = BUILD_DIR / (f"resnet50_{args.image_size}px_b{args.batch}_"
+        trace_path = BUILD_DIR / (f"{args.model}_{args.image_size}px_b{args.batch}_"
                                   f"{args.window_steps}steps_trace.json")
         record_trace(args, trace_path)
     trace = json.loads(trace_path.read_text())

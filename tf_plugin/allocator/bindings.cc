@@ -52,6 +52,7 @@ py::dict StatsDict(StreamAwarePool& pool) {
   d["fragmentation"] = s.fragmentation;
   d["num_syncs"] = s.num_syncs;
   d["num_allocator_syncs"] = s.num_allocator_syncs;
+  d["num_stream_waits"] = s.num_stream_waits;
   d["num_stitched"] = s.num_stitched;
   d["stitched_current"] = s.stitched_current;
   d["num_live_stitched"] = s.num_live_stitched;

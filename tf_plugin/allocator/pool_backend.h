@@ -8,10 +8,34 @@
 #define TF_PLUGIN_ALLOCATOR_POOL_BACKEND_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
 namespace tensile {
+
+// A stream: one training job's queue of device work. Ids are the pool's.
+using StreamId = int32_t;
+
+// Note [Stream order on an asynchronous device]
+// On a GPU, Deallocate runs on the CPU while the freeing stream's kernels
+// that read or write the chunk may still be queued. The same stream may
+// reuse the chunk at once (its later kernels run after them, in stream
+// order), but another stream's kernels are ordered against nothing and may
+// run first: handing the chunk over before the freeing stream's queued work
+// has finished corrupts both jobs. So every free is stamped: RecordFree
+// marks the point in the freeing stream's queue after which the chunk is no
+// longer used (CUDA: an event recorded on the stream) and returns a ticket;
+// the pool keeps, per stream, the ticket of its newest free still in its
+// unsynced set, and SyncAndCoalesce waits for each such ticket (CUDA:
+// cudaEventSynchronize) and for nothing else: not for work the streams
+// queued after those frees, nor for streams with nothing unsynced. Tickets
+// grow in stream order, so the newest ticket covers every older free of the
+// stream. A backend whose streams run synchronously (HostBackend: a CPU
+// kernel has finished with a buffer when TensorFlow frees it) reports
+// Asynchronous() == false and the pool never asks it for tickets.
+// Measured: benchmarks/RESULTS.md, "The pool on real devices".
+using FreeTicket = uint64_t;  // 0: nothing to wait for
 
 class PoolBackend {
  public:
@@ -26,6 +50,19 @@ class PoolBackend {
   // SyncAndCoalesce).
   virtual void SynchronizeAllStreams() = 0;
   virtual std::string Name() const = 0;
+
+  // Note [Stream order on an asynchronous device]. Whether streams run work
+  // after it was queued; if false the pool never calls the three below.
+  virtual bool Asynchronous() const { return false; }
+  // Called by Deallocate (pool lock held): stamps the point in `stream`'s
+  // queue after which the chunk freed now is unused. Cheap: never waits.
+  virtual FreeTicket RecordFree(StreamId /*stream*/) { return 0; }
+  // Whether `stream` has passed `ticket`; never waits.
+  virtual bool FreeCompleted(StreamId /*stream*/, FreeTicket /*ticket*/) {
+    return true;
+  }
+  // Blocks until `stream` has passed `ticket`.
+  virtual void WaitForFree(StreamId /*stream*/, FreeTicket /*ticket*/) {}
 
   // Address-space primitives for Note [Stitched allocations]
   // (stream_aware_pool.h): map pieces of the arena, in order, into one

@@ -134,6 +134,8 @@ StreamAwarePool::StreamAwarePool(std::string name, size_t capacity,
   stream_counters_.resize(1);
   stream_names_.push_back("default");
   unsynced_.push_back(std::make_unique<FreeChunkSet>(kMinChunkBytes));
+  unsynced_ticket_.push_back(0);
+  async_backend_ = backend_->Asynchronous();
 
   ChunkHandle h = NewChunk();
   chunks_[h].offset = 0;
@@ -479,6 +481,13 @@ void StreamAwarePool::DeallocateStitchedLocked(void* ptr, std::string_view op) {
   }
   Stitched rec = std::move(it->second);
   stitched_.erase(it);
+  // Note [Stitched allocations]: on an asynchronous backend the stream's
+  // queued work may still reach the pieces through the window; unmap only
+  // after it has passed this free.
+  if (async_backend_) {
+    backend_->WaitForFree(rec.stream, backend_->RecordFree(rec.stream));
+    ++num_stream_waits_;
+  }
   backend_->UnmapToReserved(window_ + woff, rec.size);
   GiveWindowRange(woff, rec.size);
   const int64_t size = static_cast<int64_t>(rec.size);
@@ -488,7 +497,7 @@ void StreamAwarePool::DeallocateStitchedLocked(void* ptr, std::string_view op) {
                 static_cast<int64_t>(capacity_ + woff), counters_.current, op);
   for (ChunkHandle p : rec.pieces) {
     chunks_[p].piece = false;
-    ReturnChunk(p, rec.stream);
+    ReturnChunkStamped(p, rec.stream);
   }
 }
 
@@ -514,6 +523,16 @@ void StreamAwarePool::Deallocate(void* ptr, std::string_view op) {
   CountFree(size, c.requested, stream);
   trace_.Record(PoolEventKind::kFree, stream, size,
                 static_cast<int64_t>(c.offset), counters_.current, op);
+  ReturnChunkStamped(h, stream);
+}
+
+void StreamAwarePool::ReturnChunkStamped(ChunkHandle h, StreamId stream) {
+  if (!stream_rule_) {
+    ReturnChunk(h, kSyncedOwner);
+    return;
+  }
+  // Note [Stream order on an asynchronous device].
+  if (async_backend_) unsynced_ticket_[stream] = backend_->RecordFree(stream);
   ReturnChunk(h, stream);
 }
 
@@ -541,8 +560,34 @@ void StreamAwarePool::SyncAndCoalesce() {
   SyncAndCoalesceLocked(/*forced_by_allocate=*/false);
 }
 
+void StreamAwarePool::SetStreamRuleForTesting(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stream_rule_ = on;
+}
+
+void StreamAwarePool::SetSyncWaitsForTesting(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  sync_waits_ = on;
+}
+
+void StreamAwarePool::WaitForStreamLocked(StreamId stream) {
+  FreeTicket& ticket = unsynced_ticket_[stream];
+  if (ticket == 0) return;
+  if (sync_waits_) backend_->WaitForFree(stream, ticket);
+  ticket = 0;
+  ++num_stream_waits_;
+}
+
 void StreamAwarePool::SyncAndCoalesceLocked(bool forced_by_allocate) {
-  backend_->SynchronizeAllStreams();
+  // Policy 6: wait only for the streams that hold unsynced chunks, each up
+  // to its newest free (Note [Stream order on an asynchronous device]).
+  if (async_backend_) {
+    for (StreamId s = 0; s < static_cast<StreamId>(unsynced_ticket_.size()); ++s) {
+      WaitForStreamLocked(s);
+    }
+  } else {
+    backend_->SynchronizeAllStreams();
+  }
   ++num_syncs_;
   if (forced_by_allocate) ++num_allocator_syncs_;
   trace_.Record(PoolEventKind::kSync, kSyncedOwner, 0, -1,
@@ -583,6 +628,7 @@ StreamId StreamAwarePool::RegisterStream(const std::string& name) {
   stream_names_.push_back(name.empty() ? "stream-" + std::to_string(s) : name);
   stream_counters_.emplace_back();
   unsynced_.push_back(std::make_unique<FreeChunkSet>(kMinChunkBytes));
+  unsynced_ticket_.push_back(0);
   return s;
 }
 
@@ -592,7 +638,10 @@ void StreamAwarePool::ReleaseStream(StreamId stream) {
       stream >= static_cast<StreamId>(stream_names_.size())) {
     return;
   }
-  // The job is gone, so nothing can still be using its freed chunks.
+  // The job is gone; once its queued work has passed its newest free
+  // (Note [Stream order on an asynchronous device]) nothing can still be
+  // using its freed chunks.
+  if (async_backend_) WaitForStreamLocked(stream);
   FreeChunkSet& set = *unsynced_[stream];
   for (ChunkHandle h : set.Handles()) {
     RemoveFree(h);
@@ -667,6 +716,11 @@ int64_t StreamAwarePool::LargestFreeChunkLocked() const {
   return largest;
 }
 
+int64_t StreamAwarePool::SyncCount() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return num_syncs_;
+}
+
 PoolStats StreamAwarePool::Stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   PoolStats s;
@@ -692,6 +746,8 @@ PoolStats StreamAwarePool::Stats() const {
           : 0.0;
   s.num_syncs = num_syncs_;
   s.num_allocator_syncs = num_allocator_syncs_;
+  s.num_stream_waits = num_stream_waits_;
+  s.stream_rule = stream_rule_;
   s.num_stitched = num_stitched_;
   s.stitched_current = stitched_current_;
   s.num_live_stitched = static_cast<int64_t>(stitched_.size());

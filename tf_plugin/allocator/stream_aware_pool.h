@@ -23,9 +23,11 @@
 //     only with address neighbours in that same set. Coalescing with a synced
 //     neighbour is deferred: it would turn synced bytes into unsynced bytes
 //     that other streams can no longer take (Listing 1, Deallocate).
-//  6. SyncAndCoalesce() synchronizes all streams through the backend, moves
-//     every unsynced chunk to the synced set and coalesces all free
-//     neighbours.
+//  6. SyncAndCoalesce() waits, through the backend, until each stream with
+//     unsynced chunks has finished the work it queued before its newest
+//     free (Note [Stream order on an asynchronous device], pool_backend.h),
+//     moves every unsynced chunk to the synced set and coalesces all free
+//     neighbours. ReleaseStream waits the same way for the one stream.
 //  7. A request of at least kStitchMinBytes that no single chunk serves even
 //     after the sync of step 4 is stitched when the free chunks together
 //     hold it (Note [Stitched allocations]); only then is it an OOM.
@@ -56,7 +58,11 @@
 // not grow. The trace records a stitched allocation as one "alloc" event at
 // its window offset (offset >= capacity) followed by one "piece" event per
 // arena piece, so readers that pair allocs and frees by offset see one
-// allocation. Pools whose backend has no address-space primitives
+// allocation. On an asynchronous backend (Note [Stream order on an
+// asynchronous device]) Deallocate waits for the freeing stream's queued
+// work before it unmaps the range, since that work reaches the pieces
+// through the window (found by the race replay: a verify kernel read an
+// unmapped window page). Pools whose backend has no address-space primitives
 // (StitchGranularity() == 0) or built with stitch = false never stitch.
 //
 // Note [Best fit across own and synced]
@@ -73,6 +79,11 @@
 //
 // Invariant relied on by the TF adapter and checked by CheckInvariants():
 // a chunk freed by stream A is never handed to stream B != A before a sync.
+// On an asynchronous backend that sync has waited for A's work queued before
+// the free, so B's kernels never meet A's (tests/pool/test_stream_race.py
+// replays recorded traces on queued streams and checks the buffers' bytes;
+// with the rule off on purpose, SetStreamRuleForTesting(false), it finds the
+// corruption).
 //
 // Thread safe: one mutex guards all state (as TF's BFCAllocator).
 // No TensorFlow in this file.
@@ -94,7 +105,7 @@
 
 namespace tensile {
 
-using StreamId = int32_t;
+// StreamId: pool_backend.h.
 // Allocations made outside any registered job (eager ops, variable creation,
 // input conversion) belong to this stream.
 constexpr StreamId kDefaultStream = 0;
@@ -135,6 +146,10 @@ struct PoolStats {
   double fragmentation = 0.0;      // 1 - largest_free_chunk / free_bytes
   int64_t num_syncs = 0;           // SyncAndCoalesce calls, all causes
   int64_t num_allocator_syncs = 0; // syncs forced by Allocate (step 4)
+  // Note [Stream order on an asynchronous device]: streams whose free
+  // tickets syncs (and ReleaseStream) waited for; 0 on a host backend.
+  int64_t num_stream_waits = 0;
+  bool stream_rule = true;         // false only in tests that break it
   // Note [Stitched allocations]: cumulative count, and the bytes and count
   // of stitched allocations live now.
   int64_t num_stitched = 0;
@@ -187,6 +202,15 @@ class StreamAwarePool {
   // Waterwave's SyncAndCoalesce: every free chunk becomes synced and all free
   // neighbours coalesce.
   void SyncAndCoalesce();
+  // Tests only: with the rule off, a freed chunk goes straight to the synced
+  // set (no ticket, no wait), so another stream may take it at once, as a
+  // stream-unaware allocator would. Breaks the invariant below on purpose,
+  // to prove that the race test catches it.
+  void SetStreamRuleForTesting(bool on);
+  // Tests only: the rule's bookkeeping kept, but syncs (and ReleaseStream)
+  // do not wait for the streams' frees: the bug an asynchronous backend
+  // would have if it treated a sync as bookkeeping alone.
+  void SetSyncWaitsForTesting(bool on);
 
   // Streams. Names are for reports; ids are small and reused after release.
   StreamId RegisterStream(const std::string& name);
@@ -209,6 +233,8 @@ class StreamAwarePool {
   int64_t AllocationId(const void* ptr) const;
 
   PoolStats Stats() const;
+  // SyncAndCoalesce calls so far (cheap, unlike Stats()).
+  int64_t SyncCount() const;
   std::vector<StreamStats> AllStreamStats() const;
   // Sets peak := current for the pool and every stream.
   void ResetPeak();
@@ -277,6 +303,11 @@ class StreamAwarePool {
   // Puts live chunk h, just freed by `stream`, into the stream's unsynced
   // set, coalescing with free neighbours in that set (policy 5).
   void ReturnChunk(ChunkHandle h, StreamId stream);
+  // ReturnChunk after stamping the free with the backend's ticket; with the
+  // stream rule off (tests), straight to the synced set instead.
+  void ReturnChunkStamped(ChunkHandle h, StreamId stream);
+  // Waits for `stream`'s newest unsynced free, if any (policy 6).
+  void WaitForStreamLocked(StreamId stream);
   // Note [Stitched allocations]. Requires every free chunk synced.
   void* StitchLocked(size_t bytes, size_t rounded, StreamId stream,
                      std::string_view op);
@@ -323,6 +354,14 @@ class StreamAwarePool {
   int64_t num_syncs_ = 0;
   int64_t num_allocator_syncs_ = 0;
   int64_t next_allocation_id_ = 1;
+  // Note [Stream order on an asynchronous device]: whether the backend's
+  // streams are asynchronous, and per stream id the ticket of its newest free
+  // since its unsynced set was last emptied (0: none).
+  bool async_backend_ = false;
+  std::vector<FreeTicket> unsynced_ticket_;
+  int64_t num_stream_waits_ = 0;
+  bool stream_rule_ = true;
+  bool sync_waits_ = true;
   // Note [Stitched allocations]: the window is twice the arena's address
   // space (reserved, inaccessible until a stitch maps pieces into it).
   char* window_ = nullptr;
