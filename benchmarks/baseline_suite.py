@@ -68,6 +68,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from plan_execution_bench import capped_link, compare, run, vanilla_runs  # noqa: E402
+from tensile_tf.config.device_links import DEVICE_LINKS, device_link_bandwidth  # noqa: E402
 from tensile_tf.scheduler.paired_repeats import paired_summary, summary_line  # noqa: E402
 
 
@@ -79,6 +80,22 @@ GRAPPLER = {"grappler-heuristics": "RECOMPUTATION_HEURISTICS", "grappler-manual"
 #: planned for steps that run free of plan order, and free only when that plan
 #: meets the budget (Note [Free-order plans] in tensile_tf/scheduler/peak_analysis.py).
 TENSILE_VARIANTS = {"tensile-swap": "plan", "tensile-free": "free", "tensile-auto": "auto"}
+
+
+def link_bandwidth(link: str, cap: float, vanilla: dict) -> tuple[float, str]:
+    """The link's bytes per second for a configuration, and what it stands for: ``unlimited``
+    (0: a memcpy), ``capped`` (``cap``), or a device link (tensile_tf/config/device_links.py)
+    at its share of the measured vanilla peak per measured vanilla step."""
+    if link == "unlimited":
+        return 0.0, "unlimited: a memcpy, no device"
+    if link == "capped":
+        return cap, f"capped: a V100's PCIe 3 x16 scaled by this CPU's FLOP rate ({cap / 2**20:.1f} MiB/s)"
+    if link not in DEVICE_LINKS:
+        raise SystemExit(f"--links: {link!r} is not unlimited, capped or a device link ({', '.join(DEVICE_LINKS)})")
+    vmp, step = max(vanilla["peaks"][1:]), statistics.median(vanilla["step_s"][1:])
+    bw = float(device_link_bandwidth(DEVICE_LINKS[link], [vmp], [step]))
+    return bw, (f"{DEVICE_LINKS[link].describe(bw)} (vanilla peak {vmp / 2**20:.1f} MiB per "
+                f"{step * 1e3:.0f} ms step)")
 
 
 def run_method(strategy: str, model: str, shape: str, k: int, steps: int, *, budget_frac: float,
@@ -103,7 +120,8 @@ def largest_batch(a, cap: float) -> list[dict]:
         print(f"{name} x{k}: pool = vanilla peak at batch {a.batch} = {pool / 2**20:.1f} MiB", flush=True)
         vanilla_at = {a.batch: base}
         for link in a.links.split(","):
-            bw = 0.0 if link == "unlimited" else cap
+            bw, stands_for = link_bandwidth(link, cap, base)
+            print(f"link {stands_for}", flush=True)
             for strategy in a.strategies.split(","):
                 if bw and (strategy in GRAPPLER or strategy == "recompute-grad"):
                     continue
@@ -124,8 +142,9 @@ def largest_batch(a, cap: float) -> list[dict]:
                         print(f"{name} x{k} {link} {strategy} batch {b}: failed: {(got.get('error') or van.get('error'))[-300:]}",
                               flush=True)
                         break
-                    row = {"model": name, "jobs": k, "link": link, "strategy": strategy, "batch": b,
-                           "pool_MiB": pool / 2**20, "paired": paired, **compare(van, got)}
+                    row = {"model": name, "jobs": k, "link": link, "link_stands_for": stands_for,
+                           "strategy": strategy, "batch": b, "pool_MiB": pool / 2**20, "paired": paired,
+                           **compare(van, got)}
                     row["fits"] = max(got["peaks"][1:]) <= pool
                     floor = (got.get("plan") or {}).get("working_set_floor")
                     row["working_set_floor_MiB"] = floor / 2**20 if floor else None
@@ -159,7 +178,9 @@ def main() -> None:
     ap.add_argument("--budget-frac", type=float, default=0.5)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--links", default="unlimited,capped")
+    ap.add_argument("--links", default="unlimited,capped",
+                    help="unlimited, capped, and/or a device link: h200-pcie5, h200-pcie5-bf16 (its share of the "
+                         "measured vanilla peak per measured vanilla step; tensile_tf/config/device_links.py)")
     ap.add_argument("--cap-mib-s", type=float, default=None,
                     help="the capped link in MiB/s (default: from this CPU's matmul rate, as plan_execution_bench)")
     ap.add_argument("--largest-batch", action="store_true", help="the batch-multiplier runs (module docstring)")
@@ -198,7 +219,8 @@ def compare_methods(a, cap: float) -> list[dict]:
         vmp = max(vanilla["peaks"][1:])
         vanilla_step = statistics.median(vanilla["step_s"][1:])
         for link in a.links.split(","):
-            bw = 0.0 if link == "unlimited" else cap
+            bw, stands_for = link_bandwidth(link, cap, vanilla)
+            print(f"link {stands_for}", flush=True)
             bound = None if bw == 0 else min(1.0, bw * vanilla_step / 2 / vmp)
             for strategy in a.strategies.split(","):
                 if bw and (strategy in GRAPPLER or strategy == "recompute-grad"):
@@ -208,7 +230,7 @@ def compare_methods(a, cap: float) -> list[dict]:
                 if "error" in planned:
                     print(f"{name} x{k} {link} {strategy}: failed: {planned['error']}", flush=True)
                     continue
-                row = {"model": name, "jobs": k, "link": link, "strategy": strategy,
+                row = {"model": name, "jobs": k, "link": link, "link_stands_for": stands_for, "strategy": strategy,
                        "link_MiB_s": None if bw == 0 else bw / 2**20, "link_bound_msr": bound,
                        **compare(vanilla, planned)}
                 row["share_of_bound"] = row["msr"] / bound if bound else None

@@ -13,7 +13,7 @@ from tensile_tf.cli.run import make_host
 def cmd_plan(args) -> int:
     """Probes and plans the config's jobs exactly as `tensile run` with
     `planner: tensile` does at its start (JobHost.plan_only), without training."""
-    from tensile_tf.config.schema import PlannerKind
+    from tensile_tf.config.schema import PlannerKind, parse_swap_link
     from tensile_tf.units import parse_bytes
 
     cfg, marks = load_checked(args.config)
@@ -22,7 +22,7 @@ def cmd_plan(args) -> int:
         if args.budget:
             run = run.model_copy(update={"plan_budget": parse_bytes(args.budget, what="--budget")})
         if args.bandwidth:
-            run = run.model_copy(update={"swap_bandwidth": parse_bytes(args.bandwidth, what="--bandwidth")})
+            run = run.model_copy(update={"swap_bandwidth": parse_swap_link(args.bandwidth, "--bandwidth")})
     except ValueError as e:
         raise UserError(str(e)) from None
     out = check_output_dir(Path(args.out) if args.out else Path(cfg.run.out_dir),

@@ -88,6 +88,7 @@ class PoolComparison:
     swap_bandwidth_bytes_per_s: int | None
     vanilla_ooms: int
     planned_ooms: int
+    swap_link: str = ""   # what the link stands for (Note [Links named for a device])
 
 
 @dataclass
@@ -142,7 +143,8 @@ def compare_runs(vanilla: RunResult, planned: RunResult) -> Comparison:
         late_swap_ins=link.late_swap_ins if link else 0, checked_swap_ins=link.checked_swap_ins if link else 0,
         host_store_peak_bytes=link.host_store_peak_bytes if link else 0,
         swap_bandwidth_bytes_per_s=link.bandwidth_bytes_per_s if link else None,
-        vanilla_ooms=vanilla.pool.run_ooms, planned_ooms=planned.pool.run_ooms)
+        vanilla_ooms=vanilla.pool.run_ooms, planned_ooms=planned.pool.run_ooms,
+        swap_link=link.stands_for if link else "")
     return Comparison(jobs, pool, all_match=bool(jobs) and all(j.losses_match and j.weights_match for j in jobs))
 
 
@@ -174,7 +176,8 @@ def format_comparison(c: Comparison) -> str:
     wr = f"{p.wall_ratio:.3f}" if p.wall_ratio is not None else "-"
     rows.append(f"{'pool':<16} {human_bytes(p.vanilla_peak_bytes):>12} {'':>9} {human_bytes(p.planned_peak_bytes):>12} "
                 f"{_pct(p.msr):>7} {'':>8} {'':>8} {wr:>10} (wall)")
-    link = human_bytes(p.swap_bandwidth_bytes_per_s) + "/s" if p.swap_bandwidth_bytes_per_s else "unlimited"
+    link = p.swap_link or (human_bytes(p.swap_bandwidth_bytes_per_s) + "/s" if p.swap_bandwidth_bytes_per_s
+                           else "unlimited")
     rows.append(f"swap link {link}: {human_bytes(p.swapped_bytes)} moved, {p.late_swap_ins} late swap-ins "
                 f"of {p.checked_swap_ins} checked, host store peak {human_bytes(p.host_store_peak_bytes)}; "
                 f"OOMs vanilla {p.vanilla_ooms}, planned {p.planned_ooms}")

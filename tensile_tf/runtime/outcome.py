@@ -120,7 +120,8 @@ def run_result(host: "JobHost", window: RunWindow, samples: list[MemorySample]) 
         from tf_plugin import swap
 
         planner = PlannerRecord([PlanSummary.of(p) for p in host.plans],
-                                SwapLinkRecord.of(host.swap_bandwidth, swap.swap_stats()),
+                                SwapLinkRecord.of(host.planning.settings.swap_bandwidth, swap.swap_stats(),
+                                                  host.planning.settings.device_link),
                                 host.replanner.finish(host.states) if host.replanner is not None else [],
                                 [c for s in host.states if s.latency_monitor is not None
                                  for c in s.latency_monitor.checks])

@@ -45,6 +45,7 @@ from typing import Sequence
 
 import tensorflow as tf
 
+from tensile_tf.config.device_links import DEVICE_LINKS, device_link_bandwidth
 from tensile_tf.config.schema import PlanOrder, PlanPeaks
 from tensile_tf.pipeline import CapturedJob, JobToPlan, capture_cold, capture_for_planning, plan_captured
 from tensile_tf.tf.rewrite import apply_plan
@@ -52,6 +53,7 @@ from tensile_tf.runtime.admission import POOL_HEADROOM
 from tensile_tf.runtime.failures import summarize_error
 from tensile_tf.runtime.records import JobState, PlanRecord
 from tensile_tf.scheduler import Plan
+from tensile_tf.scheduler.link_bound import unplanned_peak_and_period
 from tensile_tf.scheduler.peak_analysis import PAIRED_PEAKING_JOBS, UNPLANNED_PAIRED_PEAKING_JOBS
 
 # A cold-start plan (Note [Cold-start planning]) times its swaps by guessed
@@ -85,6 +87,9 @@ class PlanningSettings:
     plan_budget: int | None = None        # most bytes the start's joint plan may use
     saved_plan: SavedPlan | None = None
     plan_order: PlanOrder = PlanOrder.plan   # Note [Free-order plans] in tensile_tf.scheduler.peak_analysis
+    #: Note [Links named for a device]: the device link's name; swap_bandwidth is
+    #: None until the first plan resolves it from the captured jobs
+    device_link: str | None = None
 
 
 class JobPlanning:
@@ -173,9 +178,23 @@ class JobPlanning:
                 raise SavedPlanMismatch(f"{saved.path}: {why}; make a new plan with `tensile plan CONFIG`")
         return saved.plan
 
+    def _resolve_device_link(self, captured: Sequence[CapturedJob]) -> None:
+        """Note [Links named for a device]: once, at the first plan, the named link
+        becomes bytes per second for the jobs captured, and the swap channel runs at it."""
+        s = self.settings
+        if s.device_link is None or s.swap_bandwidth is not None or not captured:
+            return
+        from tf_plugin import swap
+
+        measured = [unplanned_peak_and_period(c.planner_job) for c in captured]
+        s.swap_bandwidth = device_link_bandwidth(DEVICE_LINKS[s.device_link], [p for p, _ in measured],
+                                                 [t for _, t in measured])
+        swap.set_swap_bandwidth(s.swap_bandwidth)
+
     def plan_captured(self, captured: Sequence[CapturedJob], budget: int):
         """``execution.plan_captured`` with the run's settings (peak model,
         link): the start's plan, a later job's and every re-plan alike."""
+        self._resolve_device_link(captured)
         peaks = self.settings.plan_peaks
         paired = peaks == PlanPeaks.paired   # Note [Paired peaks]
         return plan_captured(list(captured), pool_bytes=budget, bandwidth_bytes_per_s=self.settings.swap_bandwidth,

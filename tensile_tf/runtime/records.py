@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Callable
 
+from tensile_tf.config.device_links import describe_swap_link
 from tensile_tf.runtime.threads import Handoff
 
 if TYPE_CHECKING:  # runtime objects, never serialised
@@ -294,13 +295,17 @@ class SwapLinkRecord:
     host_store_peak_bytes: int
     channel: dict[str, Any]
     host: dict[str, Any]
+    #: Note [Links named for a device]: the device link's name, and in words what the link stands for
+    device_link: str | None = None
+    stands_for: str = ""
 
     @classmethod
-    def of(cls, bandwidth: int | None, stats: dict[str, Any]) -> "SwapLinkRecord":
+    def of(cls, bandwidth: int | None, stats: dict[str, Any], device_link: str | None = None) -> "SwapLinkRecord":
         channel, host = stats.get("channel", {}), stats.get("host", {})
         return cls(bandwidth, int(channel.get("bytes_out", 0)), int(channel.get("bytes_in", 0)),
                    int(channel.get("late_swap_ins", 0)), int(channel.get("checked_swap_ins", 0)),
-                   int(host.get("peak", 0)), channel, host)
+                   int(host.get("peak", 0)), channel, host, device_link,
+                   describe_swap_link(bandwidth, device_link))
 
 
 @dataclass

@@ -104,7 +104,9 @@ class JobHost:
         self.capacity = tf_plugin.device_pool().capacity
         self.planner, self.pipeline_kind = spec.planner, spec.pipeline
         self.plan_peaks = spec.plan_peaks if spec.plan_peaks is not None else PlanPeaks.for_pipeline(spec.pipeline)
-        self.swap_bandwidth = spec.swap_bandwidth or None
+        # Note [Links named for a device]: a named link becomes bytes per second at the first plan
+        self.device_link = spec.swap_bandwidth if isinstance(spec.swap_bandwidth, str) else None
+        self.swap_bandwidth = None if self.device_link else (spec.swap_bandwidth or None)
         self.record_weights = record_weights
         self.model_dir = Path(model_dir) if model_dir is not None else None   # each finished job's model, saved
         self.allocation_wait_ms = spec.allocation_wait_ms   # Note [Waiting for frees], while run() runs
@@ -115,7 +117,8 @@ class JobHost:
         self.planning = None
         if self.planner == PlannerKind.tensile:
             self.planning = JobPlanning(self.capacity, PlanningSettings(
-                self.plan_peaks, self.swap_bandwidth, spec.plan_budget or None, saved_plan, spec.plan_order))
+                self.plan_peaks, self.swap_bandwidth, spec.plan_budget or None, saved_plan, spec.plan_order,
+                device_link=self.device_link))
         self.replanner = None
         self.replan_threshold = spec.replan_threshold
         if self.planning is not None and spec.replan and saved_plan is None:   # --plan runs exactly that plan
@@ -188,7 +191,8 @@ class JobHost:
         for "nothing more now". The run ends when no job runs or waits and the
         source has nothing more (search drivers keep the pool full with it).
         """
-        window = RunWindow.open(self.clock, planner=self.planning is not None, swap_bandwidth=self.swap_bandwidth)
+        window = RunWindow.open(self.clock, planner=self.planning is not None,
+                                swap_bandwidth=self.planning.settings.swap_bandwidth if self.planning else None)
         self.most_running = 0
         sampler = MemorySampler(self.clock, self.sample_interval_s)
         sampler.start()

@@ -196,3 +196,12 @@ def working_set_floor(jobs: Sequence[PlannerJob]) -> int:
     # (nothing before it starts, if it starts later: start_offset_s > 0).
     lowest = [int(f.min()) if len(f) and pj.start_offset_s <= 0 else 0 for pj, f in zip(jobs, floors)]
     return max((int(f.max(initial=0)) + sum(lowest) - low for f, low in zip(floors, lowest)), default=0)
+
+
+def unplanned_peak_and_period(job: PlannerJob) -> tuple[int, float]:
+    """One job's predicted unplanned step: its peak bytes (free-running, scratch
+    included) and its step time, from the capture (what a device link is
+    resolved against, Note [Links named for a device] in
+    tensile_tf/config/device_links.py)."""
+    tas = TensorAccessSequence(job.graph, job.latencies)
+    return int(JobFootprint(tas).free_running.max()), float(tas.period_s)

@@ -45,7 +45,9 @@ def _compare(tmp_path, pool, plan_budget=None, plan_peaks=None, swap_bandwidth=N
 
 
 def test_compare_vanilla_with_room_to_spare_changes_nothing(tmp_path):
-    proc, compare, runs = _compare(tmp_path, "256MiB")
+    # The link is named for a device (Note [Links named for a device]): with room to spare
+    # nothing swaps, and the run records what the link became on this machine.
+    proc, compare, runs = _compare(tmp_path, "256MiB", swap_bandwidth="h200-pcie5")
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "training identical bit for bit: yes" in proc.stdout
     assert compare["all_match"]
@@ -56,6 +58,11 @@ def test_compare_vanilla_with_room_to_spare_changes_nothing(tmp_path):
     planned = {j["name"]: j for j in runs["planned"]["jobs"]}
     assert all(j["plan"]["budget_met"] and j["plan"]["swap_outs"] == 0 for j in planned.values())
     assert runs["planned"]["planner"]["plans"][0]["jobs"] == ["mlp-a", "mlp-b"]  # planned together
+    link = runs["planned"]["planner"]["swap"]
+    assert link["device_link"] == "h200-pcie5" and link["bandwidth_bytes_per_s"] > 0
+    assert link["channel"]["bandwidth_bytes_per_s"] == link["bandwidth_bytes_per_s"]  # the channel ran at it
+    assert link["stands_for"].startswith("h200-pcie5 (NVIDIA H200") and "MiB/s here" in link["stands_for"]
+    assert f"swap link {link['stands_for']}:" in proc.stdout
 
 
 @pytest.mark.parametrize("plan_peaks", ["timeline", None])

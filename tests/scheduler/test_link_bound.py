@@ -7,12 +7,14 @@ bound is far below bandwidth x period; the working-set floor of that job.
 Properties: no swap-only plan goes below the deadline-aware bound, no plan
 below the floor; restarts never raise a plan's peak."""
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 
 from tensile_tf.scheduler import GraphBuilder, LatencyTable, Planner, PlannerJob
 from tensile_tf.scheduler.planner import NO_GAIN
 from tensile_tf.scheduler.swap_scheduling import scheduling_swap
-from tensile_tf.scheduler.link_bound import nested_capacity, swap_link_bound, working_set_floor
+from tensile_tf.scheduler.link_bound import (nested_capacity, swap_link_bound, unplanned_peak_and_period,
+                                             working_set_floor)
 from tests.scheduler.test_planner_properties import check_invariants, scenarios
 
 
@@ -62,6 +64,26 @@ def test_deadline_bound_counts_only_what_can_come_back_in_time():
     assert planner.plan().pool_planned_peak_bytes == 402
     fast = Planner([job], pool_bytes=1, bandwidth_bytes_per_s=1e6, enable_recompute=False).plan()
     assert fast.pool_planned_peak_bytes == 302
+
+
+def test_a_device_link_moves_its_share_of_the_step_peak_per_step():
+    """Note [Links named for a device]: h200-pcie5 moves 33% of a step's peak per step, so
+    for short (peak 402 B, step 5.1 s) it is 0.33 x 402 / 5.1 bytes/s; for two jobs, the
+    peaks and step times summed."""
+    from tensile_tf.config.device_links import DEVICE_LINKS, describe_swap_link, device_link_bandwidth
+    from tensile_tf.config.schema import RunSpec
+
+    peak, period = unplanned_peak_and_period(short_return_graph())
+    assert (peak, round(period, 6)) == (402, 5.1)
+    h200 = DEVICE_LINKS["h200-pcie5"]
+    assert device_link_bandwidth(h200, [peak], [period]) == int(0.33 * 402 / 5.1)
+    assert device_link_bandwidth(h200, [402, 1000], [5.1, 2.0]) == int(0.33 * 1402 / 7.1)
+    assert RunSpec(swap_bandwidth="H200-PCIe5").swap_bandwidth == "h200-pcie5"
+    assert RunSpec(swap_bandwidth="110MiB").swap_bandwidth == 110 * 2**20
+    assert describe_swap_link(None).startswith("unlimited")
+    assert describe_swap_link(26, "h200-pcie5").endswith("0.0 MiB/s here")
+    with pytest.raises(ValueError, match="neither bytes per second .* nor a device link .*h200-pcie5"):
+        RunSpec(swap_bandwidth="h100")
 
 
 def test_working_set_floor_is_the_largest_step_with_what_no_plan_moves():
