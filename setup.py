@@ -40,6 +40,7 @@ def tensorflow_flags():
 compile_flags, link_flags, tf_lib_dir = tensorflow_flags()
 sources = [
     "tf_plugin/allocator/stream_aware_pool.cc",
+    "tf_plugin/allocator/async_host_backend.cc",
     "tf_plugin/allocator/device_pool.cc",
     "tf_plugin/allocator/tf_pool_allocator.cc",
     "tf_plugin/allocator/bindings.cc",
@@ -65,6 +66,8 @@ plugin = Pybind11Extension(
         "tf_plugin/allocator/pool_backend.h",
         "tf_plugin/allocator/event_trace.h",
         "tf_plugin/allocator/device_pool.h",
+        "tf_plugin/allocator/async_host_backend.h",
+        "tf_plugin/allocator/stream_kernels.h",
         "tf_plugin/nodegroup/counter_barrier.h",
         "tf_plugin/swap/host_copy.h",
         "tf_plugin/swap/host_store.h",

@@ -67,8 +67,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from plan_execution_bench import capped_link, compare, run, vanilla_runs  # noqa: E402
-from tensile_tf.config.device_links import DEVICE_LINKS, device_link_bandwidth  # noqa: E402
+from plan_execution_bench import capped_link, compare, link_bandwidth, run, vanilla_runs  # noqa: E402
 from tensile_tf.scheduler.paired_repeats import paired_summary, summary_line  # noqa: E402
 
 
@@ -80,22 +79,6 @@ GRAPPLER = {"grappler-heuristics": "RECOMPUTATION_HEURISTICS", "grappler-manual"
 #: planned for steps that run free of plan order, and free only when that plan
 #: meets the budget (Note [Free-order plans] in tensile_tf/scheduler/peak_analysis.py).
 TENSILE_VARIANTS = {"tensile-swap": "plan", "tensile-free": "free", "tensile-auto": "auto"}
-
-
-def link_bandwidth(link: str, cap: float, vanilla: dict) -> tuple[float, str]:
-    """The link's bytes per second for a configuration, and what it stands for: ``unlimited``
-    (0: a memcpy), ``capped`` (``cap``), or a device link (tensile_tf/config/device_links.py)
-    at its share of the measured vanilla peak per measured vanilla step."""
-    if link == "unlimited":
-        return 0.0, "unlimited: a memcpy, no device"
-    if link == "capped":
-        return cap, f"capped: a V100's PCIe 3 x16 scaled by this CPU's FLOP rate ({cap / 2**20:.1f} MiB/s)"
-    if link not in DEVICE_LINKS:
-        raise SystemExit(f"--links: {link!r} is not unlimited, capped or a device link ({', '.join(DEVICE_LINKS)})")
-    vmp, step = max(vanilla["peaks"][1:]), statistics.median(vanilla["step_s"][1:])
-    bw = float(device_link_bandwidth(DEVICE_LINKS[link], [vmp], [step]))
-    return bw, (f"{DEVICE_LINKS[link].describe(bw)} (vanilla peak {vmp / 2**20:.1f} MiB per "
-                f"{step * 1e3:.0f} ms step)")
 
 
 def run_method(strategy: str, model: str, shape: str, k: int, steps: int, *, budget_frac: float,

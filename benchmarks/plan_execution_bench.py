@@ -35,6 +35,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REFERENCE = os.path.join(ROOT, "benchmarks", "plan_execution_reference.py")
+sys.path.insert(0, ROOT)
+
+from tensile_tf.config.device_links import DEVICE_LINKS, device_link_bandwidth  # noqa: E402  (pure: no TF)
 
 # name -> (model for the reference script, input shape "HxWxC" or "SxD")
 MODELS = {
@@ -71,6 +74,22 @@ def capped_link(cap_mib_s: float | None) -> float:
     print(f"CPU matmul {flops / 1e9:.1f} GFLOP/s -> capped link {cap / 2**20:.1f} MiB/s "
           f"(PCIe 3.0 x16 12 GB/s : V100 15.7 TFLOP/s)", flush=True)
     return cap
+
+
+def link_bandwidth(link: str, cap: float, vanilla: dict) -> tuple[float, str]:
+    """The link's bytes per second for a configuration, and what it stands for: ``unlimited``
+    (0: a memcpy), ``capped`` (``cap``), or a device link (tensile_tf/config/device_links.py)
+    at its share of the measured vanilla peak per measured vanilla step."""
+    if link == "unlimited":
+        return 0.0, "unlimited: a memcpy, no device"
+    if link == "capped":
+        return cap, f"capped: a V100's PCIe 3 x16 scaled by this CPU's FLOP rate ({cap / 2**20:.1f} MiB/s)"
+    if link not in DEVICE_LINKS:
+        raise SystemExit(f"--links: {link!r} is not unlimited, capped or a device link ({', '.join(DEVICE_LINKS)})")
+    vmp, step = max(vanilla["peaks"][1:]), statistics.median(vanilla["step_s"][1:])
+    bw = float(device_link_bandwidth(DEVICE_LINKS[link], [vmp], [step]))
+    return bw, (f"{DEVICE_LINKS[link].describe(bw)} (vanilla peak {vmp / 2**20:.1f} MiB per "
+                f"{step * 1e3:.0f} ms step)")
 
 
 def run(model: str, shape: str, jobs: int, steps: int, *, planned: bool, budget_frac: float,
@@ -142,6 +161,9 @@ def main() -> None:
     ap.add_argument("--budget-frac", type=float, default=0.5)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--json", default=None, help="write all rows as JSON here")
+    ap.add_argument("--links", default="unlimited,capped",
+                    help="unlimited, capped, and/or a device link: h200-pcie5, h200-pcie5-bf16 (its share of the "
+                         "measured vanilla peak per measured vanilla step; tensile_tf/config/device_links.py)")
     ap.add_argument("--cap-mib-s", type=float, default=None,
                     help="the capped link in MiB/s (default: derived from this CPU's measured matmul rate; "
                          "pin it when other work shares the CPU, which lowers the measured rate)")
@@ -149,12 +171,14 @@ def main() -> None:
     cap = capped_link(a.cap_mib_s)
     rows = []
     for name, model, shape, k, vanilla in vanilla_runs(a.models, a.jobs, a.steps):
-        for link, bw in (("unlimited", 0.0), ("capped", cap)):
+        for link in a.links.split(","):
+            bw, stands_for = link_bandwidth(link, cap, vanilla)
+            print(f"link {stands_for}", flush=True)
             planned = run(model, shape, k, a.steps, planned=True, budget_frac=a.budget_frac, bandwidth=bw)
             if "error" in planned:
                 print(f"{name} x{k} {link}: planned run failed: {planned['error']}", flush=True)
                 continue
-            row = {"model": name, "input": shape, "jobs": k, "link": link,
+            row = {"model": name, "input": shape, "jobs": k, "link": link, "link_stands_for": stands_for,
                    "link_MiB_s": None if bw == 0 else bw / 2**20, **compare(vanilla, planned)}
             rows.append(row)
             print(f"{name:12s} x{k} {link:9s} VMP {row['vmp_MiB']:7.1f} EMP {row['emp_MiB']:7.1f} MiB  "

@@ -13,7 +13,8 @@ from tensile_tf.cli.run import make_host
 def cmd_plan(args) -> int:
     """Probes and plans the config's jobs exactly as `tensile run` with
     `planner: tensile` does at its start (JobHost.plan_only), without training."""
-    from tensile_tf.config.schema import PlannerKind, parse_swap_link
+    from tensile_tf.config.device_links import parse_swap_link
+    from tensile_tf.config.schema import PlannerKind
     from tensile_tf.units import parse_bytes
 
     cfg, marks = load_checked(args.config)

@@ -27,6 +27,9 @@ Pure: no TensorFlow.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from tensile_tf.units import parse_bytes
 
 
 @dataclass(frozen=True)
@@ -66,3 +69,17 @@ def describe_swap_link(bandwidth_bytes_per_s: float | None, device_link: str | N
     if not bandwidth_bytes_per_s:
         return "unlimited (a memcpy: no device link)"
     return f"{bandwidth_bytes_per_s / 2**20:.1f} MiB/s (given in bytes per second: no device named)"
+
+
+def parse_swap_link(value: Any, what: str) -> int | str | None:
+    """A swap link: None (unlimited), bytes per second ("2GiB", 2147483648) or a
+    device link's name (tensile_tf/config/device_links.py)."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().lower() in DEVICE_LINKS:
+        return value.strip().lower()
+    try:
+        return parse_bytes(value, what=what)
+    except ValueError:
+        raise ValueError(f"{what}: {value!r} is neither bytes per second (e.g. 2GiB) nor a device link "
+                         f"({', '.join(DEVICE_LINKS)})") from None

@@ -29,7 +29,7 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError,
                       ValidationInfo, field_validator, model_validator)
 
-from tensile_tf.config.device_links import DEVICE_LINKS
+from tensile_tf.config.device_links import parse_swap_link
 from tensile_tf.units import parse_bytes
 
 
@@ -43,20 +43,6 @@ class _Strict(BaseModel):
 
 def _size(value: Any, what: str) -> int:
     return parse_bytes(value, what=what)
-
-
-def parse_swap_link(value: Any, what: str) -> int | str | None:
-    """A swap link: None (unlimited), bytes per second ("2GiB", 2147483648) or a
-    device link's name (tensile_tf/config/device_links.py)."""
-    if value is None:
-        return None
-    if isinstance(value, str) and value.strip().lower() in DEVICE_LINKS:
-        return value.strip().lower()
-    try:
-        return _size(value, what)
-    except ValueError:
-        raise ValueError(f"{what}: {value!r} is neither bytes per second (e.g. 2GiB) nor a device link "
-                         f"({', '.join(DEVICE_LINKS)})") from None
 
 
 class ModelSpec(_Strict):
@@ -261,10 +247,8 @@ class RunSpec(_Strict):
     planner: PlannerKind = Field(
         PlannerKind.none, description="tensile: plan swaps and recomputation for the jobs so they fit the pool together")
     swap_bandwidth: int | str | None = Field(
-        None, description="planner: the emulated swap link, in bytes per second (e.g. 2GiB) or named for the "
-        "device it stands for: h200-pcie5 (fp32) or h200-pcie5-bf16, which move the share of a step's peak "
-        "bytes per step measured on that device (Note [Links named for a device] in "
-        "tensile_tf/config/device_links.py) (default: unlimited; the planner then assumes PCIe 3.0 x16)")
+        None, description="planner: the emulated swap link, bytes per second (e.g. 2GiB) or a device link (h200-pcie5, "
+        "h200-pcie5-bf16; tensile_tf/config/device_links.py) (default: unlimited, planned as PCIe 3.0 x16)")
     plan_budget: int | None = Field(
         None, description="planner: the pool bytes the jobs planned together may use at their combined peak, "
         "e.g. 80MiB (default: the pool less a 10% headroom)")
@@ -301,15 +285,12 @@ class RunSpec(_Strict):
     def _split_size(cls, v: Any) -> int | str:
         return v if v == "auto" else _size(v, "split_size")
 
-    @field_validator("plan_budget", mode="before")
+    @field_validator("swap_bandwidth", "plan_budget", mode="before")
     @classmethod
-    def _optional_size(cls, v: Any, info: ValidationInfo) -> int | None:
+    def _optional_size(cls, v: Any, info: ValidationInfo) -> int | str | None:
+        if info.field_name == "swap_bandwidth":   # bytes per second or a device link's name
+            return parse_swap_link(v, "swap_bandwidth")
         return None if v is None else _size(v, info.field_name)
-
-    @field_validator("swap_bandwidth", mode="before")
-    @classmethod
-    def _swap_link(cls, v: Any) -> int | str | None:
-        return parse_swap_link(v, "swap_bandwidth")
 
 
 class RunConfig(_Strict):
@@ -455,8 +436,7 @@ def _duplicate_keys(node: yaml.Node, path: tuple = ()) -> list[tuple[tuple, yaml
             key = key_node.value
             if key in seen:
                 found.append((path + (key,), key_node.start_mark, seen[key]))
-            else:
-                seen[key] = key_node.start_mark
+            seen.setdefault(key, key_node.start_mark)
             found += _duplicate_keys(value_node, path + (key,))
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):

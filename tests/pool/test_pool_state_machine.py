@@ -15,10 +15,11 @@ STREAMS = 3
 class PoolMachine(RuleBasedStateMachine):
     live = Bundle("live")
     capacity = CAPACITY
+    backend = "host"
 
     def __init__(self):
         super().__init__()
-        self.pool = StreamAwarePool(self.capacity, name="prop")
+        self.pool = StreamAwarePool(self.capacity, name="prop", backend=self.backend)
         self.streams = [self.pool.register_stream(f"job{i}") for i in range(STREAMS)]
         self.allocs = {}  # offset -> (stream, rounded size, fill byte)
         self.freed_by = {}  # offset of a freed chunk -> stream, until the next sync
@@ -135,5 +136,21 @@ class PoolMachine(RuleBasedStateMachine):
         assert self.pool.chunks() == [dict(offset=0, size=self.capacity, requested=0, in_use=False, owner=SYNCED)]
 
 
+class AsyncPoolMachine(PoolMachine):
+    """The same machine on the asynchronous host backend (Note [A host backend that behaves
+    like a device]): every free queues a marker on its stream's worker, which runs it only when
+    a sync waits for it; placement, the model and the invariants are the host backend's."""
+
+    backend = "async-host"
+
+    def teardown(self):
+        had_live, waits = bool(self.allocs), self.pool.stats()["num_stream_waits"]
+        super().teardown()
+        if had_live:   # the final sync waited for the streams that freed them
+            assert self.pool.stats()["num_stream_waits"] > waits
+
+
 PoolMachine.TestCase.settings = settings(stateful_step_count=60)
 TestPoolStateMachine = PoolMachine.TestCase
+AsyncPoolMachine.TestCase.settings = settings(stateful_step_count=60)
+TestAsyncPoolStateMachine = AsyncPoolMachine.TestCase

@@ -4,6 +4,8 @@ byte is accounted for and the arena is one free chunk again."""
 import random
 import threading
 
+import pytest
+
 from tf_plugin import SYNCED, PoolOutOfMemory, StreamAwarePool
 
 CAPACITY = 8 * 1024 * 1024
@@ -36,8 +38,9 @@ def worker(pool, stream, seed, rounds, errors):
         errors.append(repr(e))
 
 
-def test_concurrent_streams_stress():
-    pool = StreamAwarePool(CAPACITY, name="stress", trace_capacity=4096)
+@pytest.mark.parametrize("backend", ["host", "async-host"])
+def test_concurrent_streams_stress(backend):
+    pool = StreamAwarePool(CAPACITY, name="stress", trace_capacity=4096, backend=backend)
     streams = [pool.register_stream(f"job{i}") for i in range(6)]
     errors = []
     stop = threading.Event()
@@ -62,5 +65,7 @@ def test_concurrent_streams_stress():
     s = pool.stats()
     assert s["current"] == 0 and s["allocated"] == s["freed"] > 0
     assert all(j["current"] == 0 for j in s["jobs"].values())
+    if backend == "async-host":   # the syncs waited for the streams' queued frees
+        assert s["num_stream_waits"] > 0
     pool.sync_and_coalesce()
     assert pool.chunks() == [dict(offset=0, size=CAPACITY, requested=0, in_use=False, owner=SYNCED)]

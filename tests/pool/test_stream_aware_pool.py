@@ -188,7 +188,7 @@ def test_trace_is_a_bounded_ring():
 def test_bad_arguments_raise_clear_errors():
     with pytest.raises(ValueError):
         StreamAwarePool(0)
-    with pytest.raises(ValueError, match="unknown pool backend 'cuda'"):
+    with pytest.raises(ValueError, match="unknown pool backend 'cuda': the backends built in are: host, async-host"):
         StreamAwarePool(1024, backend="cuda")
     pool = StreamAwarePool(4096)
     with pytest.raises(ValueError, match="no live allocation"):

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <stdexcept>
 
 namespace tensile {
 
@@ -184,6 +185,19 @@ void AsyncHostBackend::EnqueueVerify(StreamId stream, void* ptr, size_t bytes,
 int64_t AsyncHostBackend::DrainAndCountCorruptions() {
   SynchronizeAllStreams();
   return corruptions_.load();
+}
+
+std::unique_ptr<PoolBackend> MakeBackend(const std::string& name, bool stitch) {
+  if (name == "host") return std::make_unique<HostBackend>(stitch);
+  if (name == "async-host") {
+    // Lockstep with no one ticking: queued work (the free markers) runs only
+    // when the pool waits for it, the most asynchronous a device can be.
+    AsyncHostBackend::Options o;
+    o.stitchable = stitch;
+    return std::make_unique<AsyncHostBackend>(o);
+  }
+  throw std::invalid_argument("unknown pool backend '" + name +
+                              "': the backends built in are: host, async-host");
 }
 
 }  // namespace tensile

@@ -118,7 +118,9 @@ class HostBackend : public PoolBackend {
   int fd_ = -1;  // the arena's memory file; -1 when private anonymous
 };
 
+// "host" or "async-host" (AsyncHostBackend, lockstep: async_host_backend.h).
 // `stitch`: whether the backend should support Note [Stitched allocations].
+// Defined in async_host_backend.cc.
 std::unique_ptr<PoolBackend> MakeBackend(const std::string& name, bool stitch = true);
 
 }  // namespace tensile

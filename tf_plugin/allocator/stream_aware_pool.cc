@@ -70,11 +70,7 @@ void HostBackend::UnmapToReserved(void* at, size_t bytes) {
        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
 }
 
-std::unique_ptr<PoolBackend> MakeBackend(const std::string& name, bool stitch) {
-  if (name == "host") return std::make_unique<HostBackend>(stitch);
-  throw std::invalid_argument("unknown pool backend '" + name +
-                              "': the backends built in are: host");
-}
+// MakeBackend: async_host_backend.cc (it knows both host backends).
 
 std::string HumanBytes(int64_t bytes) {
   static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
