@@ -67,7 +67,9 @@ run_step() {  # run_step NAME LIMIT_S CMD...: CMD's JSON lines go to RESULTS
 # ---- build
 CMAKE_ARGS=(-S "$HERE" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release)
 if [ "$GPU" = 1 ]; then
-  CMAKE_ARGS+=(-DCMAKE_CUDA_ARCHITECTURES=native)
+  # The GPU's own architecture ("9.0" -> 90), which any CMake >= 3.18 accepts ("native" needs 3.24).
+  ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+  [ -n "$ARCH" ] && CMAKE_ARGS+=(-DCMAKE_CUDA_ARCHITECTURES="$ARCH")
 fi
 TORCH_ROOT=$("$PYTHON" -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null || true)
 if [ -n "$TORCH_ROOT" ]; then
