@@ -82,6 +82,16 @@ class Job:
     # Called in the host's main thread once the job has ended and released
     # its memory.
     on_end: Callable[[Any], None] | None = None
+    # Runs around every step, the first (probe) step's included: ``before(state, on_device)``
+    # and ``after(state, on_device)``, ``on_device()`` a context in which the variables a
+    # plan keeps on the host are back (Note [fit's loop in a job] in keras_fit.py).
+    step_hooks: Any = None
+
+    @property
+    def history(self):
+        """The ``keras.callbacks.History`` of a job made by ``from_keras`` (else None)."""
+        return self.step_hooks.history if self.step_hooks is not None and hasattr(self.step_hooks, "history") \
+            else None
 
     @classmethod
     def from_train_step(cls, name: str, train_step: TrainStep, *, steps: int,
@@ -102,6 +112,14 @@ class Job:
         job = cls(name=name, build=handed_over, steps=steps, stop_on_nan=stop_on_nan, rebuildable=False)
         job._holder = holder  # type: ignore[attr-defined]
         return job
+
+    @classmethod
+    def from_keras(cls, name: str, model: Any, x: Any = None, y: Any = None, **fit_args: Any) -> "Job":
+        """A job training a compiled ``keras.Model`` as ``model.fit(x, y, **fit_args)`` would,
+        callbacks included; ``job.history`` is fit's History (tensile_tf/jobs/keras_fit.py)."""
+        from tensile_tf.jobs.keras_fit import from_keras
+
+        return from_keras(name, model, x, y, **fit_args)
 
     def forget(self) -> None:
         """Drops a handed-over TrainStep once the job has ended."""

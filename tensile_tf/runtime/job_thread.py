@@ -44,6 +44,9 @@ def run_step(state: JobState, batch: tuple, clock: RunClock) -> None:
     """Runs one step of the job (under the profiler when its latency monitor
     asks, Note [Latency drift]); raises NonFiniteLoss if its loss is NaN or
     infinite and the job stops on that."""
+    hooks = state.job.step_hooks
+    if hooks is not None:   # e.g. Keras callbacks (Note [fit's loop in a job] in tensile_tf/jobs/keras_fit.py)
+        hooks.before(state, lambda: variables_on_device(state))
     stream = state.job_stream
     stream.reset_peak()
     start = clock.now()
@@ -65,6 +68,22 @@ def run_step(state: JobState, batch: tuple, clock: RunClock) -> None:
     if state.job.stop_on_nan and not math.isfinite(value):
         raise NonFiniteLoss(f"job {state.name!r}: loss became {value} at step {state.steps_done - 1}; "
                             "lower the learning rate, or set stop_on_nan: false")
+    if hooks is not None:
+        hooks.after(state, lambda: variables_on_device(state))
+
+
+@contextlib.contextmanager
+def variables_on_device(state: JobState, between_steps: bool = True):
+    """Between two steps, the variables the plan keeps on the host come
+    back for the duration (validation, saving, callbacks) and leave again after."""
+    planned = state.planned_step if between_steps else None
+    if planned is not None:
+        planned.restore()
+    try:
+        yield
+    finally:
+        if planned is not None:
+            planned.evict()
 
 
 def release_first_batch(state: JobState) -> None:
@@ -147,19 +166,7 @@ class JobThread:
     def join(self) -> None:
         self.thread.join()
 
-    @staticmethod
-    @contextlib.contextmanager
-    def _variables_on_device(state: JobState, between_steps: bool = True):
-        """Between two steps, the variables the plan keeps on the host come
-        back for the duration (validation, saving) and leave again after."""
-        planned = state.planned_step if between_steps else None
-        if planned is not None:
-            planned.restore()
-        try:
-            yield
-        finally:
-            if planned is not None:
-                planned.evict()
+    _variables_on_device = staticmethod(variables_on_device)
 
     def _validate(self, state: JobState, *, between_steps: bool) -> None:
         """Validation sees the real variables (``_variables_on_device``)."""
@@ -180,7 +187,10 @@ class JobThread:
                 offset = spec.start_offset_s if spec is not None else 0.0
                 if offset > self.clock.now():  # the planner timed the job to start then (start_offset_s)
                     self.stop.wait(offset - self.clock.now())
-                while state.steps_done < state.job.steps:
+                # on_step runs after every step: the first one ran as the job's probe, before this thread
+                if state.steps_done > 0 and state.job.on_step is not None and state.job.on_step(state) is False:
+                    status = JobStatus.stopped
+                while status == JobStatus.finished and state.steps_done < state.job.steps:
                     if self.gate is not None:   # Note [Joint re-plan on arrival]: parked while a newcomer builds
                         self.gate.at_boundary(state.name, self.stop)
                     if self.stop.is_set():  # the run is being stopped: end at this step boundary

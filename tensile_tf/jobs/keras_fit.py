@@ -1,0 +1,237 @@
+"""Keras users' own compiled models as jobs: ``Job.from_keras``, with ``fit``'s callbacks.
+
+Note [fit's loop in a job]
+A job made by ``from_keras`` trains what ``model.fit`` trains: its step is the model's own
+``train_step`` (the compiled loss, optimizer and metrics; the host wraps it in its tf.function,
+so the capture, plans and node groups treat it as every job's step), and its hooks run fit's
+loop around the host's steps, at fit's points and with fit's logs:
+
+- before a step: ``on_train_begin`` (first step), at an epoch's first step ``reset_metrics``
+  and ``on_epoch_begin``, then ``on_train_batch_begin``;
+- after a step: ``on_train_batch_end`` with the metrics' running results (fit's batch logs);
+  at an epoch's last step the epoch logs, validation by ``model.evaluate`` (``val_*``) and
+  ``on_epoch_end``; after the last step, or when a callback set ``model.stop_training``,
+  ``optimizer.finalize_variable_values`` and ``on_train_end``. The job then stops at that step
+  boundary (status ``stopped`` when a callback ended it early).
+
+The hooks run in the job's thread (the first step's in the host's, where the job is probed), with
+the variables a plan keeps on the host brought back for the duration (so a callback that saves or
+reads weights sees the real ones). Each job's ``keras.callbacks.History`` is ``job.history``.
+
+Where it is not ``fit`` bit for bit, and why:
+- every step has one batch shape (the planned graph is traced for it), so an epoch's last
+  partial batch is dropped: ``steps_per_epoch = len(x) // batch_size``. With ``len(x)`` a
+  multiple of the batch size the batches are fit's;
+- ``shuffle=True`` shuffles each epoch with its own seeded generator (``seed``), not fit's; use
+  ``shuffle=False`` (or a ``tf.data.Dataset``) to compare with fit;
+- the step runs without XLA (the planner rewrites TensorFlow graph ops): a model compiled with
+  ``jit_compile=True`` computes the same function with other rounding;
+- the loss the host records per step is fit's batch log ``loss``: the running mean since the
+  epoch began.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, ContextManager, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+
+class KerasJobError(ValueError):
+    """A model or its data cannot become a job; the message says what to change."""
+
+
+def _floats(logs: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in logs.items()}
+
+
+@dataclass
+class KerasFit:
+    """fit's loop around one job's steps (Note [fit's loop in a job])."""
+
+    model: Any
+    steps_per_epoch: int
+    epochs: int
+    callbacks: Any                      # keras.callbacks.CallbackList (with History)
+    validation: tuple | None = None     # (x, y[, sample_weight]) or a tf.data.Dataset
+    validation_batch_size: int | None = None
+    logs: dict[str, float] = field(default_factory=dict)
+    _begun_batch: int = -1
+    _ended: bool = False
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps_per_epoch * self.epochs
+
+    @property
+    def history(self):
+        return self.model.history
+
+    def before(self, state: Any, on_device: Callable[[], ContextManager]) -> None:
+        step = state.steps_done
+        if step == self._begun_batch:    # a probe step tried again after it ran out of memory
+            return
+        epoch, batch = divmod(step, self.steps_per_epoch)
+        with on_device():
+            if step == 0:
+                self.model.stop_training = False
+                self.callbacks.on_train_begin()
+            if batch == 0:
+                self.model.reset_metrics()
+                self.callbacks.on_epoch_begin(epoch)
+            self.callbacks.on_train_batch_begin(batch)
+        self._begun_batch = step
+
+    def after(self, state: Any, on_device: Callable[[], ContextManager]) -> None:
+        if self._ended:
+            return
+        epoch, batch = divmod(state.steps_done - 1, self.steps_per_epoch)
+        with on_device():
+            self.logs = _floats(self.model.get_metrics_result())
+            self.callbacks.on_train_batch_end(batch, self.logs)
+            if batch == self.steps_per_epoch - 1 or self.model.stop_training:
+                epoch_logs = dict(self.logs)
+                if self.validation is not None:
+                    epoch_logs.update(self._validate())
+                self.callbacks.on_epoch_end(epoch, epoch_logs)
+                self.logs = epoch_logs
+            if state.steps_done >= self.total_steps or self.model.stop_training:
+                self.model.optimizer.finalize_variable_values(self.model.trainable_weights)
+                self.callbacks.on_train_end(logs=self.logs)
+                self._ended = True
+
+    def keep_going(self, state: Any) -> bool:
+        """The job's ``on_step``: False once a callback stopped training."""
+        return not self.model.stop_training
+
+    def _validate(self) -> dict[str, float]:
+        v = self.validation
+        if isinstance(v, tf.data.Dataset):
+            logs = self.model.evaluate(v, verbose=0, return_dict=True, callbacks=self.callbacks)
+        else:
+            x, y, *sw = v
+            logs = self.model.evaluate(x, y, sample_weight=sw[0] if sw else None,
+                                       batch_size=self.validation_batch_size, verbose=0, return_dict=True,
+                                       callbacks=self.callbacks)
+        return {f"val_{k}": float(val) for k, val in logs.items()}
+
+
+class ArrayBatches:
+    """Epochs of ``(x, y[, sample_weight])`` batches from arrays, the last partial batch
+    dropped (Note [fit's loop in a job]); in order, or shuffled per epoch by ``seed``."""
+
+    def __init__(self, arrays: Sequence[np.ndarray], batch_size: int, shuffle: bool, seed: int):
+        self.arrays, self.batch_size, self.shuffle, self.seed = arrays, batch_size, shuffle, seed
+        self.per_epoch = len(arrays[0]) // batch_size
+        self.epoch, self.i, self.order = -1, self.per_epoch, None
+
+    def __call__(self) -> tuple:
+        if self.i >= self.per_epoch:
+            self.epoch, self.i = self.epoch + 1, 0
+            n = len(self.arrays[0])
+            self.order = (np.random.default_rng(self.seed + self.epoch).permutation(n) if self.shuffle
+                          else None)
+        lo, hi = self.i * self.batch_size, (self.i + 1) * self.batch_size
+        self.i += 1
+        if self.order is None:
+            return tuple(a[lo:hi] for a in self.arrays)
+        idx = self.order[lo:hi]
+        return tuple(a[idx] for a in self.arrays)
+
+
+def _check_compiled(name: str, model: Any) -> None:
+    import keras
+
+    if not isinstance(model, keras.Model):
+        raise KerasJobError(f"job {name!r}: from_keras takes a keras.Model, got {type(model).__name__}")
+    if not getattr(model, "compiled", False) or model.optimizer is None:
+        raise KerasJobError(f"job {name!r}: the model is not compiled; call model.compile(optimizer=..., "
+                            "loss=..., metrics=[...]) first (from_keras trains with the compiled settings)")
+
+
+def _split(name: str, x, y, sample_weight, validation_split: float):
+    """Keras' validation_split: the last fraction of the arrays, before any shuffling."""
+    if not 0.0 <= validation_split < 1.0:
+        raise KerasJobError(f"job {name!r}: validation_split must be in [0, 1), got {validation_split}")
+    if not validation_split:
+        return x, y, sample_weight, None
+    at = int(math.floor(len(x) * (1.0 - validation_split)))
+    val = (x[at:], y[at:]) + ((sample_weight[at:],) if sample_weight is not None else ())
+    return x[:at], y[:at], sample_weight[:at] if sample_weight is not None else None, val
+
+
+def _class_weights(name: str, y: np.ndarray, class_weight: dict[int, float]) -> np.ndarray:
+    labels = y.reshape(len(y), -1).argmax(axis=1) if y.ndim > 1 and y.shape[-1] > 1 else y.reshape(len(y))
+    missing = sorted(set(np.unique(labels).tolist()) - set(class_weight))
+    if missing:
+        raise KerasJobError(f"job {name!r}: class_weight has no weight for classes {missing[:5]}")
+    return np.asarray([class_weight[int(c)] for c in labels], dtype=np.float32)
+
+
+def from_keras(name: str, model: Any, x: Any = None, y: Any = None, *, dataset: Any = None,
+               batch_size: int = 32, epochs: int = 1, steps_per_epoch: int | None = None,
+               validation_data: Any = None, validation_split: float = 0.0,
+               validation_batch_size: int | None = None, callbacks: Sequence[Any] = (),
+               shuffle: bool = False, seed: int = 0, class_weight: dict[int, float] | None = None,
+               sample_weight: np.ndarray | None = None, stop_on_nan: bool = True):
+    """A job that trains a compiled ``keras.Model`` as ``model.fit`` would, callbacks included
+    (Note [fit's loop in a job]; the argument names are fit's). Data: arrays ``x`` and ``y``,
+    or a batched ``tf.data.Dataset`` as ``dataset`` (then ``steps_per_epoch``, unless its
+    cardinality is known). The job's ``history`` is the ``keras.callbacks.History`` fit would
+    return."""
+    import keras
+
+    from tensile_tf.jobs.job import Job, TrainStep
+
+    _check_compiled(name, model)
+    if epochs < 1:
+        raise KerasJobError(f"job {name!r}: epochs must be at least 1, got {epochs}")
+    if dataset is not None:
+        if x is not None or y is not None:
+            raise KerasJobError(f"job {name!r}: give arrays x and y, or dataset, not both")
+        if validation_split:
+            raise KerasJobError(f"job {name!r}: validation_split needs arrays; give validation_data "
+                                "with a dataset")
+        if steps_per_epoch is None:
+            cardinality = int(dataset.cardinality())
+            if cardinality <= 0:
+                raise KerasJobError(f"job {name!r}: the dataset's length is unknown or infinite; "
+                                    "give steps_per_epoch")
+            steps_per_epoch = cardinality
+        batches: Any = dataset.repeat()
+    else:
+        if x is None or y is None:
+            raise KerasJobError(f"job {name!r}: give arrays x and y (or dataset=)")
+        x, y = np.asarray(x), np.asarray(y)
+        if len(x) != len(y):
+            raise KerasJobError(f"job {name!r}: x has {len(x)} examples but y has {len(y)}")
+        x, y, sample_weight, split_validation = _split(name, x, y, sample_weight, validation_split)
+        validation_data = validation_data if validation_data is not None else split_validation
+        if class_weight is not None:
+            cw = _class_weights(name, y, class_weight)
+            sample_weight = cw if sample_weight is None else sample_weight * cw
+        arrays = [x, y] + ([np.asarray(sample_weight, dtype=np.float32)] if sample_weight is not None else [])
+        batches = ArrayBatches(arrays, batch_size, shuffle, seed)
+        if batches.per_epoch < 1:
+            raise KerasJobError(f"job {name!r}: {len(x)} training examples make no batch of {batch_size}; "
+                                "lower batch_size")
+        steps_per_epoch = min(steps_per_epoch or batches.per_epoch, batches.per_epoch)
+    if validation_data is not None and not isinstance(validation_data, tf.data.Dataset):
+        validation_data = tuple(validation_data)
+    callback_list = keras.callbacks.CallbackList(list(callbacks), add_history=True, add_progbar=False,
+                                                 epochs=epochs, steps=steps_per_epoch, model=model)
+    fit = KerasFit(model, steps_per_epoch, epochs, callback_list, validation_data,
+                   validation_batch_size or batch_size)
+
+    def step(*batch):
+        return model.train_step(batch)["loss"]
+
+    train = TrainStep(step_fn=step, batches=batches,
+                      variables=[*model.variables, *model.metrics_variables], model=model,
+                      optimizer=model.optimizer)
+    job = Job.from_train_step(name, train, steps=fit.total_steps, stop_on_nan=stop_on_nan)
+    job.on_step = fit.keep_going
+    job.step_hooks = fit
+    return job

@@ -1,0 +1,159 @@
+"""Job.from_keras (Note [fit's loop in a job] in tensile_tf/jobs/keras_fit.py): a compiled
+keras.Model trained in the pool as model.fit trains it, callbacks included.
+
+One module-wide reference: the same model trained by model.fit. Jobs train copies of it
+concurrently in one pool; each must end with fit's weights bit for bit and fit's History
+(deterministic ops, shuffle=False, the example count a multiple of the batch, jit_compile off:
+where from_keras is fit's loop). Callbacks must have their effects: EarlyStopping stops,
+ModelCheckpoint writes a file that loads, TensorBoard writes events, ReduceLROnPlateau lowers
+the learning rate, CSVLogger writes a row an epoch."""
+import csv
+
+import numpy as np
+import pytest
+
+import tensile_tf
+
+tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
+import keras  # noqa: E402
+
+from tensile_tf.jobs.job import Job  # noqa: E402
+from tensile_tf.jobs.keras_fit import KerasJobError  # noqa: E402
+from tensile_tf.runtime import JobHost, JobStatus  # noqa: E402
+from tensile_tf.tf.determinism import enable_deterministic_training  # noqa: E402
+
+enable_deterministic_training()
+
+BATCH, EPOCHS = 32, 3
+rng = np.random.default_rng(0)
+X = rng.normal(size=(256, 16)).astype(np.float32)
+Y = (X[:, :4].argmax(axis=1)).astype(np.int32)
+XV = rng.normal(size=(64, 16)).astype(np.float32)
+YV = (XV[:, :4].argmax(axis=1)).astype(np.int32)
+
+
+def compiled_model(seed: int = 1):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"),
+                              keras.layers.Dense(4, activation="softmax")])
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"], jit_compile=False)
+    return model
+
+
+@pytest.fixture(scope="module")
+def fit_reference():
+    model = compiled_model()
+    history = model.fit(X, Y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, validation_data=(XV, YV),
+                        verbose=0)
+    return model, history.history
+
+
+@pytest.fixture(scope="module")
+def concurrent_jobs(tmp_path_factory):
+    """Two copies of the reference trained concurrently, and a third with callbacks."""
+    out = tmp_path_factory.mktemp("keras")
+    a, b, c = compiled_model(), compiled_model(), compiled_model()
+    lr_seen = []
+
+    class LearningRate(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            lr_seen.append(float(self.model.optimizer.learning_rate))
+
+    callbacks = [
+        # loss never improves by 10: stops after its second epoch (patience 1)
+        keras.callbacks.EarlyStopping(monitor="loss", min_delta=10.0, patience=1),
+        keras.callbacks.ModelCheckpoint(str(out / "best.keras"), monitor="val_loss"),
+        keras.callbacks.TensorBoard(log_dir=str(out / "tb")),
+        keras.callbacks.ReduceLROnPlateau(monitor="loss", min_delta=10.0, patience=0, factor=0.5),
+        keras.callbacks.CSVLogger(str(out / "log.csv")),
+        LearningRate(),
+    ]
+    jobs = {
+        "a": Job.from_keras("a", a, X, Y, batch_size=BATCH, epochs=EPOCHS, validation_data=(XV, YV)),
+        "b": Job.from_keras("b", b, X, Y, batch_size=BATCH, epochs=EPOCHS, validation_data=(XV, YV)),
+        "c": Job.from_keras("c", c, X, Y, batch_size=BATCH, epochs=EPOCHS, validation_data=(XV, YV),
+                            callbacks=callbacks),
+    }
+    host = JobHost(admission="none")
+    states = {name: host.submit(job) for name, job in jobs.items()}
+    result = host.run()
+    return dict(models={"a": a, "b": b, "c": c}, jobs=jobs, states=states, result=result, out=out,
+                lr_seen=lr_seen)
+
+
+def test_from_keras_trains_what_fit_trains_bit_for_bit(fit_reference, concurrent_jobs):
+    reference, history = fit_reference
+    assert concurrent_jobs["result"].most_jobs_running == 3
+    for name in ("a", "b"):
+        state, model = concurrent_jobs["states"][name], concurrent_jobs["models"][name]
+        assert state.status == JobStatus.finished and state.steps_done == EPOCHS * 256 // BATCH
+        for mine, theirs in zip(model.weights, reference.weights):
+            np.testing.assert_array_equal(mine.numpy(), theirs.numpy(), err_msg=f"{name}: {mine.path}")
+        for mine, theirs in zip(model.optimizer.variables, reference.optimizer.variables):
+            np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+        assert concurrent_jobs["jobs"][name].history.history == history   # loss, accuracy, val_* per epoch
+        # the host's per-step loss is fit's batch log: the epoch's running mean, last one = epoch loss
+        assert state.records[-1].loss == pytest.approx(history["loss"][-1], rel=1e-6)
+
+
+def test_callbacks_have_their_effects(concurrent_jobs, fit_reference):
+    state, out = concurrent_jobs["states"]["c"], concurrent_jobs["out"]
+    history = concurrent_jobs["jobs"]["c"].history.history
+    # EarlyStopping: stopped after epoch 2 of 3, at that step boundary
+    assert state.status == JobStatus.stopped and state.steps_done == 2 * 256 // BATCH
+    assert len(history["loss"]) == 2 and set(history) >= {"loss", "accuracy", "val_loss", "val_accuracy"}
+    # its first epoch is the reference's first epoch (same model, same batches)
+    assert history["loss"][0] == fit_reference[1]["loss"][0]
+    # ModelCheckpoint wrote a model that loads and predicts
+    loaded = keras.models.load_model(out / "best.keras")
+    assert loaded.predict(XV[:4], verbose=0).shape == (4, 4)
+    # TensorBoard wrote event files for training and validation
+    assert list((out / "tb" / "train").glob("events.out.tfevents.*"))
+    assert list((out / "tb" / "validation").glob("events.out.tfevents.*"))
+    # ReduceLROnPlateau: the first epoch improves on nothing seen; the second did not improve by
+    # 10, so it halved the learning rate (read after it, in the same on_epoch_end)
+    assert concurrent_jobs["lr_seen"] == pytest.approx([0.01, 0.005])
+    # CSVLogger: a row an epoch
+    rows = list(csv.DictReader((out / "log.csv").open()))
+    assert [int(r["epoch"]) for r in rows] == [0, 1]
+
+
+def test_bad_keras_input_says_what_to_change():
+    with pytest.raises(KerasJobError, match="not compiled; call model.compile"):
+        Job.from_keras("raw", keras.Sequential([keras.Input((16,)), keras.layers.Dense(2)]), X, Y)
+    with pytest.raises(KerasJobError, match="make no batch of 512; lower batch_size"):
+        Job.from_keras("big", compiled_model(), X, Y, batch_size=512)
+    with pytest.raises(KerasJobError, match="x has 256 examples but y has 64"):
+        Job.from_keras("mismatch", compiled_model(), X, YV)
+
+
+def test_a_planned_keras_job_still_trains_what_fit_trains():
+    """The correctness invariant for Keras' own step: planned for a budget below its peak (swaps
+    and recomputation in fit's train_step, metrics included), the job still ends with fit's
+    weights and History bit for bit."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(512, 256)).astype(np.float32)
+    y = (x[:, :8].argmax(axis=1)).astype(np.int32)
+
+    def wide():
+        keras.utils.set_random_seed(2)
+        model = keras.Sequential([keras.Input((256,)), *[keras.layers.Dense(512, activation="relu")
+                                                         for _ in range(3)], keras.layers.Dense(8)])
+        model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9), jit_compile=False,
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        return model
+
+    reference = wide()
+    history = reference.fit(x, y, batch_size=128, epochs=2, shuffle=False, verbose=0).history
+    model = wide()
+    job = Job.from_keras("planned", model, x, y, batch_size=128, epochs=2)
+    host = JobHost(admission="none", planner="tensile", plan_budget="6MiB", swap_bandwidth="1TiB")
+    state = host.submit(job)
+    result = host.run()
+    assert state.status == JobStatus.finished, state.error
+    plan = result.planner.plans[0]
+    assert sum(plan.swap_outs.values()) + sum(plan.recomputes.values()) > 0, plan
+    for mine, theirs in zip(model.weights, reference.weights):
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy(), err_msg=mine.path)
+    assert job.history.history == history
