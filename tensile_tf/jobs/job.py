@@ -114,12 +114,19 @@ class Job:
         return job
 
     @classmethod
-    def from_keras(cls, name: str, model: Any, x: Any = None, y: Any = None, **fit_args: Any) -> "Job":
+    def from_keras(cls, name: str, model: Any, x: Any = None, y: Any = None, *, stop_on_nan: bool = True,
+                   **fit_args: Any) -> "Job":
         """A job training a compiled ``keras.Model`` as ``model.fit(x, y, **fit_args)`` would,
-        callbacks included; ``job.history`` is fit's History (tensile_tf/jobs/keras_fit.py)."""
-        from tensile_tf.jobs.keras_fit import from_keras
+        callbacks included; ``job.history`` is fit's History (Note [fit's loop in a job] in
+        tensile_tf/jobs/keras_fit.py)."""
+        from tensile_tf.jobs.keras_fit import keras_fit
 
-        return from_keras(name, model, x, y, **fit_args)
+        fit, step, batches = keras_fit(name, model, x, y, **fit_args)
+        train = TrainStep(step_fn=step, batches=batches, variables=[*model.variables, *model.metrics_variables],
+                          model=model, optimizer=model.optimizer)
+        job = cls.from_train_step(name, train, steps=fit.total_steps, stop_on_nan=stop_on_nan)
+        job.on_step, job.step_hooks = fit.keep_going, fit
+        return job
 
     def forget(self) -> None:
         """Drops a handed-over TrainStep once the job has ended."""

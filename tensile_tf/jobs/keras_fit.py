@@ -170,20 +170,18 @@ def _class_weights(name: str, y: np.ndarray, class_weight: dict[int, float]) -> 
     return np.asarray([class_weight[int(c)] for c in labels], dtype=np.float32)
 
 
-def from_keras(name: str, model: Any, x: Any = None, y: Any = None, *, dataset: Any = None,
+def keras_fit(name: str, model: Any, x: Any = None, y: Any = None, *, dataset: Any = None,
                batch_size: int = 32, epochs: int = 1, steps_per_epoch: int | None = None,
                validation_data: Any = None, validation_split: float = 0.0,
                validation_batch_size: int | None = None, callbacks: Sequence[Any] = (),
                shuffle: bool = False, seed: int = 0, class_weight: dict[int, float] | None = None,
-               sample_weight: np.ndarray | None = None, stop_on_nan: bool = True):
-    """A job that trains a compiled ``keras.Model`` as ``model.fit`` would, callbacks included
-    (Note [fit's loop in a job]; the argument names are fit's). Data: arrays ``x`` and ``y``,
-    or a batched ``tf.data.Dataset`` as ``dataset`` (then ``steps_per_epoch``, unless its
-    cardinality is known). The job's ``history`` is the ``keras.callbacks.History`` fit would
-    return."""
+               sample_weight: np.ndarray | None = None) -> tuple[KerasFit, Callable, Any]:
+    """fit's loop for a compiled ``keras.Model`` (Note [fit's loop in a job]; the argument
+    names are fit's): the KerasFit hooks, the step function and the batches, which
+    ``Job.from_keras`` makes a job of. Data: arrays ``x`` and ``y``, or a batched
+    ``tf.data.Dataset`` as ``dataset`` (then ``steps_per_epoch``, unless its cardinality is
+    known)."""
     import keras
-
-    from tensile_tf.jobs.job import Job, TrainStep
 
     _check_compiled(name, model)
     if epochs < 1:
@@ -228,10 +226,4 @@ def from_keras(name: str, model: Any, x: Any = None, y: Any = None, *, dataset: 
     def step(*batch):
         return model.train_step(batch)["loss"]
 
-    train = TrainStep(step_fn=step, batches=batches,
-                      variables=[*model.variables, *model.metrics_variables], model=model,
-                      optimizer=model.optimizer)
-    job = Job.from_train_step(name, train, steps=fit.total_steps, stop_on_nan=stop_on_nan)
-    job.on_step = fit.keep_going
-    job.step_hooks = fit
-    return job
+    return fit, step, batches
