@@ -38,7 +38,15 @@ def install(pool_bytes: int | str | None = None) -> None:
         memory.ensure_pool(pool_bytes)
 
 
+# Keras users' entry points (tensile_tf/concurrent_fit.py): they load TensorFlow.
+_KERAS_NAMES = frozenset({"KerasFit", "fit_concurrently"})
+
+
 def __getattr__(name: str) -> Any:
+    if name in _KERAS_NAMES:
+        from tensile_tf import concurrent_fit
+
+        return getattr(concurrent_fit, name)
     if name in _MEMORY_NAMES:
         from tensile_tf.tf import pool as memory
 
@@ -46,5 +54,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'tensile_tf' has no attribute {name!r}")
 
 
-__all__ = ["JobStream", "configure_pool", "human_bytes", "install", "parse_bytes", "pool_stats", "pool_trace",
-           "reset_pool_peak", "sync_pool"]
+__all__ = ["JobStream", "KerasFit", "configure_pool", "fit_concurrently", "human_bytes", "install", "parse_bytes",
+           "pool_stats", "pool_trace", "reset_pool_peak", "sync_pool"]

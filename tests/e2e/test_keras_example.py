@@ -1,0 +1,24 @@
+"""examples/keras_digits.py, shortened: two compiled Keras models trained at once by
+tensile_tf.fit_concurrently, with their callbacks, in a fresh interpreter as a user runs it."""
+import json
+import os
+import subprocess
+import sys
+
+from tests.conftest import REPO_ROOT
+
+
+def test_keras_example_runs_shortened(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TENSILE_POOL_BYTES"} | {"PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run([sys.executable, "examples/keras_digits.py", "--epochs", "2", "--out", str(tmp_path)],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert {j["name"]: j["status"] for j in results["jobs"]} == {"mlp": "finished", "cnn": "finished"}
+    # 1437 training examples (80% of 1797) in batches of 64: 22 steps an epoch
+    assert all(j["steps"] == j["steps_requested"] == 44 for j in results["jobs"])
+    assert results["most_jobs_running"] == 2
+    for name in ("mlp", "cnn"):
+        assert (tmp_path / f"{name}.keras").stat().st_size > 0   # ModelCheckpoint ran at fit's epoch ends
+        assert f"{name}: 2 epochs, val_accuracy" in proc.stdout   # the History fit would return
+    assert (tmp_path / "memory.png").exists() and (tmp_path / "trace.json").exists()
