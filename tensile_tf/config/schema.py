@@ -41,13 +41,9 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def _size(value: Any, what: str) -> int:
-    return parse_bytes(value, what=what)
-
-
 class ModelSpec(_Strict):
-    """Exactly one of: a keras.applications name, a model builder, or a whole
-    train-step factory ("module:function"). ``args`` go to it as keywords."""
+    """Exactly one of: a keras.applications name, a model builder, a whole train-step factory
+    ("module:function"; ``args`` go to it as keywords), or a compiled model saved by Keras."""
 
     application: StrictStr | None = Field(None, description="keras.applications name, e.g. ResNet50")
     builder: StrictStr | None = Field(
@@ -55,15 +51,16 @@ class ModelSpec(_Strict):
         "optimizer, loss and/or dataset")
     train_step_factory: StrictStr | None = Field(
         None, description="'module:function' returning a tensile_tf.TrainStep")
+    keras_file: StrictStr | None = Field(None, description="a compiled model saved by Keras (.keras): its "
+                                         "optimizer, loss and metrics replace optimizer: and loss:")
     args: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _exactly_one(self) -> "ModelSpec":
-        given = [k for k in ("application", "builder", "train_step_factory") if getattr(self, k)]
+        given = [k for k in ("application", "builder", "train_step_factory", "keras_file") if getattr(self, k)]
         if len(given) != 1:
-            raise ValueError(
-                "give exactly one of 'application', 'builder' or 'train_step_factory' "
-                f"(got {', '.join(given) if given else 'none'})")
+            raise ValueError("give exactly one of 'application', 'builder', 'train_step_factory' or 'keras_file' "
+                             f"(got {', '.join(given) if given else 'none'})")
         for key in ("builder", "train_step_factory"):
             ref = getattr(self, key)
             if ref is not None and (ref.count(":") != 1 or not all(ref.split(":"))):
@@ -283,14 +280,14 @@ class RunSpec(_Strict):
     @field_validator("split_size", mode="before")
     @classmethod
     def _split_size(cls, v: Any) -> int | str:
-        return v if v == "auto" else _size(v, "split_size")
+        return v if v == "auto" else parse_bytes(v, what="split_size")
 
     @field_validator("swap_bandwidth", "plan_budget", mode="before")
     @classmethod
     def _optional_size(cls, v: Any, info: ValidationInfo) -> int | str | None:
         if info.field_name == "swap_bandwidth":   # bytes per second or a device link's name
             return parse_swap_link(v, "swap_bandwidth")
-        return None if v is None else _size(v, info.field_name)
+        return None if v is None else parse_bytes(v, what=info.field_name)
 
 
 class RunConfig(_Strict):
@@ -301,7 +298,7 @@ class RunConfig(_Strict):
     @field_validator("pool", mode="before")
     @classmethod
     def _pool_size(cls, v: Any) -> int:
-        return _size(v, "pool")
+        return parse_bytes(v, what="pool")
 
 
 

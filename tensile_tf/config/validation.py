@@ -233,7 +233,12 @@ def reference_problems(spec: JobSpec, loc: tuple, *, searched: set[str] = frozen
                                         {"input_shape", "classes", "batch_size", "seed"}, loc + ("model",),
                                         "train_step_factory")
         return problems   # the factory makes its own optimizer, loss and data
-    if m.application:
+    if m.keras_file:
+        if not Path(m.keras_file).is_file():
+            problems.append(Problem(loc + ("model", "keras_file"), f"{m.keras_file!r} does not exist",
+                                    "save it with model.save('NAME.keras') and give its path "
+                                    "(relative paths start where tensile runs)"))
+    elif m.application:
         problems += _application_problems(spec, loc + ("model",))
     else:
         problems += _reference_problems(m.builder, m.args | dict.fromkeys(from_space), {"input_shape", "classes"},

@@ -286,7 +286,13 @@ def build_train_step(spec: JobSpec) -> TrainStep:
         return made
 
     parts: dict[str, Any] = {}
-    if model_spec.application:
+    if model_spec.keras_file:   # compiled: its optimizer, loss and metrics, and fit's step
+        from tensile_tf.jobs.keras_fit import saved_keras_model
+
+        model = saved_keras_model(spec.name, model_spec.keras_file)
+        parts.update(model=model, optimizer=model.optimizer,
+                     loss=lambda y, pred: model.compute_loss(y=y, y_pred=pred, training=False))
+    elif model_spec.application:
         app = getattr(keras.applications, model_spec.application, None)
         if app is None:
             raise JobBuildError(f"job {spec.name!r}: keras.applications has no model "
@@ -337,6 +343,11 @@ def build_train_step(spec: JobSpec) -> TrainStep:
         batches = synthetic_batches(spec, input_shape, spec.classes)
     if isinstance(batches, tf.data.Dataset):
         batches = batches.repeat()
+    if model_spec.keras_file:
+        from tensile_tf.jobs.keras_fit import keras_train_step
+
+        return TrainStep(step_fn=keras_train_step(model), batches=batches, variables=[
+            *model.variables, *model.metrics_variables], model=model, optimizer=optimizer, validator=validator)
     return TrainStep(step_fn=supervised_train_step(model, optimizer, loss_fn), batches=batches,
                      variables=model.variables, model=model, optimizer=optimizer, validator=validator)
 

@@ -223,7 +223,28 @@ def keras_fit(name: str, model: Any, x: Any = None, y: Any = None, *, dataset: A
     fit = KerasFit(model, steps_per_epoch, epochs, callback_list, validation_data,
                    validation_batch_size or batch_size)
 
+    return fit, keras_train_step(model), batches
+
+
+def keras_train_step(model: Any) -> Callable:
+    """The compiled model's own step (fit's): loss, gradients, optimizer, metrics; returns fit's
+    batch log ``loss``."""
     def step(*batch):
         return model.train_step(batch)["loss"]
 
-    return fit, step, batches
+    return step
+
+
+def saved_keras_model(job: str, path: str) -> Any:
+    """A YAML job's ``model: {keras_file: PATH}``: the model with its compiled settings."""
+    import keras
+
+    try:
+        model = keras.models.load_model(path)
+    except (OSError, ValueError) as e:
+        raise KerasJobError(f"job {job!r}: model.keras_file {path!r} does not load as a Keras model ({e}); "
+                            "save it with model.save('NAME.keras')") from None
+    if not getattr(model, "compiled", False) or model.optimizer is None:
+        raise KerasJobError(f"job {job!r}: model.keras_file {path!r} holds no compiled settings; compile the "
+                            "model (optimizer, loss, metrics) before model.save")
+    return model

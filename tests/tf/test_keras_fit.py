@@ -157,3 +157,28 @@ def test_a_planned_keras_job_still_trains_what_fit_trains():
     for mine, theirs in zip(model.weights, reference.weights):
         np.testing.assert_array_equal(mine.numpy(), theirs.numpy(), err_msg=mine.path)
     assert job.history.history == history
+
+
+def test_a_saved_keras_model_is_a_yaml_jobs_model(tmp_path):
+    """model: {keras_file: PATH}: the saved model trains with its compiled optimizer, loss and
+    metrics (not the job's optimizer: key), through fit's own step."""
+    from tensile_tf.config.schema import JobSpec
+
+    saved = compiled_model(seed=3)
+    saved.compile(optimizer=keras.optimizers.SGD(0.05), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"], jit_compile=False)
+    saved.save(tmp_path / "model.keras")
+    spec = JobSpec.model_validate(dict(name="saved", model={"keras_file": str(tmp_path / "model.keras")},
+                                       input_shape=[16], classes=4, batch_size=32, steps=6, seed=3,
+                                       optimizer={"name": "adam", "learning_rate": 0.5}))
+    job, built = Job.from_spec(spec), []
+    build = job.build
+    job.build = lambda: built.append(build()) or built[-1]   # keep the TrainStep the host releases
+    host = JobHost(admission="none")
+    state = host.submit(job)
+    host.run()
+    assert state.status == JobStatus.finished, state.error
+    optimizer = built[-1].optimizer
+    assert type(optimizer).__name__ == "SGD" and float(optimizer.learning_rate) == pytest.approx(0.05)
+    assert int(optimizer.iterations) == 6   # it is the one that trained
+    assert [r.loss for r in state.records] and all(np.isfinite(r.loss) for r in state.records)
