@@ -86,6 +86,9 @@ class Job:
     # and ``after(state, on_device)``, ``on_device()`` a context in which the variables a
     # plan keeps on the host are back (Note [fit's loop in a job] in keras_fit.py).
     step_hooks: Any = None
+    # (persistent, temporary) bytes predicted before the job is measured, for a job without a
+    # YAML spec (admission probes an unmeasured job beside running ones only if it fits).
+    estimate_needs: Callable[[], tuple[int, int]] | None = None
 
     @property
     def history(self):
@@ -119,13 +122,14 @@ class Job:
         """A job training a compiled ``keras.Model`` as ``model.fit(x, y, **fit_args)`` would,
         callbacks included; ``job.history`` is fit's History (Note [fit's loop in a job] in
         tensile_tf/jobs/keras_fit.py)."""
-        from tensile_tf.jobs.keras_fit import keras_fit
+        from tensile_tf.jobs.keras_fit import estimated_needs, keras_fit
 
         fit, step, batches = keras_fit(name, model, x, y, **fit_args)
         train = TrainStep(step_fn=step, batches=batches, variables=[*model.variables, *model.metrics_variables],
                           model=model, optimizer=model.optimizer)
         job = cls.from_train_step(name, train, steps=fit.total_steps, stop_on_nan=stop_on_nan)
         job.on_step, job.step_hooks = fit.keep_going, fit
+        job.estimate_needs = lambda: estimated_needs(model, fit_args.get("batch_size", 32))
         return job
 
     def forget(self) -> None:

@@ -248,3 +248,21 @@ def saved_keras_model(job: str, path: str) -> Any:
         raise KerasJobError(f"job {job!r}: model.keras_file {path!r} holds no compiled settings; compile the "
                             "model (optimizer, loss, metrics) before model.save")
     return model
+
+
+def estimated_needs(model: Any, batch_size: int) -> tuple[int, int]:
+    """(persistent, temporary) bytes guessed from the model before it ran, for admission (a
+    prediction; the job's probe step then measures them): its variables with two optimizer
+    slots each (Adam's; the optimizer's own when built), and for a step every layer's output
+    kept for the backward pass plus its gradient, and the weights' gradients."""
+    weights = sum(int(np.prod(v.shape)) * v.dtype.itemsize if hasattr(v.dtype, "itemsize") else 4 * int(
+        np.prod(v.shape)) for v in model.variables)
+    slots = sum(int(np.prod(v.shape)) * 4 for v in getattr(model.optimizer, "variables", []) or [])
+    persistent = weights + (slots if slots else 2 * weights)
+    activations = 0
+    for layer in model.layers:
+        for out in tf.nest.flatten(getattr(layer, "output", None)):
+            shape = getattr(out, "shape", None)
+            if shape is not None and all(d is not None for d in shape[1:]):
+                activations += int(np.prod(shape[1:])) * batch_size * 4
+    return persistent, 2 * activations + weights

@@ -107,7 +107,9 @@ class AdmissionControl:
         sig = _signature(state)
         ref = self._measured_by_signature.get(sig) if sig else None
         if ref is None:
-            return None
+            # a Python job's own estimate, e.g. from a Keras model's shapes (keras_fit.estimated_needs)
+            estimate = getattr(state.job, "estimate_needs", None)
+            return estimate() if estimate is not None else None
         batch, p, t = ref
         scale = state.job.spec.batch_size / batch
         return int(p * max(1.0, scale)), int(t * scale)

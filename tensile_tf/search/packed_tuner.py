@@ -1,0 +1,198 @@
+"""KerasTuner trials packed into the pool: several trials of one oracle train at once as jobs.
+
+    from tensile_tf.search.packed_tuner import PackedRandomSearch
+    tuner = PackedRandomSearch(build_model, objective="val_loss", max_trials=12, seed=1,
+                               directory="runs/kt", project_name="digits",
+                               concurrent_trials=4, pool="512MiB")
+    tuner.search(x, y, epochs=10, batch_size=64, validation_split=0.2)
+    tuner.get_best_models()[0]; tuner.results_summary()
+
+Note [Packed KerasTuner trials]
+KerasTuner's own ``search`` runs one trial at a time: create a trial from the oracle, build
+the model, ``model.fit``, report, end the trial. A packed tuner runs ``concurrent_trials``
+such loops at once, one thread each with its own tuner id (the oracle hands each id its own
+trial, as it does to distributed workers), while the calling thread runs one JobHost whose
+jobs are the trials' fits. Everything else is KerasTuner's own code: the trial's callbacks
+(deep-copied per execution, TensorBoard folders per trial, its best-epoch checkpoint that
+``get_best_models`` loads), the metrics it reports, retries and the project directory, so
+``results_summary``, ``get_best_hyperparameters`` and resuming with ``overwrite=False`` (the
+oracle sends trials that were running when the search stopped back for retry) work as users
+expect. The one change: the model a trial builds gets a ``fit`` that trains it as a job in the
+pool (``Job.from_keras``, Note [fit's loop in a job]) and returns fit's History once the job
+has ended. Jobs are admitted by their measured memory (``admission``, default ``salus``) and
+planned like every job (``planner``).
+
+A trial whose job runs out of pool memory beside others is run again alone: its thread waits
+until no other trial's job runs and holds new ones back until it has ended (counted in
+``packing["retried_alone"]``; a trial that fails alone too is KerasTuner's failed trial).
+Builds run one at a time, and without KerasTuner's ``keras.backend.clear_session()`` between
+trials (it would reset Keras' global state under trials still training), so a hypermodel that
+seeds itself builds the same model as in a sequential search.
+
+KerasTuner private names used (keras-tuner 1.4): ``Tuner._build_hypermodel`` (build under
+the tuner's distribution scope), ``BaseTuner._try_run_and_update_trial`` (run, report and
+mark the trial), ``Oracle.create_trial(tuner_id)`` semantics per tuner id.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import keras_tuner
+from keras_tuner.src.engine import trial as trial_module
+
+from tensile_tf.jobs.job import Job
+
+
+class _PackedFits:
+    """The hand-off between trial threads (submit a fit, wait for its end) and the host's
+    run loop (``job_source``, ``on_end``)."""
+
+    def __init__(self, slots: int):
+        self.cond = threading.Condition()
+        self.queue: list[Job] = []
+        self.in_flight = 0
+        self.slots_running = slots
+        self.alone = 0              # trials waiting to run alone, or running alone
+        self.ended: dict[str, Any] = {}
+
+    # trial threads
+    def fit(self, job: Job, *, alone: bool) -> Any:
+        job.on_end = self.on_end
+        with self.cond:
+            if alone:
+                self.alone += 1
+                self.cond.wait_for(lambda: self.in_flight == 0 and not self.queue)
+            else:   # while a trial runs alone, others wait
+                self.cond.wait_for(lambda: self.alone == 0)
+            self.queue.append(job)
+            self.cond.notify_all()
+            self.cond.wait_for(lambda: job.name in self.ended)
+            if alone:
+                self.alone -= 1
+                self.cond.notify_all()
+            return self.ended.pop(job.name)
+
+    def slot_done(self) -> None:
+        with self.cond:
+            self.slots_running -= 1
+            self.cond.notify_all()
+
+    # the host's run loop
+    def job_source(self) -> Job | None:
+        with self.cond:
+            # Nothing runs: wait for a trial thread to submit, or for all of them to finish.
+            self.cond.wait_for(lambda: self.queue or self.in_flight > 0 or self.slots_running == 0)
+            if not self.queue:
+                return None
+            self.in_flight += 1
+            return self.queue.pop(0)
+
+    def on_end(self, state: Any) -> None:
+        with self.cond:
+            self.in_flight -= 1
+            self.ended[state.name] = state
+            self.cond.notify_all()
+
+
+class PackedSearch:
+    """Mixin for a KerasTuner tuner class: ``search`` runs ``concurrent_trials`` trials at
+    once in the device pool (Note [Packed KerasTuner trials])."""
+
+    def __init__(self, *args: Any, concurrent_trials: int = 2, pool: int | str | None = None,
+                 admission: str = "salus", **kwargs: Any):
+        run_keys = {"planner", "swap_bandwidth", "plan_budget", "allocation_wait_ms", "pipeline"}
+        self.run_settings = {k: kwargs.pop(k) for k in list(kwargs) if k in run_keys}
+        self.run_settings["admission"] = admission
+        super().__init__(*args, **kwargs)
+        if concurrent_trials < 1:
+            raise ValueError(f"concurrent_trials must be at least 1, got {concurrent_trials}")
+        self.concurrent_trials, self.pool = concurrent_trials, pool
+        self.packing = {"trials": 0, "retried_alone": 0, "jobs": 0}
+        self.last_run = None   # the host's RunResult of the last search
+        self._build_lock, self._end_lock = threading.Lock(), threading.Lock()
+        self._fits: _PackedFits | None = None
+        self._local = threading.local()
+
+    # -- KerasTuner hooks -------------------------------------------------------------
+    def _try_build(self, hp):
+        with self._build_lock:   # one at a time; no clear_session (module docstring)
+            model = self._build_hypermodel(hp)
+        trial = getattr(self._local, "trial", None)
+        if trial is not None and self._fits is not None:   # a search's trial (not get_best_models)
+            model.fit = lambda *a, **kw: self._fit_in_pool(trial, model, *a, **kw)
+        return model
+
+    def on_trial_end(self, trial):
+        with self._end_lock:   # the oracle and the tuner's file, one trial at a time
+            super().on_trial_end(trial)
+
+    # -- the search ---------------------------------------------------------------------
+    def search(self, *fit_args: Any, **fit_kwargs: Any) -> None:
+        from tensile_tf.runtime import JobHost
+
+        fit_kwargs.pop("verbose", None)
+        self.on_search_begin()
+        fits = self._fits = _PackedFits(self.concurrent_trials)
+        host = JobHost(pool_bytes=self.pool, concurrency=self.concurrent_trials, **self.run_settings)
+        slots = [threading.Thread(target=self._slot, args=(k, fits, fit_args, fit_kwargs), daemon=True,
+                                  name=f"kt-slot-{k}") for k in range(self.concurrent_trials)]
+        for t in slots:
+            t.start()
+        try:
+            self.last_run = host.run(job_source=fits.job_source)   # until every slot has finished
+        finally:
+            for t in slots:
+                t.join()
+        self._fits = None
+        self.on_search_end()
+
+    def _slot(self, k: int, fits: _PackedFits, fit_args: tuple, fit_kwargs: dict) -> None:
+        tuner_id = f"{self.tuner_id}-packed{k}"
+        try:
+            while True:
+                self.pre_create_trial()
+                trial = self.oracle.create_trial(tuner_id)
+                if trial.status == trial_module.TrialStatus.STOPPED:
+                    break
+                if trial.status == trial_module.TrialStatus.IDLE:
+                    continue
+                self._local.trial = trial
+                self._count("trials")
+                self.on_trial_begin(trial)
+                self._try_run_and_update_trial(trial, *fit_args, **fit_kwargs)
+                self.on_trial_end(trial)
+        finally:
+            fits.slot_done()
+
+    def _fit_in_pool(self, trial, model, x=None, y=None, *, verbose=None, **fit_kwargs):
+        from tensile_tf.runtime import JobStatus
+
+        base = f"trial-{trial.trial_id}"
+        for alone in (False, True):
+            job = Job.from_keras(f"{base}-{self._count('jobs')}", model, x, y, **fit_kwargs)
+            state = self._fits.fit(job, alone=alone)
+            if state.status in (JobStatus.finished, JobStatus.stopped):
+                return job.history
+            out_of_memory = state.error_type == "ResourceExhaustedError" or state.status == JobStatus.rejected
+            if alone or not out_of_memory:
+                raise keras_tuner.errors.FailedTrialError(f"{job.name} {state.status.value}: {state.error}")
+            self._count("retried_alone")
+        raise AssertionError("unreachable")
+
+    def _count(self, key: str) -> int:
+        with self._end_lock:
+            self.packing[key] += 1
+            return self.packing[key]
+
+
+def _packed(tuner_class: type) -> type:
+    return type(f"Packed{tuner_class.__name__}", (PackedSearch, tuner_class),
+                {"__doc__": f"{tuner_class.__name__} with trials packed into the pool "
+                            "(Note [Packed KerasTuner trials] in tensile_tf/search/packed_tuner.py)."})
+
+
+PackedTuner = _packed(keras_tuner.Tuner)
+PackedRandomSearch = _packed(keras_tuner.RandomSearch)
+PackedBayesianOptimization = _packed(keras_tuner.BayesianOptimization)
+PackedHyperband = _packed(keras_tuner.Hyperband)

@@ -1,0 +1,78 @@
+"""KerasTuner trials packed into the pool (Note [Packed KerasTuner trials] in
+tensile_tf/search/packed_tuner.py): the same oracle, the same seeds, trials two at a time as
+jobs; the search must score every trial as KerasTuner's own sequential search does (the trials
+train bit for bit like model.fit: shuffle=False, whole batches, deterministic ops), find the same
+best trial, give KerasTuner's own results and best models, and resume from its directory without
+redoing finished trials."""
+import numpy as np
+import pytest
+
+import tensile_tf
+
+tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
+import keras  # noqa: E402
+import keras_tuner  # noqa: E402
+
+from tensile_tf.search.packed_tuner import PackedRandomSearch  # noqa: E402
+from tensile_tf.tf.determinism import enable_deterministic_training  # noqa: E402
+
+enable_deterministic_training()
+
+rng = np.random.default_rng(0)
+X = rng.normal(size=(256, 16)).astype(np.float32)
+Y = (X[:, :4].argmax(axis=1)).astype(np.int32)
+XV = rng.normal(size=(64, 16)).astype(np.float32)
+YV = (XV[:, :4].argmax(axis=1)).astype(np.int32)
+FIT = dict(epochs=2, batch_size=32, validation_data=(XV, YV), shuffle=False, verbose=0)
+
+
+def build(hp):
+    keras.utils.set_random_seed(0)   # seeded by the hypermodel: the same model packed or not
+    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(hp.Choice("units", [8, 16, 32]),
+                                                                      activation="relu"),
+                              keras.layers.Dense(4, activation="softmax")])
+    model.compile(optimizer=keras.optimizers.Adam(hp.Choice("lr", [0.01, 0.003])), jit_compile=False,
+                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def scores(tuner) -> dict:
+    return {tuple(sorted(t.hyperparameters.values.items())): t.score for t in tuner.oracle.trials.values()}
+
+
+@pytest.fixture(scope="module")
+def searches(tmp_path_factory):
+    d = tmp_path_factory.mktemp("kt")
+    sequential = keras_tuner.RandomSearch(build, objective="val_loss", max_trials=4, seed=7, directory=str(d),
+                                          project_name="sequential")
+    sequential.search(X, Y, **FIT)
+    packed = PackedRandomSearch(build, objective="val_loss", max_trials=4, seed=7, directory=str(d),
+                                project_name="packed", concurrent_trials=2)
+    packed.search(X, Y, **FIT)
+    return sequential, packed, d
+
+
+def test_packed_trials_score_as_sequential_ones_and_find_the_same_best(searches):
+    sequential, packed, _ = searches
+    # Whether two trials overlap depends on the machine's speed (how long a build takes against a
+    # trial): not asserted. What is: every trial ran as a job of one host, none lost or retried.
+    assert packed.packing["trials"] == 4 and packed.packing["retried_alone"] == 0
+    assert len(packed.last_run.jobs) == 4 and all(j.status.value == "finished" for j in packed.last_run.jobs)
+    assert len(scores(packed)) == 4 and scores(packed) == scores(sequential)
+    best = packed.get_best_hyperparameters()[0].values
+    assert best == sequential.get_best_hyperparameters()[0].values
+    # KerasTuner's own best model (its best-epoch checkpoint, written by its callback in the job)
+    model = packed.get_best_models()[0]
+    assert model.predict(XV[:4], verbose=0).shape == (4, 4)
+    packed.results_summary(num_trials=2)
+
+
+def test_a_packed_search_resumes_without_redoing_finished_trials(searches):
+    _, packed, d = searches
+    resumed = PackedRandomSearch(build, objective="val_loss", max_trials=6, seed=7, directory=str(d),
+                                 project_name="packed", concurrent_trials=2, overwrite=False)
+    assert len(resumed.oracle.trials) == 4                 # reloaded from the project directory
+    resumed.search(X, Y, **FIT)
+    assert resumed.packing["trials"] == 2                  # only the two new ones ran
+    assert len(resumed.oracle.trials) == 6
+    assert all(t.status == "COMPLETED" for t in resumed.oracle.trials.values())
