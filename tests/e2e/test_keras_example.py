@@ -22,3 +22,19 @@ def test_keras_example_runs_shortened(tmp_path):
         assert (tmp_path / f"{name}.keras").stat().st_size > 0   # ModelCheckpoint ran at fit's epoch ends
         assert f"{name}: 2 epochs, val_accuracy" in proc.stdout   # the History fit would return
     assert (tmp_path / "memory.png").exists() and (tmp_path / "trace.json").exists()
+
+
+def test_keras_tuner_example_runs_shortened_and_resumes(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TENSILE_POOL_BYTES"} | {"PYTHONPATH": str(REPO_ROOT)}
+
+    def search(trials: int) -> str:
+        proc = subprocess.run([sys.executable, "examples/keras_tuner_digits.py", "--trials", str(trials),
+                               "--epochs", "1", "--out", str(tmp_path)],
+                              cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stdout
+
+    assert "trials run here 2, retried alone 0" in search(2)
+    # KerasTuner's project directory kept the two finished trials: the resumed search runs one more
+    assert "trials run here 1, retried alone 0" in search(3)
+    assert len(list((tmp_path / "digits").glob("trial_*/trial.json"))) == 3
