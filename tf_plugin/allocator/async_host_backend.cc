@@ -9,15 +9,17 @@ namespace tensile {
 AsyncHostBackend::AsyncHostBackend(Options options)
     : HostBackend(options.stitchable), options_(options) {}
 
-AsyncHostBackend::~AsyncHostBackend() {
+std::vector<AsyncHostBackend::Worker*> AsyncHostBackend::AllWorkers() {
   std::vector<Worker*> all;
-  {
-    std::lock_guard<std::mutex> lock(workers_mu_);
-    for (auto& w : workers_) {
-      if (w) all.push_back(w.get());
-    }
+  std::lock_guard<std::mutex> lock(workers_mu_);
+  for (auto& w : workers_) {
+    if (w) all.push_back(w.get());
   }
-  for (Worker* w : all) {
+  return all;
+}
+
+AsyncHostBackend::~AsyncHostBackend() {
+  for (Worker* w : AllWorkers()) {
     {
       std::lock_guard<std::mutex> lock(w->mu);
       w->stop = true;
@@ -135,14 +137,7 @@ void AsyncHostBackend::WaitForFree(StreamId stream, FreeTicket ticket) {
 }
 
 void AsyncHostBackend::SynchronizeAllStreams() {
-  std::vector<Worker*> all;
-  {
-    std::lock_guard<std::mutex> lock(workers_mu_);
-    for (auto& w : workers_) {
-      if (w) all.push_back(w.get());
-    }
-  }
-  for (Worker* w : all) {
+  for (Worker* w : AllWorkers()) {
     uint64_t last;
     {
       std::lock_guard<std::mutex> lock(w->mu);
@@ -155,15 +150,8 @@ void AsyncHostBackend::SynchronizeAllStreams() {
 void AsyncHostBackend::Tick() {
   if (!options_.lockstep) return;
   const int64_t now = clock_.fetch_add(1) + 1;
-  std::vector<Worker*> all;
-  {
-    std::lock_guard<std::mutex> lock(workers_mu_);
-    for (auto& w : workers_) {
-      if (w) all.push_back(w.get());
-    }
-  }
   // One stream after another: the order of all work is the trace's.
-  for (Worker* w : all) {
+  for (Worker* w : AllWorkers()) {
     std::unique_lock<std::mutex> lock(w->mu);
     w->allowed_tick = now;
     if (!Runnable(*w)) continue;

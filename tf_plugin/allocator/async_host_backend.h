@@ -115,6 +115,7 @@ class AsyncHostBackend : public HostBackend, public StreamKernels {
   };
 
   Worker& WorkerFor(StreamId stream);
+  std::vector<Worker*> AllWorkers();  // the workers made so far
   uint64_t Enqueue(StreamId stream, Kind kind, char* ptr, size_t bytes,
                    uint64_t pattern);
   // Whether the worker may run its front item now (worker lock held).
