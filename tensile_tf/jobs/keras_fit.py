@@ -57,13 +57,14 @@ class KerasFit:
     callbacks: Any                      # keras.callbacks.CallbackList (with History)
     validation: tuple | None = None     # (x, y[, sample_weight]) or a tf.data.Dataset
     validation_batch_size: int | None = None
+    initial_epoch: int = 0              # fit's initial_epoch: epochs initial_epoch .. epochs - 1 run
     logs: dict[str, float] = field(default_factory=dict)
     _begun_batch: int = -1
     _ended: bool = False
 
     @property
     def total_steps(self) -> int:
-        return self.steps_per_epoch * self.epochs
+        return self.steps_per_epoch * (self.epochs - self.initial_epoch)
 
     @property
     def history(self):
@@ -74,6 +75,7 @@ class KerasFit:
         if step == self._begun_batch:    # a probe step tried again after it ran out of memory
             return
         epoch, batch = divmod(step, self.steps_per_epoch)
+        epoch += self.initial_epoch
         with on_device():
             if step == 0:
                 self.model.stop_training = False
@@ -88,6 +90,7 @@ class KerasFit:
         if self._ended:
             return
         epoch, batch = divmod(state.steps_done - 1, self.steps_per_epoch)
+        epoch += self.initial_epoch
         with on_device():
             self.logs = _floats(self.model.get_metrics_result())
             self.callbacks.on_train_batch_end(batch, self.logs)
@@ -171,7 +174,7 @@ def _class_weights(name: str, y: np.ndarray, class_weight: dict[int, float]) -> 
 
 
 def keras_fit(name: str, model: Any, x: Any = None, y: Any = None, *, dataset: Any = None,
-               batch_size: int = 32, epochs: int = 1, steps_per_epoch: int | None = None,
+               batch_size: int = 32, epochs: int = 1, initial_epoch: int = 0, steps_per_epoch: int | None = None,
                validation_data: Any = None, validation_split: float = 0.0,
                validation_batch_size: int | None = None, callbacks: Sequence[Any] = (),
                shuffle: bool = False, seed: int = 0, class_weight: dict[int, float] | None = None,
@@ -184,8 +187,9 @@ def keras_fit(name: str, model: Any, x: Any = None, y: Any = None, *, dataset: A
     import keras
 
     _check_compiled(name, model)
-    if epochs < 1:
-        raise KerasJobError(f"job {name!r}: epochs must be at least 1, got {epochs}")
+    if not 0 <= initial_epoch < epochs:
+        raise KerasJobError(f"job {name!r}: fit runs epochs initial_epoch .. epochs - 1, so epochs must be "
+                            f"above initial_epoch >= 0 (got epochs={epochs}, initial_epoch={initial_epoch})")
     if dataset is not None:
         if x is not None or y is not None:
             raise KerasJobError(f"job {name!r}: give arrays x and y, or dataset, not both")
@@ -221,7 +225,7 @@ def keras_fit(name: str, model: Any, x: Any = None, y: Any = None, *, dataset: A
     callback_list = keras.callbacks.CallbackList(list(callbacks), add_history=True, add_progbar=False,
                                                  epochs=epochs, steps=steps_per_epoch, model=model)
     fit = KerasFit(model, steps_per_epoch, epochs, callback_list, validation_data,
-                   validation_batch_size or batch_size)
+                   validation_batch_size or batch_size, initial_epoch)
 
     return fit, keras_train_step(model), batches
 

@@ -1,0 +1,130 @@
+"""Trials per hour of a KerasTuner random search on digits-sized models, three ways on the
+same cores (issue 42):
+
+- ``packed``: ``PackedRandomSearch`` (tensile_tf/search/packed_tuner.py), ``--concurrent``
+  trials at once as jobs in one device pool, one process;
+- ``sequential``: KerasTuner's own ``RandomSearch``, one trial at a time, one process, plain
+  TensorFlow (no pool);
+- ``distributed``: KerasTuner's own distributed mode: a chief process serving the oracle over
+  gRPC and ``--concurrent`` worker processes, each a tuner running one trial at a time.
+
+Each mode runs in fresh processes on the same hypermodel (an MLP on scikit-learn's bundled 8x8
+digits, units / dropout / learning rate searched), the same oracle seed, ``--trials`` trials of
+``--epochs`` epochs. Reported: wall time from the first process's start to the last's end,
+trials per hour, trials completed, and trials lost (failed or invalid; for ``packed`` also
+those retried alone).
+
+    PYTHONPATH=. python benchmarks/keras_tuner_bench.py --trials 16 --epochs 5 --concurrent 2
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TRIAL_SCRIPT = r'''
+import json, os, sys
+mode, directory, trials, epochs, concurrent = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+if mode == "packed":
+    import tensile_tf
+    tensile_tf.install("256MiB")
+import keras, keras_tuner, numpy as np
+from sklearn.datasets import load_digits
+
+def build(hp):
+    model = keras.Sequential([keras.Input((64,)),
+                              keras.layers.Dense(hp.Int("units", 32, 512, step=32), activation="relu"),
+                              keras.layers.Dropout(hp.Float("dropout", 0.0, 0.4, step=0.1)),
+                              keras.layers.Dense(hp.Int("units2", 32, 256, step=32), activation="relu"),
+                              keras.layers.Dense(10, activation="softmax")])
+    model.compile(optimizer=keras.optimizers.Adam(hp.Float("lr", 1e-3, 1e-2, sampling="log")),
+                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+d = load_digits()
+x, y = (d.data / 16.0).astype(np.float32), d.target.astype(np.int32)
+order = np.random.default_rng(1).permutation(len(x)); x, y = x[order], y[order]
+kwargs = dict(objective="val_accuracy", max_trials=trials, seed=1, directory=directory, project_name="bench")
+if mode == "packed":
+    from tensile_tf.search.packed_tuner import PackedRandomSearch
+    tuner = PackedRandomSearch(build, concurrent_trials=concurrent, **kwargs)
+else:
+    tuner = keras_tuner.RandomSearch(build, **kwargs)
+tuner.search(x, y, epochs=epochs, batch_size=64, validation_split=0.2, verbose=0)
+if os.environ.get("KERASTUNER_TUNER_ID", "chief") == "chief":
+    statuses = [t.status for t in tuner.oracle.trials.values()]
+    print(json.dumps({"completed": statuses.count("COMPLETED"), "lost": len(statuses) - statuses.count("COMPLETED"),
+                      "packing": getattr(tuner, "packing", None),
+                      "most_at_once": tuner.last_run.most_jobs_running if getattr(tuner, "last_run", None) else None}))
+'''
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_mode(mode: str, a: argparse.Namespace) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("TENSILE_POOL_BYTES", None)
+    with tempfile.TemporaryDirectory() as d:
+        script = Path(d) / "trial_script.py"
+        script.write_text(TRIAL_SCRIPT)
+        args = [str(a.trials), str(a.epochs), str(a.concurrent)]
+        t0 = time.perf_counter()
+        if mode == "distributed":
+            port = str(free_port())
+            base = dict(env, KERASTUNER_ORACLE_IP="127.0.0.1", KERASTUNER_ORACLE_PORT=port)
+            procs = [subprocess.Popen([sys.executable, str(script), mode, d, *args], env=dict(base, KERASTUNER_TUNER_ID=tid),
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                     for tid in ["chief"] + [f"tuner{k}" for k in range(a.concurrent)]]
+            outs = [p.communicate(timeout=3600) for p in procs]
+            rc = max(p.returncode for p in procs)
+            out = outs[0][0]
+            err = "\n".join(e for _, e in outs)
+        else:
+            p = subprocess.run([sys.executable, str(script), mode, d, *args], env=env, capture_output=True,
+                               text=True, timeout=3600)
+            rc, out, err = p.returncode, p.stdout, p.stderr
+        wall = time.perf_counter() - t0
+    lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+    if rc != 0 or not lines:
+        return {"mode": mode, "error": err[-1500:]}
+    got = json.loads(lines[-1])
+    return {"mode": mode, "wall_s": wall, "trials_per_hour": got["completed"] / wall * 3600, **got}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=16)
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--concurrent", type=int, default=2)
+    ap.add_argument("--modes", default="packed,sequential,distributed")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    rows = []
+    for mode in a.modes.split(","):
+        row = run_mode(mode, a)
+        rows.append(row)
+        if "error" in row:
+            print(f"{mode:12s} failed: {row['error']}", flush=True)
+        else:
+            print(f"{mode:12s} {row['completed']:3d} trials completed, {row['lost']} lost in {row['wall_s']:6.1f} s: "
+                  f"{row['trials_per_hour']:7.0f} trials/hour"
+                  + (f"  (retried alone {row['packing']['retried_alone']}, at most {row['most_at_once']} at once)"
+                     if row.get("packing") else ""), flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
