@@ -97,3 +97,19 @@ def test_a_packed_search_resumes_without_redoing_finished_trials(searches):
     assert resumed.packing["trials"] == 2                  # only the two new ones ran
     assert len(resumed.oracle.trials) == 6
     assert all(t.status == "COMPLETED" for t in resumed.oracle.trials.values())
+
+
+def test_packed_hyperband_continues_trials_from_their_checkpoints(tmp_path):
+    """Hyperband's later rounds load an earlier trial's best checkpoint and train on from
+    initial_epoch: both pass through the packed fit."""
+    from tensile_tf.search.packed_tuner import PackedHyperband
+
+    tuner = PackedHyperband(build, objective="val_loss", max_epochs=4, factor=2, hyperband_iterations=1, seed=3,
+                            directory=str(tmp_path), project_name="hb", concurrent_trials=2)
+    tuner.search(X, Y, batch_size=32, validation_data=(XV, YV), shuffle=False, verbose=0)
+    trials = list(tuner.oracle.trials.values())
+    assert trials and all(t.status == "COMPLETED" for t in trials)
+    continued = [t for t in trials if t.hyperparameters.values.get("tuner/initial_epoch", 0) > 0]
+    assert continued, "no trial continued an earlier one"
+    assert tuner.packing["retried_alone"] == 0
+    assert tuner.get_best_models()[0].predict(XV[:2], verbose=0).shape == (2, 4)
