@@ -113,3 +113,68 @@ def test_packed_hyperband_continues_trials_from_their_checkpoints(tmp_path):
     assert continued, "no trial continued an earlier one"
     assert tuner.packing["retried_alone"] == 0
     assert tuner.get_best_models()[0].predict(XV[:2], verbose=0).shape == (2, 4)
+
+
+class _Job:
+    def __init__(self, name):
+        self.name, self.on_end = name, None
+
+
+class _State:
+    def __init__(self, name):
+        self.name = name
+
+
+def test_a_trial_run_alone_waits_for_the_others_and_holds_new_ones_back():
+    """The packing hand-off (_PackedFits) between trial threads and the host's run loop, driven
+    by hand: the run loop's part is this test's thread; trial threads are real threads."""
+    from tensile_tf.search.packed_tuner import _PackedFits
+
+    fits = _PackedFits(slots=3)
+    results = {}
+
+    def trial(name, alone):
+        results[name] = fits.fit(_Job(name), alone=alone)
+
+    a = threading.Thread(target=trial, args=("a", False))
+    a.start()
+    assert fits.job_source().name == "a"                      # the host takes a
+    b = threading.Thread(target=trial, args=("b", True))       # b must run alone
+    b.start()
+    assert fits.job_source() is None                           # a runs: b is not given out beside it
+    fits.on_end(_State("a"))
+    a.join()
+    assert fits.job_source().name == "b"                       # alone, once a has ended
+    c = threading.Thread(target=trial, args=("c", False))
+    c.start()
+    assert fits.job_source() is None                           # c is held back while b runs alone
+    fits.on_end(_State("b"))
+    b.join()
+    assert fits.job_source().name == "c"
+    fits.on_end(_State("c"))
+    c.join()
+    for _ in range(3):
+        fits.slot_done()
+    assert fits.job_source() is None and set(results) == {"a", "b", "c"}
+
+
+def test_a_trial_out_of_memory_beside_others_is_retried_alone_and_counted(tmp_path):
+    from tensile_tf.runtime import JobStatus
+    from tensile_tf.search.packed_tuner import PackedRandomSearch
+
+    tuner = PackedRandomSearch(build, objective="val_loss", max_trials=1, directory=str(tmp_path), project_name="oom")
+    asked = []
+
+    class Fits:   # the host's answers: out of memory beside others, then finished alone
+        def fit(self, job, *, alone):
+            asked.append(alone)
+            state = _State(job.name)
+            state.status = JobStatus.finished if alone else JobStatus.failed
+            state.error_type, state.error = (None, None) if alone else ("ResourceExhaustedError", "OOM")
+            return state
+
+    tuner._fits = Fits()
+    trial = tuner.oracle.create_trial("t")
+    model = build(trial.hyperparameters)
+    assert tuner._fit_in_pool(trial, model, X, Y, batch_size=32, epochs=1) is not None
+    assert asked == [False, True] and tuner.packing["retried_alone"] == 1
