@@ -58,13 +58,14 @@ class KerasFit:
     validation: tuple | None = None     # (x, y[, sample_weight]) or a tf.data.Dataset
     validation_batch_size: int | None = None
     initial_epoch: int = 0              # fit's initial_epoch: epochs initial_epoch .. epochs - 1 run
+    steps: int | None = None            # a step count instead of whole epochs (the last one partial)
     logs: dict[str, float] = field(default_factory=dict)
     _begun_batch: int = -1
     _ended: bool = False
 
     @property
     def total_steps(self) -> int:
-        return self.steps_per_epoch * (self.epochs - self.initial_epoch)
+        return self.steps if self.steps is not None else self.steps_per_epoch * (self.epochs - self.initial_epoch)
 
     @property
     def history(self):
@@ -94,13 +95,14 @@ class KerasFit:
         with on_device():
             self.logs = _floats(self.model.get_metrics_result())
             self.callbacks.on_train_batch_end(batch, self.logs)
-            if batch == self.steps_per_epoch - 1 or self.model.stop_training:
+            last = state.steps_done >= self.total_steps
+            if batch == self.steps_per_epoch - 1 or self.model.stop_training or last:
                 epoch_logs = dict(self.logs)
                 if self.validation is not None:
                     epoch_logs.update(self._validate())
                 self.callbacks.on_epoch_end(epoch, epoch_logs)
                 self.logs = epoch_logs
-            if state.steps_done >= self.total_steps or self.model.stop_training:
+            if last or self.model.stop_training:
                 self.model.optimizer.finalize_variable_values(self.model.trainable_weights)
                 self.callbacks.on_train_end(logs=self.logs)
                 self._ended = True
@@ -175,6 +177,7 @@ def _class_weights(name: str, y: np.ndarray, class_weight: dict[int, float]) -> 
 
 def keras_fit(name: str, model: Any, x: Any = None, y: Any = None, *, dataset: Any = None,
                batch_size: int = 32, epochs: int = 1, initial_epoch: int = 0, steps_per_epoch: int | None = None,
+               steps: int | None = None,
                validation_data: Any = None, validation_split: float = 0.0,
                validation_batch_size: int | None = None, callbacks: Sequence[Any] = (),
                shuffle: bool = False, seed: int = 0, class_weight: dict[int, float] | None = None,
@@ -183,10 +186,16 @@ def keras_fit(name: str, model: Any, x: Any = None, y: Any = None, *, dataset: A
     names are fit's): the KerasFit hooks, the step function and the batches, which
     ``Job.from_keras`` makes a job of. Data: arrays ``x`` and ``y``, or a batched
     ``tf.data.Dataset`` as ``dataset`` (then ``steps_per_epoch``, unless its cardinality is
-    known)."""
+    known). ``steps`` (not fit's): train that many steps instead of whole epochs; the last epoch
+    ends, with its logs and callbacks, at the last step."""
     import keras
 
     _check_compiled(name, model)
+    if steps is not None:   # a step count instead of epochs: as many epochs as it takes
+        if steps < 1:
+            raise KerasJobError(f"job {name!r}: steps must be at least 1, got {steps}")
+        if initial_epoch:
+            raise KerasJobError(f"job {name!r}: give steps or initial_epoch, not both")
     if not 0 <= initial_epoch < epochs:
         raise KerasJobError(f"job {name!r}: fit runs epochs initial_epoch .. epochs - 1, so epochs must be "
                             f"above initial_epoch >= 0 (got epochs={epochs}, initial_epoch={initial_epoch})")
@@ -222,10 +231,12 @@ def keras_fit(name: str, model: Any, x: Any = None, y: Any = None, *, dataset: A
         steps_per_epoch = min(steps_per_epoch or batches.per_epoch, batches.per_epoch)
     if validation_data is not None and not isinstance(validation_data, tf.data.Dataset):
         validation_data = tuple(validation_data)
+    if steps is not None:
+        epochs = -(-steps // steps_per_epoch)
     callback_list = keras.callbacks.CallbackList(list(callbacks), add_history=True, add_progbar=False,
                                                  epochs=epochs, steps=steps_per_epoch, model=model)
     fit = KerasFit(model, steps_per_epoch, epochs, callback_list, validation_data,
-                   validation_batch_size or batch_size, initial_epoch)
+                   validation_batch_size or batch_size, initial_epoch, steps)
 
     return fit, keras_train_step(model), batches
 

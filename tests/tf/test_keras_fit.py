@@ -182,3 +182,13 @@ def test_a_saved_keras_model_is_a_yaml_jobs_model(tmp_path):
     assert type(optimizer).__name__ == "SGD" and float(optimizer.learning_rate) == pytest.approx(0.05)
     assert int(optimizer.iterations) == 6   # it is the one that trained
     assert [r.loss for r in state.records] and all(np.isfinite(r.loss) for r in state.records)
+
+
+def test_steps_instead_of_epochs_ends_a_partial_last_epoch():
+    job = Job.from_keras("steps", compiled_model(), X, Y, batch_size=BATCH, steps=12, validation_data=(XV, YV))
+    host = JobHost(admission="none")
+    state = host.submit(job)
+    host.run()
+    assert state.status == JobStatus.finished and state.steps_done == 12
+    history = job.history.history
+    assert len(history["loss"]) == 2 and len(history["val_loss"]) == 2   # 8 steps, then 4: two epoch ends
