@@ -16,20 +16,13 @@ tensile_tf/jobs/keras_fit.py). Run settings are ``tensile run``'s ``run:`` keys
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 
-@dataclass
 class KerasFit:
     """One model to train: ``model.fit(x, y, **fit_args)``'s arguments and the job's name."""
-
-    name: str
-    model: Any
-    x: Any = None
-    y: Any = None
-    fit_args: dict[str, Any] = field(default_factory=dict)
 
     def __init__(self, name: str, model: Any, x: Any = None, y: Any = None, **fit_args: Any):
         self.name, self.model, self.x, self.y, self.fit_args = name, model, x, y, fit_args

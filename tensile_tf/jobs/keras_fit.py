@@ -48,7 +48,7 @@ def _floats(logs: dict[str, Any]) -> dict[str, float]:
 
 
 @dataclass
-class KerasFit:
+class FitLoop:
     """fit's loop around one job's steps (Note [fit's loop in a job])."""
 
     model: Any
@@ -181,9 +181,9 @@ def keras_fit(name: str, model: Any, x: Any = None, y: Any = None, *, dataset: A
                validation_data: Any = None, validation_split: float = 0.0,
                validation_batch_size: int | None = None, callbacks: Sequence[Any] = (),
                shuffle: bool = False, seed: int = 0, class_weight: dict[int, float] | None = None,
-               sample_weight: np.ndarray | None = None) -> tuple[KerasFit, Callable, Any]:
+               sample_weight: np.ndarray | None = None) -> tuple[FitLoop, Callable, Any]:
     """fit's loop for a compiled ``keras.Model`` (Note [fit's loop in a job]; the argument
-    names are fit's): the KerasFit hooks, the step function and the batches, which
+    names are fit's): the FitLoop hooks, the step function and the batches, which
     ``Job.from_keras`` makes a job of. Data: arrays ``x`` and ``y``, or a batched
     ``tf.data.Dataset`` as ``dataset`` (then ``steps_per_epoch``, unless its cardinality is
     known). ``steps`` (not fit's): train that many steps instead of whole epochs; the last epoch
@@ -235,7 +235,7 @@ def keras_fit(name: str, model: Any, x: Any = None, y: Any = None, *, dataset: A
         epochs = -(-steps // steps_per_epoch)
     callback_list = keras.callbacks.CallbackList(list(callbacks), add_history=True, add_progbar=False,
                                                  epochs=epochs, steps=steps_per_epoch, model=model)
-    fit = KerasFit(model, steps_per_epoch, epochs, callback_list, validation_data,
+    fit = FitLoop(model, steps_per_epoch, epochs, callback_list, validation_data,
                    validation_batch_size or batch_size, initial_epoch, steps)
 
     return fit, keras_train_step(model), batches
@@ -270,9 +270,11 @@ def estimated_needs(model: Any, batch_size: int) -> tuple[int, int]:
     prediction; the job's probe step then measures them): its variables with two optimizer
     slots each (Adam's; the optimizer's own when built), and for a step every layer's output
     kept for the backward pass plus its gradient, and the weights' gradients."""
-    weights = sum(int(np.prod(v.shape)) * v.dtype.itemsize if hasattr(v.dtype, "itemsize") else 4 * int(
-        np.prod(v.shape)) for v in model.variables)
-    slots = sum(int(np.prod(v.shape)) * 4 for v in getattr(model.optimizer, "variables", []) or [])
+    def nbytes(v) -> int:
+        return int(np.prod(v.shape)) * np.dtype(str(v.dtype)).itemsize
+
+    weights = sum(nbytes(v) for v in model.variables)
+    slots = sum(nbytes(v) for v in getattr(model.optimizer, "variables", []) or [])
     persistent = weights + (slots if slots else 2 * weights)
     activations = 0
     for layer in model.layers:
