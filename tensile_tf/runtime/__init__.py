@@ -14,6 +14,8 @@ Files in the order a run goes through them:
 * ``outcome.py``   the memory sampler and the RunResult
 * ``failures.py``  how a job's failure is recorded
 * ``records.py``   the typed records and the results.json schema
+* ``replan_records.py`` the re-plan and drift-check records (``records.py`` re-exports them)
+* ``plan_segments.py`` Note [Plan segments]: a job's steps, plan by plan
 
 Importing it loads TensorFlow and the plugin (``tensile_tf.tf.pool``).
 """

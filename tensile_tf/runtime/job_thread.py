@@ -62,7 +62,7 @@ def run_step(state: JobState, batch: tuple, clock: RunClock) -> None:
     if profile:
         monitor.observe(measured, duration)
     peak = stream.stats().get("peak", 0)
-    state.records.append(StepRecord(state.steps_done, start, duration, value, peak))
+    state.records.append(StepRecord(state.steps_done, start, duration, value, peak, state.plan_number))
     state.steps_done += 1
     state.peak_bytes = max(state.peak_bytes, peak)
     if state.job.stop_on_nan and not math.isfinite(value):

@@ -228,12 +228,15 @@ class JobPlanning:
             return None
         self.plans.append(plan)
         source = self.settings.saved_plan.path if saved_plan_allowed and self.settings.saved_plan else "planned"
+        # Note [Plan segments]: its number in self.plans, and why it was made (the start's plan, plan_cold, plan_alone)
+        reason = "start" if saved_plan_allowed else "cold start" if states[0].cold_planned else "planned alone"
         for s in states:
-            self.adopt(s, plan, steps[s.name], budget, source)
+            self.adopt(s, plan, steps[s.name], budget, source, len(self.plans) - 1, reason)
         return plan
 
     @classmethod
-    def adopt(cls, s: JobState, plan: Plan, step, budget: int, source: str) -> None:
+    def adopt(cls, s: JobState, plan: Plan, step, budget: int, source: str, number: int | None = None,
+              reason: str = "") -> None:
         """Makes ``step`` the job's step (if the plan changes it) and records
         the plan and the needs admission will use."""
         jp = plan.jobs[s.name]
@@ -244,7 +247,9 @@ class JobPlanning:
                 step.evict()  # the first planned step starts as every later one
             s.planned_step = step
             s.step_fn = step
-        s.plan, s.planned_needs = cls.plan_record(s, plan, step, budget, source)
+        record, s.planned_needs = cls.plan_record(s, plan, step, budget, source)
+        record.plan_number, record.reason = number, reason
+        s.run_plan(record)   # Note [Plan segments]
 
     @staticmethod
     def plan_record(s: JobState, plan: Plan, step, budget: int, source: str) -> tuple[PlanRecord, tuple[int, int]]:

@@ -25,6 +25,8 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Callable
 
 from tensile_tf.config.device_links import describe_swap_link
+from tensile_tf.runtime.plan_segments import PlanSegment, plan_segments
+from tensile_tf.runtime.replan_records import DriftCheck, JobReplan, ReplanRecord  # noqa: F401 - re-exported
 from tensile_tf.runtime.threads import Handoff
 
 if TYPE_CHECKING:  # runtime objects, never serialised
@@ -60,6 +62,7 @@ class StepRecord:
     duration_s: float
     loss: float
     peak_bytes: int = 0  # the job's stream peak within this step (Note [Training window])
+    plan: int | None = None   # the plan it ran under, its number (Note [Plan segments]); None: unplanned
 
 
 @dataclass
@@ -83,6 +86,8 @@ class PlanRecord:
     source: str = "planned"      # "planned" (this run) or the plan.json it was loaded from
     order_only: bool = False     # no events, run in plan order (Note [Free-running steps] in scheduler.peak_analysis)
     step_order: str = "plan"     # "free": ops on TF's inter-op threads (Note [Free-order plans] there)
+    plan_number: int | None = None   # its index in the run's plans (planner.plans; Note [Plan segments])
+    reason: str = ""             # why it was made: "start", "cold start", "departure of j0", ...
 
     @property
     def changes_step(self) -> bool:
@@ -110,7 +115,9 @@ class JobState:
     attempts: int = 0                # probes / builds
     admitted_at_s: float | None = None
     ended_at_s: float | None = None
-    plan: PlanRecord | None = None
+    plan: PlanRecord | None = None   # the last plan it ran (each, in order: plan_history)
+    plan_history: list[PlanRecord] = field(default_factory=list)   # Note [Plan segments]
+    plan_attempt: int = field(default=0, repr=False)   # the build (``attempts``) that adopted ``plan``
     planned_needs: tuple[int, int] | None = None   # (P, T) admission uses once planned
     plan_error: str | None = None
     cold_planned: bool = False    # planned before its step ever ran (Note [Cold-start planning])
@@ -144,6 +151,19 @@ class JobState:
             return False
         self.waits.append({"at_s": round(at_s, 6), "why": why})
         return True
+
+    def run_plan(self, record: PlanRecord) -> None:
+        """The job runs under ``record`` from its next step on (Note [Plan segments])."""
+        self.plan = record
+        self.plan_attempt = self.attempts
+        self.plan_history.append(record)
+
+    @property
+    def plan_number(self) -> int | None:
+        """The number of the plan its next step runs under (None: unplanned; a
+        plan of an earlier build, torn down and rebuilt, is not this build's)."""
+        plan = self.plan
+        return plan.plan_number if plan is not None and self.plan_attempt == self.attempts else None
 
     @property
     def name(self) -> str:
@@ -218,8 +238,9 @@ class JobRecord:
     validation: list[Any]              # each validation: step, at_s, loss, metrics, seconds
     model_path: str | None
     checkpoints: list[str]             # the model every checkpoint_every steps, oldest first (relative paths)
-    plan: PlanRecord | None
+    plan: PlanRecord | None            # the last plan it ran
     plan_error: str | None
+    plan_segments: list[PlanSegment] = field(default_factory=list)   # its steps, plan by plan (Note [Plan segments])
 
     @classmethod
     def of(cls, s: JobState) -> "JobRecord":
@@ -235,7 +256,8 @@ class JobRecord:
             step_seconds=[round(r.duration_s, 6) for r in s.records],
             arrived_at_s=s.arrived_at_s, waits=list(s.waits), admitted_at_s=s.admitted_at_s, ended_at_s=s.ended_at_s, weights_digest=s.weights_digest,
             validation=list(s.validation), model_path=s.model_path,
-            checkpoints=list(s.checkpoints), plan=s.plan, plan_error=s.plan_error)
+            checkpoints=list(s.checkpoints), plan=s.plan, plan_error=s.plan_error,
+            plan_segments=plan_segments(s.records, s.plan_history))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -334,53 +356,6 @@ class PlanSummary:
                    plan.bandwidth_bytes_per_s, plan.planning_s, plan.iterations, plan.stop_reason,
                    plan.peak_model, {name: len(jp.swap_outs) for name, jp in plan.jobs.items()},
                    {name: len(jp.recomputes) for name, jp in plan.jobs.items()})
-
-
-@dataclass
-class JobReplan:
-    """One job's part in a re-plan (predictions, labelled as such)."""
-
-    name: str
-    predicted_peak_before_bytes: int       # the job's planned peak under the plan it ran
-    predicted_peak_after_bytes: int
-    swaps_before: int
-    swaps_after: int
-    recomputes_before: int
-    recomputes_after: int
-    median_step_s_before: float | None     # measured, over the steps run before the switch
-    median_step_s_after: float | None = None   # measured, over the steps after it (filled at the end)
-    switched_at_step: int | None = None    # the job's first step on the new plan (None: never switched)
-
-
-@dataclass
-class ReplanRecord:
-    """A re-plan while jobs run (Note [Re-planning on events] in runtime/replanning.py)."""
-
-    at_s: float
-    reason: str                            # e.g. "departure of j0"
-    budget_bytes: int
-    planning_s: float                      # the planner
-    rewrite_s: float                       # rewriting and retracing the jobs' steps
-    predicted_peak_sum_before_bytes: int   # the jobs' predicted planned peaks, summed, under their plans
-    predicted_peak_sum_after_bytes: int    # the same under the new plan
-    jobs: list[JobReplan]
-    error: str | None = None               # a re-plan that failed: the jobs kept their plans
-    newcomer: str | None = None            # an arrival's job, planned with the running ones
-    paused_s: float = 0.0                  # the running jobs parked at a step boundary (arrivals)
-
-
-@dataclass
-class DriftCheck:
-    """One profiled training step of a job (Note [Latency drift] in runtime/replanning.py)."""
-
-    job: str
-    step: int
-    at_s: float
-    change_rate: float            # |s' - s| / s of the EWMA-corrected latencies vs the current plan's
-    profiled_step_s: float        # the profiled step's wall time
-    median_step_s: float | None   # the job's median step before it
-    replan_requested: bool
-    step_order_changed: bool = False   # the table was of the step run in another order: replaced, no re-plan
 
 
 @dataclass

@@ -140,7 +140,7 @@ def take_switch(state: JobState) -> StepSwitch | None:
         else:
             state.step_fn = state.captured.job.step_fn
         state.planned_step = switch.step
-        state.plan = switch.record
+        state.run_plan(switch.record)   # Note [Plan segments]
         state.planned_needs = switch.needs
         if state.latency_monitor is not None and switch.baseline is not None:
             state.latency_monitor.replanned(switch.baseline)
@@ -300,10 +300,12 @@ class Replanner:
                     f"the joint plan predicts {plan.pool_planned_peak_bytes / 2**20:.1f} MiB for a budget of "
                     f"{budget / 2**20:.1f} MiB: the running jobs keep their plans and {newcomer.name} waits")
             switches = {}
+            number = len(self.planning.plans)   # Note [Plan segments]: its index once appended below
             for s in jobs:
                 jp = plan.jobs[s.name]
                 step = steps[s.name] if jp.changes_step else None
                 new, needs = self.planning.plan_record(s, plan, steps[s.name], budget, "re-planned")
+                new.plan_number, new.reason = number, reason
                 old, done = before[s.name]
                 job = JobReplan(s.name, old.predicted_planned_peak_bytes, new.predicted_planned_peak_bytes,
                                 old.swap_outs, new.swap_outs, old.recomputes, new.recomputes,
@@ -319,8 +321,9 @@ class Replanner:
         record.planning_s, record.rewrite_s = plan.planning_s, max(0.0, elapsed - plan.planning_s)
         record.predicted_peak_sum_after_bytes = sum(j.predicted_peak_after_bytes for j in record.jobs)
         self.planning.plans.append(plan)
+        record.plan = number
         if newcomer is not None:
-            self.planning.adopt(newcomer, plan, steps[newcomer.name], budget, "planned")
+            self.planning.adopt(newcomer, plan, steps[newcomer.name], budget, "planned", number, reason)
             newcomer.cold_planned = newcomer.captured.cold
             newcomer.probe_plan_peak_bytes = plan.jobs[newcomer.name].planned_peak_bytes
             newcomer.planned_needs = None   # its probe (the planned step) measures them

@@ -53,6 +53,28 @@ def test_a_departure_replans_the_running_job_which_switches_and_trains_bit_for_b
     assert job["median_step_s_before"] > 0 and job["median_step_s_after"] > 0
     assert first_plan["long"]["plan"]["source"] == "re-planned"
     assert len(first_plan["long"]["losses"]) == 14 and first_plan["long"]["leaked_bytes"] == 0
+    # Note [Plan segments]: each step names the plan it ran under (its index in planner.plans),
+    # switching where the re-plan says; compare.json and the text compare each plan over its own steps
+    plans, segments = planned["planner"]["plans"], first_plan["long"]["plan_segments"]
+    assert plans[replan["plan"]]["jobs"] == ["long"] and replan["plan"] > 0, (replan, plans)
+    assert [s["first_step"] for s in segments] == [0] + [s["last_step"] + 1 for s in segments[:-1]], segments
+    assert segments[-1]["last_step"] == 13 and sum(s["steps"] for s in segments) == 14, segments
+    for s in segments:
+        assert s["plan"] is None or "long" in plans[s["plan"]]["jobs"], (s, plans)
+    (departed,) = [s for s in segments if s["plan"] == replan["plan"]]
+    assert departed["first_step"] == job["switched_at_step"] and departed["reason"] == "departure of short", segments
+    before = segments[segments.index(departed) - 1]
+    assert before["plan"] is not None and before["reason"] == "start" and "short" in plans[before["plan"]]["jobs"]
+    assert before["swap_outs"] == job["swaps_before"] and departed["swap_outs"] == job["swaps_after"], segments
+    assert first_plan["long"]["plan"]["plan_number"] == segments[-1]["plan"]
+    for r in planned["planner"]["replans"]:   # every switch, a drift's too, is where a segment starts
+        for j in r["jobs"]:
+            if j["name"] == "long" and j["switched_at_step"] is not None:
+                assert {"plan": r["plan"], "first_step": j["switched_at_step"], "reason": r["reason"]} \
+                    .items() <= next(s for s in segments if s["plan"] == r["plan"]).items(), (r, segments)
+    compared = {j["name"]: j for j in compare["jobs"]}["long"]["segments"]
+    assert [s["plan"] for s in compared] == [s["plan"] for s in segments if s["plan"] is not None], compared
+    assert f"plan {replan['plan']} (departure of short), step" in proc.stdout
     assert planned["planner"]["swap"]["host"]["current"] == 0   # every host copy came back
     assert "re-planned (departure of short)" in proc.stdout
     trace = json.loads((out / "planned" / "trace.json").read_text())
@@ -235,6 +257,12 @@ def test_an_arrival_is_planned_together_with_the_running_job_and_trains_bit_for_
     assert job["name"] == "long" and job["swaps_after"] > job["swaps_before"], arrival   # tightened
     assert job["switched_at_step"] is not None and arrival["paused_s"] > 0
     assert jobs["late"]["arrived_at_s"] > 0 and jobs["late"]["plan"]["cold_start"]
+    # Note [Plan segments]: `late` probed with the joint plan's step: it ran under that plan from step 0
+    first_segment = jobs["late"]["plan_segments"][0]
+    assert (first_segment["plan"], first_segment["first_step"], first_segment["reason"]) == \
+        (arrival["plan"], 0, "arrival of late"), jobs["late"]["plan_segments"]
+    assert any(s["plan"] == arrival["plan"] and s["first_step"] == job["switched_at_step"]
+               for s in jobs["long"]["plan_segments"]), jobs["long"]["plan_segments"]
     assert jobs["late"]["admitted_at_s"] < jobs["long"]["ended_at_s"]   # ran beside `long`, not after it
     assert planned["most_jobs_running"] == 2 and planned["pool"]["run_ooms"] == 0
     assert all(j["status"] == "finished" and j["leaked_bytes"] == 0 for j in jobs.values())
