@@ -3,6 +3,9 @@
   packed      tensile's SearchDriver: trials run concurrently on one pool,
               as many as admission "sum" allows (sum of P + T fits; safe for
               free-running jobs), at most --jobs
+  packed-nocores  packed without core admission (Note [Admitting by the cores]
+              in tensile_tf/runtime/core_meter.py: no trial starts beside
+              running ones while they keep the cores busy)
   packed-salus  the same with Salus admission (sum P + max T): packs more,
               but free-running trials' temporaries can peak together; a
               trial that runs out of memory beside others is re-queued
@@ -80,7 +83,8 @@ def run_mode(mode: str, pool: str, jobs: int, n_trials: int, cap_batch: int | No
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     t0 = time.perf_counter()
     requeued = 0
-    if mode in ("packed", "packed-salus", "sequential"):
+    extra: dict = {}
+    if mode in ("packed", "packed-salus", "packed-nocores", "sequential"):
         from tensile_tf.runtime import JobHost
         from tensile_tf.search import run_search
 
@@ -88,8 +92,11 @@ def run_mode(mode: str, pool: str, jobs: int, n_trials: int, cap_batch: int | No
             study.enqueue_trial(p)
         result = run_search(study, BASE_JOB, space(), n_trials=len(params),
                             host=JobHost(admission="salus" if mode == "packed-salus" else "sum"),
-                            max_concurrent=1 if mode == "sequential" else jobs)
+                            max_concurrent=1 if mode == "sequential" else jobs,
+                            admit_by_cores=mode != "packed-nocores")
         requeued = len(result.requeued)
+        extra = {"time_breakdown": result.time_breakdown, "core_waits": result.core_waits,
+                 "most_at_once": result.host_result.most_jobs_running}
     else:
         import tensorflow as tf
 
@@ -103,24 +110,33 @@ def run_mode(mode: str, pool: str, jobs: int, n_trials: int, cap_batch: int | No
         for p in params:
             study.enqueue_trial(p)
         errors: list[str] = []
+        # the same phases as Note [Where a trial's time goes], summed over the threads' trials
+        phases = {"build": 0.0, "first_step": 0.0, "data": 0.0, "steps": 0.0}
 
         def objective(trial):
             p = {k: trial.suggest_categorical(k, d.choices) for k, d in space().items()}
             spec = trial_job_spec(BASE_JOB, p, f"t{trial.number}")
             try:
+                t = time.perf_counter()
                 train = build_train_step(spec)
                 step = tf.function(train.step_fn, jit_compile=False)
+                phases["build"] += time.perf_counter() - t
                 records = []
                 for i in range(spec.total_steps):
                     t = time.perf_counter()
-                    loss = float(tf.reduce_mean(step(*train.next_batch())))
-                    records.append(StepRecord(i, 0.0, time.perf_counter() - t, loss))
+                    batch = train.next_batch()
+                    t1 = time.perf_counter()
+                    loss = float(tf.reduce_mean(step(*batch)))
+                    records.append(StepRecord(i, 0.0, time.perf_counter() - t1, loss))
+                    phases["data"] += t1 - t
+                    phases["first_step" if i == 0 else "steps"] += time.perf_counter() - t1
                 return metric_value("final_loss", records, spec.batch_size)
             except Exception as e:  # noqa: BLE001
                 errors.append(f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
                 raise
 
         study.optimize(objective, n_trials=len(params), n_jobs=jobs, catch=(Exception,))
+        extra = {"time_breakdown": {k: round(v, 6) for k, v in phases.items()}}
     wall = time.perf_counter() - t0
     stats = tensile_tf.pool_stats()
     trials = study.get_trials()
@@ -131,7 +147,7 @@ def run_mode(mode: str, pool: str, jobs: int, n_trials: int, cap_batch: int | No
            "failed": sum(t.state == optuna.trial.TrialState.FAIL for t in trials),
            "wall_s": wall, "trials_per_hour": len(done) / wall * 3600, "pool_peak": stats["peak"],
            "pool_ooms": stats.get("num_ooms"), "requeued": requeued,
-           "batches_run": sorted({t.params.get("batch_size") for t in done})}
+           "batches_run": sorted({t.params.get("batch_size") for t in done}), **extra}
     if mode.startswith("optuna"):
         out["errors"] = sorted(set(errors))[:4]
     return out
@@ -176,12 +192,15 @@ def _child(args: list[str]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mode", choices=["packed", "packed-salus", "sequential", "optuna", "optuna-cap", "peaks"])
+    ap.add_argument("--mode", choices=["packed", "packed-salus", "packed-nocores", "sequential", "optuna", "optuna-cap",
+                                        "peaks"])
     ap.add_argument("--pool", default="640MiB")
     ap.add_argument("--jobs", type=int, default=4)
     ap.add_argument("--trials", type=int, default=12)
     ap.add_argument("--cap-batch", type=int, default=None, help="optuna-cap: largest batch size run")
     ap.add_argument("--json", help="write all results here")
+    ap.add_argument("--modes", default="packed,packed-nocores,packed-salus,sequential,optuna,optuna-cap",
+                    help="the modes to run, in order (without --mode)")
     args = ap.parse_args()
     if args.mode == "peaks":
         print(json.dumps({str(k): v for k, v in measure_peaks(args.pool).items()}))
@@ -197,7 +216,7 @@ def main() -> None:
     fitting = [b for b in BATCHES if peaks.get(b, capacity) <= capacity / args.jobs]
     cap = max(fitting) if fitting else min(BATCHES)
     results = {"peaks": peaks, "cap_batch": cap, "modes": []}
-    for mode in ("packed", "packed-salus", "sequential", "optuna", "optuna-cap"):
+    for mode in args.modes.split(","):
         extra = ["--cap-batch", str(cap)] if mode == "optuna-cap" else []
         r = _child(["--mode", mode, *common, *extra])
         results["modes"].append(r)
@@ -213,6 +232,12 @@ def main() -> None:
         print(f"{r['mode']:<12} {r['complete']:>8} {r['failed']:>6} {r['wall_s']:>8.1f} "
               f"{r['trials_per_hour']:>9.0f} {r['pool_peak'] / 2**20:>7.0f} MiB {r['pool_ooms']!s:>5} "
               f"{r.get('requeued', 0):>9}")
+    print("\nwhere the trials' time went (seconds summed over trials; Note [Where a trial's time goes]):")
+    for r in results["modes"]:
+        if r.get("time_breakdown"):
+            parts = ", ".join(f"{k} {v:.1f}" for k, v in r["time_breakdown"].items() if v >= 0.05)
+            more = f"; most at once {r['most_at_once']}, core waits {r['core_waits']}" if "core_waits" in r else ""
+            print(f"  {r['mode']:<14} {parts}{more}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 

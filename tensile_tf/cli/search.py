@@ -207,7 +207,7 @@ def cmd_search(args) -> int:
             study, search.base_job, search.space, n_trials=n_trials, host=host,
             metric=search.objective.metric.value,
             report_every=search.pruning.interval_steps if search.pruning.enabled else None,
-            max_concurrent=search.max_concurrent, on_event=progress.on_event,
+            max_concurrent=search.max_concurrent, admit_by_cores=search.admit_by_cores, on_event=progress.on_event,
             grace_s=args.grace or st.DEFAULT_GRACE_S, exclusive_storage=not shared,
             log=lambda m: progress.progress.console.print(m, highlight=False),
             failures_dir=out_dir / "failures")

@@ -25,7 +25,8 @@ tensile_tf/runtime/replanning.py) ran its steps under several plans (Note
 compared over its own steps (``JobComparison.segments``): the time ratio,
 peaks and MSR of the steps it ran, against vanilla's same step indices, and
 its saving is credited by the rule above with *its* plan and vanilla's
-spread over those steps. The job's whole-window figures stay, but belong to
+spread over those steps, or over the whole window if that is larger (a plan
+that ran a step or two would otherwise see no spread at all). The job's whole-window figures stay, but belong to
 no one plan: their saving is credited only if every plan the job ran in the
 window changed its step (the last plan's swaps and prediction are kept in
 the job's fields, and the text prints each plan's on a row of its own).
@@ -77,7 +78,7 @@ class SegmentComparison:
     steps: int
     vanilla_peak_bytes: int | None
     planned_peak_bytes: int | None
-    vanilla_spread_bytes: int | None     # vanilla's spread over these steps
+    vanilla_spread_bytes: int | None     # vanilla's spread over these steps (at least the whole window's)
     msr: float | None
     credited_msr: float | None           # msr when above that spread and this plan changed the step, else 0
     vanilla_median_step_s: float | None
@@ -99,10 +100,12 @@ def _rewrite_swaps(plan: PlanRecord | None, kind: str) -> int:
     return plan.rewrite.get(f"activation_{kind}", 0) + plan.rewrite.get(f"variable_{kind}", 0) if plan else 0
 
 
-def _compare_segment(vanilla: dict[int, StepRecord], run: list[StepRecord], plan: PlanRecord | None) -> SegmentComparison:
+def _compare_segment(vanilla: dict[int, StepRecord], run: list[StepRecord], plan: PlanRecord | None,
+                     window_spread: int) -> SegmentComparison:
     v = [vanilla[r.index] for r in run]
     vpeak, ppeak = max(r.peak_bytes for r in v), max(r.peak_bytes for r in run)
-    spread = vpeak - min(r.peak_bytes for r in v)
+    # a plan that ran a step or two sees almost no spread of its own: the whole window's is the floor
+    spread = max(vpeak - min(r.peak_bytes for r in v), window_spread)
     msr = _msr(vpeak, ppeak)
     changes = plan is not None and plan.changes_step
     vtime, ptime = statistics.median(r.duration_s for r in v), statistics.median(r.duration_s for r in run)
@@ -127,7 +130,9 @@ def _segments(v: JobState, p: JobState, steps: int) -> tuple[list[SegmentCompari
         return [], None
     plans = plans_by_number(p.plan_history)
     runs = step_runs(window)
-    segments = [_compare_segment(vanilla, run, plans.get(run[0].plan)) for run in runs if run[0].plan is not None]
+    vw = [vanilla[r.index].peak_bytes for r in window]
+    segments = [_compare_segment(vanilla, run, plans.get(run[0].plan), max(vw) - min(vw))
+                for run in runs if run[0].plan is not None]
     return segments, len(segments) == len(runs) and all(s.changes_step for s in segments)
 
 

@@ -16,6 +16,7 @@ Files in the order a run goes through them:
 * ``records.py``   the typed records and the results.json schema
 * ``replan_records.py`` the re-plan and drift-check records (``records.py`` re-exports them)
 * ``plan_segments.py`` Note [Plan segments]: a job's steps, plan by plan
+* ``job_times.py`` Note [Where a trial's time goes]: each job's wall time, phase by phase
 
 Importing it loads TensorFlow and the plugin (``tensile_tf.tf.pool``).
 """

@@ -59,6 +59,7 @@ class Arrivals:
         while self.later and arrive_at(self.later[0]) <= self.host.clock.now():
             state = self.later.popleft()
             state.arrived_at_s = arrive_at(state)   # its waiting counts from then, however busy the loop was
+            state.times.wait_begins("arrival_wait")
             self.waiting.append(state)
             arrived = True
         if arrived:

@@ -180,6 +180,7 @@ class JobThread:
 
     def _train(self) -> None:
         state = self.state
+        began, steps_before = time.perf_counter(), len(state.records)
         try:
             with state.job_stream.eager_scope():
                 status = JobStatus.finished
@@ -197,8 +198,12 @@ class JobThread:
                         status = JobStatus.interrupted
                         break
                     take_switch(state)   # Note [Hot swap]: a re-plan's new step, at this step boundary
-                    first = state.steps_done == 0 and state.first_batch is not None
-                    run_step(state, state.first_batch if first else state.train.next_batch(), self.clock)
+                    if state.steps_done == 0 and state.first_batch is not None:
+                        batch = state.first_batch
+                    else:
+                        with state.times.timed("data"):
+                            batch = state.train.next_batch()
+                    run_step(state, batch, self.clock)
                     if self.after_step is not None:
                         self.after_step(state)
                     if state.first_batch is not None:   # its first step ran (here or as its probe)
@@ -235,4 +240,9 @@ class JobThread:
                 if self.on_end is not None:
                     self.on_end(state)
             finally:   # even if the hook failed: the run loop waits for this
+                # Note [Where a trial's time goes]: the steps, and the rest of the thread's time
+                stepped = sum(r.duration_s for r in state.records[steps_before:])
+                state.times.add("steps", stepped)
+                state.times.add("between_steps", time.perf_counter() - began - stepped - state.times.data)
+                state.times.wait_begins("end_wait")
                 self.inbox.job_ended(state)   # Note [Threads and hand-offs], H2: the record is the run loop's now

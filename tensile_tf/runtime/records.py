@@ -25,6 +25,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Callable
 
 from tensile_tf.config.device_links import describe_swap_link
+from tensile_tf.runtime.job_times import JobTimes
 from tensile_tf.runtime.plan_segments import PlanSegment, plan_segments
 from tensile_tf.runtime.replan_records import DriftCheck, JobReplan, ReplanRecord  # noqa: F401 - re-exported
 from tensile_tf.runtime.threads import Handoff
@@ -125,6 +126,7 @@ class JobState:
     arrived_at_s: float | None = None   # when the job arrived (``arrive_at_s``; 0: at the start)
     waits: list[dict] = field(default_factory=list)   # why it was not started yet: {"at_s", "why"}, each change once
     weights_digest: str | None = None    # sha256 of the final variables (record_weights=True)
+    times: JobTimes = field(default_factory=JobTimes)   # Note [Where a trial's time goes] (job_times.py)
     end_notified: bool = field(default=False, repr=False)  # on_end called
     # Runtime objects, dropped at teardown.
     train: "TrainStep | None" = field(default=None, repr=False)
@@ -240,6 +242,7 @@ class JobRecord:
     checkpoints: list[str]             # the model every checkpoint_every steps, oldest first (relative paths)
     plan: PlanRecord | None            # the last plan it ran
     plan_error: str | None
+    times: dict[str, float] = field(default_factory=dict)   # seconds per phase (Note [Where a trial's time goes])
     plan_segments: list[PlanSegment] = field(default_factory=list)   # its steps, plan by plan (Note [Plan segments])
 
     @classmethod
@@ -256,7 +259,7 @@ class JobRecord:
             step_seconds=[round(r.duration_s, 6) for r in s.records],
             arrived_at_s=s.arrived_at_s, waits=list(s.waits), admitted_at_s=s.admitted_at_s, ended_at_s=s.ended_at_s, weights_digest=s.weights_digest,
             validation=list(s.validation), model_path=s.model_path,
-            checkpoints=list(s.checkpoints), plan=s.plan, plan_error=s.plan_error,
+            checkpoints=list(s.checkpoints), plan=s.plan, plan_error=s.plan_error, times=s.times.to_dict(),
             plan_segments=plan_segments(s.records, s.plan_history))
 
     def to_dict(self) -> dict[str, Any]:

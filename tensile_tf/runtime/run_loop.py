@@ -51,7 +51,7 @@ from tensile_tf.runtime.job_thread import JobThread, RunClock
 from tensile_tf.runtime.nodegroup import NodeGroupCoordinator
 from tensile_tf.runtime.outcome import MemorySampler, RunWindow, held_outside_jobs, run_result
 from tensile_tf.runtime.planning import JobPlanning, PlanningSettings, SavedPlan
-from tensile_tf.runtime.probing import JobLifecycle, ProbeOutcome
+from tensile_tf.runtime.probing import JobLifecycle, ProbeOutcome, objects_before_the_run_frozen
 from tensile_tf.runtime.replanning import LatencyMonitor, Replanner, ReplanRequest
 from tensile_tf.runtime.records import FINAL_STATUSES, JobState, JobStatus, RunResult
 from tensile_tf.runtime.threads import RunLoopInbox, StepGate, StopRequest
@@ -180,7 +180,8 @@ class JobHost:
         Meanwhile an allocation that does not fit waits up to
         ``allocation_wait_ms`` for the other jobs' frees (Note [Waiting for
         frees] in tf_plugin/allocator/tf_pool_allocator.cc)."""
-        with allocation_wait(self.allocation_wait_ms):
+        # Note [Teardown without a full collection] in probing.py
+        with allocation_wait(self.allocation_wait_ms), objects_before_the_run_frozen():
             return self._run(job_source)
 
     def _run(self, job_source: Callable[[], Job | None] | None = None) -> RunResult:
@@ -222,7 +223,9 @@ class JobHost:
                     if not self._threads and not line.later:
                         break  # what waits cannot run even alone
                 next_arrival = line.next_in(self.clock.now())
-                message = self.inbox.next(0.25 if next_arrival is None else min(0.25, next_arrival))
+                # a search driver's source is asked often (Note [Admitting by the cores] reads the cores then)
+                tick = 0.1 if job_source is not None else 0.25
+                message = self.inbox.next(tick if next_arrival is None else min(tick, next_arrival))
                 if message is None:
                     self._idle()
                 elif isinstance(message, ReplanRequest):   # Note [Latency drift]
@@ -247,6 +250,7 @@ class JobHost:
         """A job thread's last message (Note [Threads and hand-offs], H2):
         join it, tear the job down, admit what waits, relax the plans."""
         self._threads.pop(ended.name).join()
+        ended.times.wait_ends()   # end_wait
         self.lifecycle.teardown(ended)
         self.report(ended)
         self.notify_end(ended)
@@ -351,6 +355,7 @@ class JobHost:
                                                    self.clock.now)
         state.status = JobStatus.running
         state.admitted_at_s = self.clock.now()
+        state.times.wait_ends()   # admission_wait (Note [Where a trial's time goes])
         if self.pipeline is not None:   # a no-op for a job that joined with the run's start
             self.pipeline.job_started(state.name, state.stream, state.persistent_bytes, state.temporary_bytes)
         on_end = (lambda s: self.pipeline.job_ended(s.name, s.stream)) if self.pipeline is not None else None
@@ -376,6 +381,7 @@ class JobHost:
                 return
             state = self.submit(job)
             state.arrived_at_s = self.clock.now()
+            state.times.wait_begins("arrival_wait")
             waiting.append(state)
             self.arrivals.admit_waiting()
 

@@ -8,6 +8,7 @@ and a ``search:`` section instead of ``jobs:``::
       sampler: {name: tpe, seed: 0}      # grid | random | tpe (or just `sampler: random`)
       n_trials: 12                        # grid: defaults to the grid's size
       max_concurrent: 4                   # most trials at once (admission may allow fewer)
+      admit_by_cores: true                # no trial starts beside others while they keep the cores busy
       objective: {metric: final_loss, direction: minimize}
       pruning: {enabled: true, n_startup_trials: 3, n_warmup_steps: 20, interval_steps: 10}
       base_job:                           # a job spec (name optional): what every trial starts from
@@ -232,6 +233,8 @@ class SearchSpec(_Strict):
     sampler: SamplerSpec = Field(default_factory=SamplerSpec)
     n_trials: int | None = Field(None, ge=1, description="total trials in the study; grid: the grid's size")
     max_concurrent: int | None = Field(None, ge=1, description="most trials running at once in this process")
+    admit_by_cores: bool = Field(True, description="start no trial beside running ones while they keep the cores "
+                                 "busy (Note [Admitting by the cores] in tensile_tf/runtime/core_meter.py)")
     objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
     pruning: PruningSpec = Field(default_factory=PruningSpec)
 

@@ -55,6 +55,7 @@ from pydantic import ValidationError
 
 from tensile_tf.config.schema import JobSpec
 from tensile_tf.runtime import JobHost, JobRecord, JobState, JobStatus
+from tensile_tf.runtime.core_meter import CoreAdmission
 from tensile_tf.jobs.job import Job
 from tensile_tf.search import storage as st
 from tensile_tf.search.config import trial_job_spec
@@ -79,7 +80,8 @@ class SearchDriver:
                  max_concurrent: int | None = None, grace_s: float = st.DEFAULT_GRACE_S,
                  heartbeat_s: float = st.HEARTBEAT_S, exclusive_storage: bool = False,
                  on_event: Callable[[str, "SearchDriver", TrialRun | None], None] | None = None,
-                 log: Callable[[str], None] | None = None, failures_dir: "Path | None" = None):
+                 log: Callable[[str], None] | None = None, failures_dir: "Path | None" = None,
+                 admit_by_cores: bool = True):
         if n_trials is not None and n_trials < 1:
             raise ValueError(f"n_trials must be at least 1 (got {n_trials})")
         if max_concurrent is not None and max_concurrent < 1:
@@ -112,6 +114,8 @@ class SearchDriver:
         self.requeued: list[int] = []
         self._exhausted = False
         self._alone: TrialRun | None = None   # a packing-OOM retry, run alone
+        # Note [Admitting by the cores] in tensile_tf/runtime/core_meter.py
+        self.cores = CoreAdmission(log=self._log) if admit_by_cores else None
 
     # ---------------------------------------------------------- helpers
 
@@ -164,6 +168,8 @@ class SearchDriver:
             return alone.job
         if self.max_concurrent is not None and len(self.in_flight) >= self.max_concurrent:
             return None
+        if self.cores is not None and not self.cores.allows(running=any(r.issued for r in self.in_flight)):
+            return None
         self._recover()
         while True:
             if self.n_trials is not None and st.counted_trials(self.study) >= self.n_trials:
@@ -198,6 +204,12 @@ class SearchDriver:
                     return None   # held until the others end
             run.issued = True
             return run.job
+
+    def _started(self, run: TrialRun) -> None:
+        """The host started the trial's job (a progress update saw it running)."""
+        if not run.started and self.cores is not None:
+            self.cores.started()
+        run.started = True
 
     def _job_name(self, number: int) -> str:
         name = f"{self.base_name}-{number}"
@@ -249,6 +261,11 @@ class SearchDriver:
     def _finish(self, run: TrialRun, state: JobState) -> None:
         if run.told is not None:
             return
+        t = time.perf_counter()
+        self._finish_untimed(run, state)   # never raises: _tell logs what the study refused
+        run.tell_s += time.perf_counter() - t
+
+    def _finish_untimed(self, run: TrialRun, state: JobState) -> None:
         run.state = state
         self._reporter.flush(run)
         facts = self._facts(state)
@@ -360,7 +377,8 @@ class SearchDriver:
             self._reporter.stop()
             self.host.progress = previous
         return SearchResult(study=self.study, trials=list(self.runs), host_result=result,
-                            wall_s=time.perf_counter() - t0, requeued=list(self.requeued))
+                            wall_s=time.perf_counter() - t0, requeued=list(self.requeued),
+                            core_waits=self.cores.waits if self.cores is not None else 0)
 
     def _abandon(self, reason: str) -> None:
         """Fails and re-queues this driver's unfinished trials (Ctrl-C, a crash)."""
@@ -389,6 +407,8 @@ class _SweepingProgress:
         run = self.driver._by_job.get(state.name)  # noqa: SLF001
         if run is not None:
             run.state = state
+            if state.status == JobStatus.running:
+                self.driver._started(run)  # noqa: SLF001
             if run.told is None and state.status in _ENDED and state.train is None \
                     and state.job_stream is None:
                 self.driver._finish(run, state)  # noqa: SLF001

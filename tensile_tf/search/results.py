@@ -10,7 +10,10 @@ results.json schema::
     {"schema_version": the runtime's SCHEMA_VERSION,
      "study": {"name", "storage", "direction", "metric", "n_trials"},
      "pool": {"capacity"},
-     "worker": {"host", "pid", "wall_s", "trials_run", "trials_per_hour", "requeued"},
+     "worker": {"host", "pid", "wall_s", "trials_run", "trials_per_hour", "requeued",
+                "most_trials_running", "time_breakdown": seconds per phase summed over this
+                worker's trials (Note [Where a trial's time goes]) and "tell", "core_waits":
+                trial starts put off while the cores were busy (Note [Admitting by the cores])},
      "counts": {"COMPLETE": n, "PRUNED": n, "FAIL": n, ...},
      "packing_oom_retries": n (trials re-queued after a packing OOM, run alone),
      "best": {"number", "value", "params"} | null,
@@ -66,6 +69,7 @@ class TrialFacts:
     traceback_path: str | None = None
     started_at: float | None = None    # Unix time of admission
     ended_at: float | None = None
+    times: dict[str, float] | None = None   # seconds per phase (Note [Where a trial's time goes])
 
     @classmethod
     def of(cls, record: JobRecord, *, started_at: float | None, ended_at: float | None) -> "TrialFacts":
@@ -77,7 +81,8 @@ class TrialFacts:
                    final_loss=record.final_loss,
                    validation=[v if isinstance(v, dict) else asdict(v) for v in record.validation],
                    error=record.error, error_type=record.error_type,
-                   traceback_path=record.traceback_path, started_at=started_at, ended_at=ended_at)
+                   traceback_path=record.traceback_path, started_at=started_at, ended_at=ended_at,
+                   times=record.times)
 
     @classmethod
     def from_attrs(cls, attrs: dict[str, Any] | None) -> "TrialFacts":
@@ -141,7 +146,8 @@ def results_dict(study: optuna.Study, *, storage_url: str, metric: str, n_trials
         worker.update(wall_s=result.wall_s, trials_run=len(ended),
                       trials_per_hour=len(ended) / result.wall_s * 3600 if result.wall_s > 0 else None,
                       requeued=result.requeued,
-                      most_trials_running=result.host_result.most_jobs_running if result.host_result else None)
+                      most_trials_running=result.host_result.most_jobs_running if result.host_result else None,
+                      time_breakdown=result.time_breakdown, core_waits=result.core_waits)
     return {
         "schema_version": SCHEMA_VERSION,
         "study": {"name": study.study_name, "storage": st.redact(storage_url),

@@ -41,11 +41,13 @@ class TrialRun:
     params: dict[str, Any]
     retry_of: int | None = None
     issued: bool = False              # its job was handed to the host
+    started: bool = False             # the host started it (admitted, training)
     state: "JobState | None" = None
     prune: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
     pending_reports: int = 0
     told: TrialState | None = None
     value: float | None = None
+    tell_s: float = 0.0               # the driver's bookkeeping when the trial ended (facts, tell)
 
     @property
     def number(self) -> int:
@@ -64,6 +66,17 @@ class SearchResult:
     host_result: "RunResult | None"
     wall_s: float
     requeued: list[int] = field(default_factory=list)  # interrupted trials found and re-queued
+    core_waits: int = 0   # trial starts put off because the cores were busy (Note [Admitting by the cores])
+
+    @property
+    def time_breakdown(self) -> dict[str, float]:
+        """Seconds per phase summed over this driver's trials, and the
+        driver's own ``tell`` (Note [Where a trial's time goes] in
+        tensile_tf/runtime/job_times.py)."""
+        from tensile_tf.runtime.job_times import phase_totals
+
+        totals = phase_totals([t.state.times.to_dict() for t in self.trials if t.state is not None])
+        return totals | {"tell": round(sum(t.tell_s for t in self.trials), 6)}
 
     @property
     def counts(self) -> dict[str, int]:

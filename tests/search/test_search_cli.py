@@ -8,6 +8,8 @@ import sqlite3
 import subprocess
 import time
 
+import pytest
+
 from tests.conftest import REPO_ROOT
 from tests.search.conftest import cli_env, explain, run_search_cli, search_cmd, write_yaml
 
@@ -20,6 +22,7 @@ def test_grid_search_runs_every_point_once_with_trials_packed(tmp_path):
           study_name: grid
           sampler: {name: grid, seed: 0}
           max_concurrent: 4
+          admit_by_cores: false   # packed however busy the cores: the test asserts what admission allows
           objective: {metric: final_loss, direction: minimize}
           base_job:
             model: {train_step_factory: "tests.job_factories:dense_regression"}
@@ -45,6 +48,15 @@ def test_grid_search_runs_every_point_once_with_trials_packed(tmp_path):
     assert results["schema_version"] == 3   # the runtime's results.json schema (records.SCHEMA_VERSION)
     # Admission packed the trials: the host held them all at once (what it recorded, not timing).
     assert results["worker"]["most_trials_running"] >= 2, (results["worker"], explain(proc))
+    # Note [Where a trial's time goes]: every phase a trial went through was measured, and the
+    # worker's breakdown is their sum over the trials (plus the driver's tells)
+    for t in trials:
+        times = t["job"]["times"]
+        assert all(times[p] > 0 for p in ("build", "trace", "probe_step", "steps", "teardown")), times
+        assert times["capture"] == 0   # no planner
+    breakdown = results["worker"]["time_breakdown"]
+    assert breakdown["tell"] > 0 and results["worker"]["core_waits"] == 0
+    assert breakdown["steps"] == pytest.approx(sum(t["job"]["times"]["steps"] for t in trials), abs=1e-5)
     assert (out / "study.db").exists()
     # Optuna's own plots; two searched parameters: a contour too
     for png in ("objective.png", "params.png", "importances.png", "parallel_coordinates.png", "contour.png"):
@@ -60,6 +72,7 @@ def test_random_search_of_a_keras_model_stays_in_the_space(tmp_path):
           sampler: {name: random, seed: 7}
           n_trials: 4
           max_concurrent: 3
+          admit_by_cores: false
           objective: {metric: best_loss, direction: minimize}
           base_job:
             model: {builder: "tensile_tf.jobs.zoo:mlp", args: {hidden: [32]}}
@@ -100,7 +113,7 @@ def test_the_tpe_search_quickstart_runs_shortened_and_draws_optunas_plots(tmp_pa
 
     doc = yaml.safe_load((REPO_ROOT / "configs" / "search_quickstart.yaml").read_text())
     search = doc["search"]
-    search.update(n_trials=5, max_concurrent=3)
+    search.update(n_trials=5, max_concurrent=3, admit_by_cores=False)
     search["sampler"]["n_startup_trials"] = 3
     search["pruning"].update(n_startup_trials=2, n_warmup_steps=20)
     search["base_job"].update(steps=60, validate_every=30)

@@ -102,15 +102,17 @@ def test_each_plan_is_compared_over_its_own_steps_and_credited_by_its_own_plan()
     first, second, third = job.segments
     assert [(s.plan, s.reason, s.first_step, s.last_step, s.steps) for s in job.segments] == [
         (0, "start", 1, 4, 4), (1, "departure of j0", 5, 8, 4), (2, "latency drift of j", 9, 11, 3)]
-    # plan 0: vanilla 41 MiB (spread 1 MiB) over steps 1-4, planned 25 MiB, twice as slow: credited
-    assert (first.vanilla_peak_bytes, first.vanilla_spread_bytes, first.planned_peak_bytes) == (41 * MiB, MiB, 25 * MiB)
+    # plan 0: vanilla 41 MiB over steps 1-4 (its own spread 1 MiB, the whole window's 11 MiB: the floor),
+    # planned 25 MiB, twice as slow: credited
+    assert (first.vanilla_peak_bytes, first.vanilla_spread_bytes, first.planned_peak_bytes) == \
+        (41 * MiB, 11 * MiB, 25 * MiB)
     assert first.msr == first.credited_msr == (41 - 25) / 41 and first.time_ratio == 2.0
     assert (first.swap_outs, first.swap_ins, first.changes_step, first.predicted_msr) == (3, 3, True, 0.31)
-    # plan 1 saves 10 MiB, well beyond vanilla's 0 spread over steps 5-8, yet leaves the step as it is
+    # plan 1 saves 10 MiB (vanilla moved 0 over steps 5-8) and leaves the step as it is: not its saving
     assert second.msr == 0.25 and second.credited_msr == 0.0 and not second.changes_step
     assert second.time_ratio == 1.0 and second.swap_outs == 0
     # plan 2 saves 7 MiB where vanilla itself moved 10 MiB over steps 9-11: noise
-    assert second.vanilla_spread_bytes == 0 and third.vanilla_spread_bytes == 10 * MiB
+    assert second.vanilla_spread_bytes == third.vanilla_spread_bytes == 11 * MiB   # the window's, at least
     assert third.msr == (40 - 33) / 40 and third.credited_msr == 0.0 and third.changes_step
     assert abs(third.time_ratio - 1.5) < 1e-9
     # the whole window belongs to no one plan: plan 1 ran some of it without changing the step
