@@ -36,8 +36,11 @@ counts.
 """
 from __future__ import annotations
 
+import contextlib
+import gc
+import time
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import tensorflow as tf
 
@@ -46,7 +49,7 @@ from tensile_tf.scheduler.job_graph import JobGraph
 from tensile_tf.scheduler.latency_predictor import cold_start_latency
 from tensile_tf.scheduler.planner import plan_in_step_order
 from tensile_tf.tf.capture import capture_job_graph, measure_op_latencies
-from tensile_tf.tf.rewrite import REWRITE_PREFIX, PlannedStep, apply_plan, chain_in_plan_order
+from tensile_tf.tf.rewrite import REWRITE_PREFIX, PlannedStep, RewriteReport, apply_plan, chain_in_plan_order
 from tensile_tf.tf.step_memory import (MIN_TRACED_STEPS, StepMemory, apply_step_memory, executor_order,
                                        measure_step_memory)
 
@@ -172,7 +175,8 @@ def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
                   peaking_jobs: int | None = None,
                   unplanned_peaking_jobs: int | None = None,
                   strategy: str = "tensile", step_order: str = "plan",
-                  unchain: bool = True) -> tuple[Plan, dict[str, PlannedStep]]:
+                  unchain: bool = True, current: Mapping[str, PlannedStep] | None = None,
+                  rewrite_unchanged: bool = True) -> tuple[Plan, dict[str, PlannedStep]]:
     """Plans captured jobs together and rewrites each one's step.
     ``peaking_jobs``: with ``coincident_peaks``, how many jobs' peaks meet
     (Note [Paired peaks] in tensile_tf.scheduler.peak_analysis);
@@ -186,18 +190,43 @@ def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
     ``step_order``: "plan" chains each planned step's ops in plan order,
     "free" leaves them to the executor's threads, "auto" takes the free-order
     plan when it meets the budget by swaps alone and plans in plan order
-    otherwise (Note [Free-order plans] in tensile_tf.scheduler.peak_analysis)."""
+    otherwise (Note [Free-order plans] in tensile_tf.scheduler.peak_analysis).
+    ``current``: each job's planned step now (a re-plan), reused where the
+    new plan rewrites the step the same way; ``rewrite_unchanged`` False: a
+    plan that leaves a step as it is gets the job's own step back, no
+    rewrite (Note [Re-plans users do not feel])."""
     from tensile_tf.scheduler.baselines import STRATEGIES
 
     if strategy not in STRATEGIES:
         raise ValueError(f"planner strategy {strategy!r}: choose one of {sorted(STRATEGIES)}")
-    plan = plan_in_step_order(STRATEGIES[strategy], [c.planner_job for c in captured], step_order,
-                              pool_bytes=pool_bytes,
-                              bandwidth_bytes_per_s=bandwidth_bytes_per_s or DEFAULT_BANDWIDTH_BYTES_PER_S,
-                              horizon_iterations=horizon_iterations, enable_recompute=enable_recompute,
-                              coincident_peaks=coincident_peaks, peaking_jobs=peaking_jobs,
-                              unplanned_peaking_jobs=unplanned_peaking_jobs, unchain=unchain)
-    steps = {c.job.name: apply_plan(c.job.step_fn, c.job.example_args, plan.jobs[c.job.name], c.graph,
-                                    delta_scale=delta_scale)
-             for c in captured}
+    t0 = time.perf_counter()
+    with collections_paused():   # Note [Re-plans users do not feel]
+        plan = plan_in_step_order(STRATEGIES[strategy], [c.planner_job for c in captured], step_order,
+                                  pool_bytes=pool_bytes,
+                                  bandwidth_bytes_per_s=bandwidth_bytes_per_s or DEFAULT_BANDWIDTH_BYTES_PER_S,
+                                  horizon_iterations=horizon_iterations, enable_recompute=enable_recompute,
+                                  coincident_peaks=coincident_peaks, peaking_jobs=peaking_jobs,
+                                  unplanned_peaking_jobs=unplanned_peaking_jobs, unchain=unchain)
+    plan.planning_s = time.perf_counter() - t0   # the whole planner: its passes and the plan's unchained runs
+    steps = {}
+    for c in captured:
+        jp, mine = plan.jobs[c.job.name], (current or {}).get(c.job.name)
+        if mine is not None and delta_scale == 1.0 and mine.job_plan.rewrite_key() == jp.rewrite_key():
+            steps[c.job.name] = replace(mine, job_plan=jp)       # the same rewrite: reused, not redone
+        elif not jp.changes_step and not rewrite_unchanged:
+            steps[c.job.name] = PlannedStep(c.job.step_fn, jp, RewriteReport(c.job.name))
+        else:
+            steps[c.job.name] = apply_plan(c.job.step_fn, c.job.example_args, jp, c.graph, delta_scale=delta_scale)
     return plan, steps
+
+
+@contextlib.contextmanager
+def collections_paused():
+    """No garbage collection while the planner runs (Note [Re-plans users do not feel])."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()

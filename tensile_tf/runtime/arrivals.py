@@ -11,6 +11,7 @@ is on (Note [Joint re-plan on arrival] in replanning.py), else it waits.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 from typing import TYPE_CHECKING
@@ -18,6 +19,8 @@ from typing import TYPE_CHECKING
 from tensile_tf.runtime.probing import ProbeOutcome
 from tensile_tf.runtime.records import JobState, JobStatus
 from tensile_tf.runtime.replanning import Replanner
+from tensile_tf.tf.pool import pool_stats
+from tensile_tf.units import human_bytes
 
 if TYPE_CHECKING:
     from tensile_tf.runtime.run_loop import JobHost
@@ -136,7 +139,9 @@ class Arrivals:
                            "a joint re-plan could tighten" + later)
             return
         self.joint_tried.add(state.name)
-        with host.gate.closed([s.name for s in active], host.stop):
+        parked = self.build_needs_parking(state, active)
+        gate = host.gate.closed([s.name for s in active], host.stop) if parked else contextlib.nullcontext()
+        with gate:
             paused_from = time.perf_counter()
             if host.stopping or (state.train is None and not host.lifecycle.build(state)):
                 if state.status not in (JobStatus.queued, JobStatus.pending):   # failed or rejected building
@@ -153,7 +158,8 @@ class Arrivals:
             else:
                 host.note_wait(state, f"could not be captured for a joint plan ({state.plan_error})" + later)
         if record is not None:
-            record.paused_s = time.perf_counter() - paused_from
+            record.paused_s = time.perf_counter() - paused_from if parked else 0.0
+            record.parked = parked
             host.note_replan(record)
         if record is not None and record.error is None:
             state.awaiting_switches = True
@@ -164,6 +170,24 @@ class Arrivals:
         state.captured = None   # planned later, from a real capture, when it is admitted
         if state.job.rebuildable:
             host.lifecycle.teardown(state)
+
+    def build_needs_parking(self, state: JobState, active: list[JobState]) -> str | None:
+        """Note [Joint re-plan on arrival]: why the running jobs must be
+        parked while ``state`` builds (None: they need not be). Its build
+        holds about its predicted persistent bytes; the running steps may
+        still take their temporaries out of what the pool has free."""
+        host = self.host
+        needs = host.admission.predict(state)
+        if state.train is not None:
+            return None    # built already: nothing more is allocated before the plan
+        if needs is None:
+            return "its build's needs are unknown (no measured job like it)"
+        stats = pool_stats()
+        room = host.capacity - stats["current"] - sum((host.admission.predict(s) or (0, 0))[1] for s in active)
+        if needs[0] > room:
+            return (f"its build needs about {human_bytes(needs[0])}, the pool has {human_bytes(max(0, room))} "
+                    "beside the running steps' temporaries")
+        return None
 
     def start_jointly_planned(self, state: JobState, active: list[JobState]) -> None:
         """Probes (its planned step) and starts a job planned on arrival once

@@ -38,6 +38,7 @@ class ReplanRecord:
     error: str | None = None               # a re-plan that failed: the jobs kept their plans
     newcomer: str | None = None            # an arrival's job, planned with the running ones
     paused_s: float = 0.0                  # the running jobs parked at a step boundary (arrivals)
+    parked: str | None = None              # why they were parked while the newcomer built (None: they were not)
     plan: int | None = None                # the plan it made: its index in planner.plans (None: it failed)
 
 

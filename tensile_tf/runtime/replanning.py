@@ -65,6 +65,33 @@ becomes the baseline, without a re-plan; the check is recorded with
 ``step_order_changed``. A later plan that chains the step is again first
 measured that way.
 
+Note [Re-plans users do not feel]
+What a re-plan costs until every job runs its new plan, four ResNet50-size
+jobs (39,524 ops, 64x64, batch 16) on a 2-core machine (issue 43,
+``benchmarks/replan_time_bench.py``):
+* The planner: 3.0-3.7 s. Its reported time used to leave out the plan's
+  unchained runs (Note [Unchained runs] in tensile_tf/scheduler/unchained_runs.py),
+  about 3 s of it, and read 0.3 s; ``planning_s`` now times the whole call.
+  A full garbage collection over everything the run holds fell inside it
+  now and then (2.0-2.8 s, the outliers once reported as unexplained): the
+  planner makes no garbage cycles, so it runs with collections paused
+  (``pipeline.collections_paused``).
+* The rewrite: about 0.5 s of graph editing per job, and 1.8 s tracing its
+  rewritten step (importing the edited GraphDef). The trace used to happen
+  at the job's first step under the new plan, on its own thread, where it
+  stalled its training; ``apply_plan`` now traces where the step is made (the
+  run loop). The first call still instantiates the function (TensorFlow's
+  graph optimisation and kernels, 3.5-5.5 s per ResNet50 step here) on the
+  job's thread: no public API does that without running the step.
+* Reuse: a job whose new plan rewrites its step exactly as its current plan
+  did (``JobPlan.rewrite_key``: every event and the order, predictions left
+  out) keeps the step it runs, nothing rewritten or traced; a job whose new
+  plan leaves its step as it is gets its own step back without a rewrite.
+Measured after these changes: a re-plan to plans already built 3.5-4.3 s
+until every job could switch (the planner), a re-plan to new plans 12.8-14.9
+s, then 4.4-6.6 s for each job's first step (1.0 s when reused). Under 1 s
+needs a step that is rewritten once and reads its plan at run time.
+
 Note [Joint re-plan on arrival]
 A job that arrives (``arrive_at_s``, or a search driver's next trial) and
 does not fit beside the running jobs would wait for one to end. With the
@@ -84,16 +111,21 @@ job is admitted or planned on arrival: the joint plan holds its room (seen:
 a second arrival planned with the running jobs but without the first
 newcomer, both admitted, and a running job ran out of memory).
 
-The running jobs are parked at their next step boundary (``StepGate`` in threads.py)
-while the newcomer is built, captured and planned: building beside a
-running step in a full pool took the memory that step's plan counted on
-(seen: the running job's Adam update ran out of memory during the
-newcomer's build in a 110 MiB pool). Between steps a job holds only its
-persistent bytes, so the build has the room it needs and no running step
-can be starved. The pause is what the event costs the running jobs; it is
-recorded (``ReplanRecord.paused_s``). With the node-group pipeline on, no
-job is parked (a parked job would hold its partner at a CounterBarrier) and
-arrivals wait as before.
+Building beside a running step in a full pool can take the memory that
+step's plan counted on (seen: the running job's Adam update ran out of
+memory during the newcomer's build in a 110 MiB pool). So, when memory
+requires it, the running jobs are parked at their next step boundary
+(``StepGate`` in threads.py) while the newcomer is built, captured and
+planned: between steps a job holds only its persistent bytes, so the build
+has the room it needs and no running step can be starved. Memory requires
+it when the newcomer's predicted persistent bytes (admission's prediction:
+a measured job like it, or the job's own estimate) do not fit what the pool
+has free less the running jobs' temporaries, or when nothing predicts them
+(``Arrivals.build_needs_parking``); otherwise the running jobs train on
+while it builds (a Keras model's build: about 8 s for MobileNetV2). The
+pause, and why there was one, are recorded (``ReplanRecord.paused_s``,
+``parked``). With the node-group pipeline on, no job is parked (a parked
+job would hold its partner at a CounterBarrier) and arrivals wait as before.
 """
 from __future__ import annotations
 
@@ -294,7 +326,9 @@ class Replanner:
                               newcomer=newcomer.name if newcomer is not None else None)
         t0 = time.perf_counter()
         try:
-            plan, steps = self.planning.plan_captured([s.captured for s in everyone], budget)
+            plan, steps = self.planning.plan_captured([s.captured for s in everyone], budget,
+                                                      current={s.name: s.planned_step for s in jobs
+                                                               if s.planned_step is not None})
             if newcomer is not None and not plan.budget_met:
                 raise JointPlanMissesBudget(
                     f"the joint plan predicts {plan.pool_planned_peak_bytes / 2**20:.1f} MiB for a budget of "

@@ -95,6 +95,20 @@ class JobPlan:
         v = self.vanilla_peak_bytes
         return (v - self.planned_peak_bytes) / v if v else 0.0
 
+    def rewrite_key(self) -> str:
+        """Everything of the plan a rewrite reads (its predictions left out):
+        two plans with the same key rewrite the job's step into the same graph,
+        so a re-plan may reuse the step the last one built."""
+        d = asdict(self)
+        for k in _PREDICTIONS:
+            d.pop(k)
+        return json.dumps(d, sort_keys=True)
+
+
+# JobPlan fields that predict and do not steer the rewrite (rewrite_key leaves them out)
+_PREDICTIONS = ("vanilla_peak_bytes", "planned_peak_bytes", "iteration_s", "planned_iteration_s",
+                "swapped_bytes_per_iteration")
+
 
 @dataclass
 class Plan:

@@ -103,10 +103,10 @@ from tensile_tf.runtime import JobHost
 from tensile_tf.runtime.planning import JobPlanning
 
 real = JobPlanning.plan_captured
-def broken_after_start(self, captured, budget):   # the start's plan is made; every re-plan fails
+def broken_after_start(self, captured, budget, current=None):   # the start's plan is made; every re-plan fails
     if self.plans:
         raise RuntimeError("planner exploded")
-    return real(self, captured, budget)
+    return real(self, captured, budget, current)
 
 JobPlanning.plan_captured = broken_after_start
 cfg = load_config(sys.argv[1])
@@ -256,6 +256,7 @@ def test_an_arrival_is_planned_together_with_the_running_job_and_trains_bit_for_
     (job,) = arrival["jobs"]
     assert job["name"] == "long" and job["swaps_after"] > job["swaps_before"], arrival   # tightened
     assert job["switched_at_step"] is not None and arrival["paused_s"] > 0
+    assert "needs are unknown" in arrival["parked"]   # nothing like `late` was measured: parked to be safe
     assert jobs["late"]["arrived_at_s"] > 0 and jobs["late"]["plan"]["cold_start"]
     # Note [Plan segments]: `late` probed with the joint plan's step: it ran under that plan from step 0
     first_segment = jobs["late"]["plan_segments"][0]

@@ -132,6 +132,30 @@ def test_capture_and_plan_end_to_end_on_two_mlp_jobs(mlp_job):
     assert "pool (time-aligned)" in text and "a " in text and "vanilla peak" in text
 
 
+def test_a_replan_reuses_the_step_its_last_rewrite_built_when_the_plan_rewrites_it_the_same_way(mlp_job):
+    """Note [Re-plans users do not feel]: the same plan again reuses the
+    traced planned step; another plan rewrites; a plan that leaves the step
+    as it is gives the job's own step back without a rewrite."""
+    from dataclasses import replace
+
+    from tensile_tf.pipeline import plan_captured
+
+    model, opt, step, args = mlp_job
+    c = capture_for_planning(JobToPlan("j", step, args, optimizer=opt), latency_repeats=1)
+    budget = None   # minimise the peak by swapping: a plan with events
+    plan, steps = plan_captured([c], pool_bytes=budget, bandwidth_bytes_per_s=1e9)
+    assert plan.jobs["j"].changes_step, plan.stop_reason
+    first = steps["j"]
+    again, reused = plan_captured([c], pool_bytes=budget, bandwidth_bytes_per_s=1e9, current={"j": first})
+    assert again.jobs["j"].rewrite_key() == plan.jobs["j"].rewrite_key()
+    assert reused["j"].fn is first.fn and reused["j"].job_plan is again.jobs["j"]   # nothing rewritten or traced
+    other = replace(first, job_plan=replace(first.job_plan, swap_outs=[], swap_ins=[], recomputes=[]))
+    _, rewritten = plan_captured([c], pool_bytes=budget, bandwidth_bytes_per_s=1e9, current={"j": other})
+    assert rewritten["j"].fn is not first.fn
+    roomy, own = plan_captured([c], pool_bytes=1 << 40, rewrite_unchanged=False, current={"j": first})
+    assert not roomy.jobs["j"].changes_step and own["j"].fn is step and own["j"].report.swapped_bytes_per_step == 0
+
+
 def test_capture_rejects_a_plain_python_function():
     with pytest.raises(TypeError, match="must be a tf.function"):
         capture_job_graph("bad", lambda x: x, (tf.zeros([1]),))

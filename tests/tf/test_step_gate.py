@@ -64,3 +64,25 @@ def test_an_open_gate_never_blocks_and_a_stop_releases_a_parked_job():
         stop.set()               # the run stops: the parked job is let go to end
         t.join()
     assert done.is_set()
+
+
+def test_running_jobs_are_parked_for_a_newcomers_build_only_when_memory_requires_it(monkeypatch):
+    """Arrivals.build_needs_parking: the newcomer's predicted persistent bytes
+    against what the pool has free less the running steps' temporaries."""
+    from types import SimpleNamespace
+
+    from tensile_tf.runtime import arrivals
+
+    MiB = 2**20
+    predicted = {"new": (20 * MiB, 5 * MiB), "running": (30 * MiB, 40 * MiB)}
+    host = SimpleNamespace(capacity=128 * MiB, admission=SimpleNamespace(predict=lambda s: predicted.get(s.name)))
+    line = arrivals.Arrivals(host)
+    monkeypatch.setattr(arrivals, "pool_stats", lambda: {"current": 50 * MiB})
+    new, running = SimpleNamespace(name="new", train=None), SimpleNamespace(name="running")
+    assert line.build_needs_parking(new, [running]) is None       # 128 - 50 - 40 = 38 MiB free for 20
+    predicted["new"] = (45 * MiB, 5 * MiB)
+    assert line.build_needs_parking(new, [running]) == \
+        "its build needs about 45.0 MiB, the pool has 38.0 MiB beside the running steps' temporaries"
+    del predicted["new"]
+    assert "needs are unknown" in line.build_needs_parking(new, [running])
+    assert line.build_needs_parking(SimpleNamespace(name="new", train=object()), [running]) is None   # built

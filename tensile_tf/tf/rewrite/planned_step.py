@@ -94,6 +94,9 @@ def apply_plan(step_fn, example_args: Sequence, job_plan: JobPlan, graph: JobGra
     rw = _Rewriter(cf, graph, job_plan, delta_scale, check_lateness, enforce_order)
     gdef = rw.run()
     fn = _import_as_function(gdef, cf, job_plan.name)
+    # Traced here, by the caller (the run loop, for a re-plan), not at the job's
+    # first planned step on its own thread (Note [Re-plans users do not feel]).
+    fn.get_concrete_function()
     restore_fn = evict_fn = None
     if rw.report.restore_needed:
         handles = []
