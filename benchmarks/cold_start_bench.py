@@ -49,7 +49,9 @@ def main() -> None:
     ap.add_argument("--out", default="runs/cold_start")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--jobs", default=",".join(JOBS))
+    ap.add_argument("--cold-pools", default="", help="JOB=POOL,... : other pools for the cold runs (e.g. cnn=96MiB)")
     args = ap.parse_args()
+    cold_pools = dict(item.split("=") for item in args.cold_pools.split(",") if item)
     from tensile_tf.tf.calibration import predictor_path
 
     cache = predictor_path()
@@ -59,6 +61,7 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for name in args.jobs.split(","):
         spec, roomy, small = JOBS[name]
+        small = cold_pools.get(name, small)
         vanilla = run(Path(args.out) / name / "unplanned", name, spec, roomy, "none", args.steps)
         cold = run(Path(args.out) / name / "cold", name, spec, small, "tensile", args.steps)
         (v,), (c,) = vanilla["jobs"], cold["jobs"]

@@ -46,7 +46,11 @@ MODELS = {
     "inceptionv3": ("InceptionV3", "75x75x3"),
     "densenet121": ("DenseNet121", "64x64x3"),
     "transformer": ("transformer_encoder", "64x128"),
+    # models the planner was never tuned on (issue 43: plan-order cost of a step with few swaps)
+    "mobilenetv2": ("MobileNetV2", "64x64x3"),
+    "efficientnetb0": ("EfficientNetB0", "64x64x3"),
 }
+DEFAULT_MODELS = "vgg16,resnet50,inceptionv3,densenet121,transformer"
 GPU_LINK_BYTES_PER_S = 12e9      # PCIe 3.0 x16, practical
 GPU_FLOPS = 15.7e12              # V100 fp32
 
@@ -95,7 +99,7 @@ def link_bandwidth(link: str, cap: float, vanilla: dict) -> tuple[float, str]:
 def run(model: str, shape: str, jobs: int, steps: int, *, planned: bool, budget_frac: float,
         bandwidth: float, strategy: str = "tensile", batch: int = 16, grappler_memory: str = "",
         recompute_segments: int = -1, budget_bytes: int = 0, no_recompute: bool = False,
-        step_order: str = "plan", paired_vanilla: bool = False) -> dict:
+        step_order: str = "plan", paired_vanilla: bool = False, chained: bool = False) -> dict:
     cmd = [sys.executable, REFERENCE, "--model", model, "--input-shape", shape, "--batch", str(batch),
            "--steps", str(steps), "--jobs", str(jobs), "--recompute-segments", str(recompute_segments)]
     if grappler_memory:
@@ -107,6 +111,8 @@ def run(model: str, shape: str, jobs: int, steps: int, *, planned: bool, budget_
             cmd.append("--no-recompute")
         if paired_vanilla:
             cmd.append("--paired-vanilla")
+        if chained:
+            cmd.append("--chained")
     env = dict(os.environ, PYTHONPATH=ROOT, TENSILE_POOL_BYTES="8GiB", TF_CPP_MIN_LOG_LEVEL="2")
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
@@ -156,8 +162,11 @@ def compare(vanilla: dict, planned: dict) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--models", default=DEFAULT_MODELS, help=f"of {', '.join(MODELS)}")
     ap.add_argument("--jobs", default="1,2")
+    ap.add_argument("--step-orders", default="plan",
+                    help="plan (chained in plan order, free inside unchained runs), free, auto, and/or "
+                         "chained (every op chained: no unchained runs); one planned run each")
     ap.add_argument("--budget-frac", type=float, default=0.5)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--json", default=None, help="write all rows as JSON here")
@@ -171,17 +180,18 @@ def main() -> None:
     cap = capped_link(a.cap_mib_s)
     rows = []
     for name, model, shape, k, vanilla in vanilla_runs(a.models, a.jobs, a.steps):
-        for link in a.links.split(","):
+        for link, order in ((lk, o) for lk in a.links.split(",") for o in a.step_orders.split(",")):
             bw, stands_for = link_bandwidth(link, cap, vanilla)
-            print(f"link {stands_for}", flush=True)
-            planned = run(model, shape, k, a.steps, planned=True, budget_frac=a.budget_frac, bandwidth=bw)
+            print(f"link {stands_for}, step order {order}", flush=True)
+            planned = run(model, shape, k, a.steps, planned=True, budget_frac=a.budget_frac, bandwidth=bw,
+                          step_order="plan" if order == "chained" else order, chained=order == "chained")
             if "error" in planned:
-                print(f"{name} x{k} {link}: planned run failed: {planned['error']}", flush=True)
+                print(f"{name} x{k} {link} {order}: planned run failed: {planned['error']}", flush=True)
                 continue
             row = {"model": name, "input": shape, "jobs": k, "link": link, "link_stands_for": stands_for,
-                   "link_MiB_s": None if bw == 0 else bw / 2**20, **compare(vanilla, planned)}
+                   "step_order": order, "link_MiB_s": None if bw == 0 else bw / 2**20, **compare(vanilla, planned)}
             rows.append(row)
-            print(f"{name:12s} x{k} {link:9s} VMP {row['vmp_MiB']:7.1f} EMP {row['emp_MiB']:7.1f} MiB  "
+            print(f"{name:12s} x{k} {link:9s} {order:7s} VMP {row['vmp_MiB']:7.1f} EMP {row['emp_MiB']:7.1f} MiB  "
                   f"MSR {row['msr']:6.1%} (pred {row['predicted_msr']:6.1%})  EOR {row['eor']:5.2f}  "
                   f"CBR {row['cbr']:5.2f}  swap {row['swapped_MiB_per_step']:7.1f} MiB/step  "
                   f"recomp {row['recomputed_ops']:3d}  late {row['late_swap_ins']:3d}  "

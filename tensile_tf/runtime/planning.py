@@ -30,12 +30,30 @@ copies) before its probe; if the probe runs out of memory it writes them
 back (the failed step may have updated some), captures the traced graph
 without running it (static sizes, no scratch bytes, op latencies from
 ``ColdStartLatency``: seed 000 §IV-A's cold start) and plans it alone for the
-pool's free bytes less COLD_START_HEADROOM (and at most ``plan_budget``). The
-planned step is then the probe: P and T are measured on it, and admission
-uses them as they are. The start's joint plan includes such jobs and leaves
-COLD_START_HEADROOM free when any of its jobs was captured cold. A capture
-whose profiling steps run out of memory falls back to the same cold capture.
-``plan.cold_start`` marks such jobs in results.json.
+pool's free bytes less a headroom (and at most ``plan_budget``; Note
+[Cold-start headroom]). The planned step is then the probe: P and T are
+measured on it, and admission uses them as they are. The start's joint plan
+includes such jobs and leaves COLD_START_HEADROOM free when any of its jobs
+was captured cold. A capture whose profiling steps run out of memory falls
+back to the same cold capture. ``plan.cold_start`` marks such jobs in
+results.json, ``plan.headroom`` the share of the free pool its planned
+probe's plan left (the start's joint plan leaves the same).
+
+Note [Cold-start headroom]
+A cold plan times its swaps by predicted latencies, and its step can peak
+above the plan's prediction: the deep MLP of tests/e2e/test_planner_run.py
+measured up to 20% above it (transfers finishing later than guessed hold
+their device copies longer). A fixed 25% headroom made every cold plan swap
+for a quarter of the pool it did not use, and refused jobs that fit only
+with less: the small CNN's plan saves at most 14% (issue 43). So the planned
+probe measures what the guess cannot: the job is planned first with
+POOL_HEADROOM (what any shared pool keeps free), and its planned probe runs
+with the variables' snapshot kept; if that step runs out of memory, the
+variables are written back, the host copies the failed step made are
+dropped, and the job is planned again with COLD_START_HEADROOM; only if that
+step fails too is the job refused. What ran is recorded: the headroom
+(``plan.headroom``) and the probe's measured peak beside the plan's
+prediction (``probe_plan_peak_bytes``, the job's first ``step_peak_bytes``).
 """
 from __future__ import annotations
 
@@ -56,11 +74,10 @@ from tensile_tf.scheduler import Plan
 from tensile_tf.scheduler.link_bound import unplanned_peak_and_period
 from tensile_tf.scheduler.peak_analysis import PAIRED_PEAKING_JOBS, UNPLANNED_PAIRED_PEAKING_JOBS
 
-# A cold-start plan (Note [Cold-start planning]) times its swaps by guessed
-# latencies: the deep MLP of tests/e2e/test_planner_run.py measured up to 20%
-# above the plan's predicted peak (transfers finishing later than guessed hold
-# their device copies longer). Its budget leaves this share free instead.
+# A cold-start plan's headrooms, tried in order (Note [Cold-start headroom]):
+# the shared pool's, then the one that held the deep MLP's measured overshoot.
 COLD_START_HEADROOM = 0.25
+COLD_START_HEADROOMS = (POOL_HEADROOM, COLD_START_HEADROOM)
 
 
 class SavedPlanMismatch(RuntimeError):
@@ -104,9 +121,12 @@ class JobPlanning:
 
     def start_budget(self, built: Sequence[JobState], held_outside_jobs: int) -> int:
         """Bytes the start's joint plan may use: the pool less POOL_HEADROOM
-        (COLD_START_HEADROOM when a job was captured cold), at most plan_budget."""
-        cold = any(s.captured is not None and s.captured.cold for s in built)
-        headroom = COLD_START_HEADROOM if cold else POOL_HEADROOM
+        (when a job was captured cold: the headroom its planned probe ran
+        with, else COLD_START_HEADROOM), at most plan_budget."""
+        cold = [s for s in built if s.captured is not None and s.captured.cold]
+        # Note [Cold-start headroom]: the headroom the cold jobs' planned probes ran with, if each ran one
+        ran = [s.plan.headroom for s in cold if s.plan is not None and s.plan.headroom is not None]
+        headroom = (max(ran) if len(ran) == len(cold) else COLD_START_HEADROOM) if cold else POOL_HEADROOM
         budget = int((self.capacity - held_outside_jobs) * (1 - headroom))
         return min(budget, self.settings.plan_budget) if self.settings.plan_budget is not None else budget
 
@@ -151,11 +171,11 @@ class JobPlanning:
             state.plan_error = summarize_error(e)
             return False
 
-    def plan_cold(self, state: JobState, others_bytes: int) -> bool:
+    def plan_cold(self, state: JobState, others_bytes: int, headroom: float = COLD_START_HEADROOM) -> bool:
         """Note [Cold-start planning]: plans a job whose vanilla probe ran out
-        of memory, alone, for what the others leave. True if its step now
-        carries a plan that changes it."""
-        budget = int(max(0, self.capacity - others_bytes) * (1 - COLD_START_HEADROOM))
+        of memory, alone, for what the others leave less ``headroom`` (Note
+        [Cold-start headroom]). True if its step now carries a plan that changes it."""
+        budget = int(max(0, self.capacity - others_bytes) * (1 - headroom))
         if self.settings.plan_budget is not None:
             budget = min(budget, self.settings.plan_budget)
         if not self.capture_cold(state):
@@ -164,6 +184,7 @@ class JobPlanning:
         if self.plan([state], budget) is None or state.planned_step is None:
             state.cold_planned = False
             return False
+        state.plan.headroom = headroom
         state.probe_plan_peak_bytes = state.plan.predicted_planned_peak_bytes
         state.planned_needs = None  # the planned probe measures them
         return True
@@ -276,5 +297,6 @@ class JobPlanning:
             recomputes=len(jp.recomputes), planning_s=plan.planning_s, cold_start=s.captured.cold,
             swapped_bytes_per_step=report.swapped_bytes_per_step, recomputed_ops=report.recomputed_ops,
             rewrite=report.to_dict(), source=source, order_only=jp.order_only,
-            step_order=jp.step_order)
+            step_order=jp.step_order,
+            headroom=s.plan.headroom if s.plan is not None and s.captured.cold else None)
         return record, needs

@@ -46,7 +46,7 @@ from tensile_tf.runtime.admission import AdmissionControl
 from tensile_tf.runtime.failures import record_failure
 from tensile_tf.runtime.job_thread import RunClock, run_step
 from tensile_tf.runtime.nodegroup import SPLIT_PROBE_RUNS, NodeGroupCoordinator
-from tensile_tf.runtime.planning import JobPlanning
+from tensile_tf.runtime.planning import COLD_START_HEADROOMS, JobPlanning
 from tensile_tf.runtime.records import FINAL_STATUSES, JobState, JobStatus
 from tf_plugin.tf_internals import custom_gradient_names, forget_custom_gradients
 
@@ -248,24 +248,49 @@ class JobLifecycle:
         except _ProbeEnded as e:
             return e.status
         # Note [Cold-start planning]: undo what the failed step wrote, plan the
-        # job from its traced graph alone, and probe with the planned step.
+        # job from its traced graph alone, and probe with the planned step,
+        # with the least headroom first (Note [Cold-start headroom]).
         restore()
-        del restore
         gc.collect()  # whatever the failed step's frames still held
         others = tf_plugin.device_pool().stats()["current"] - state.job_stream.stats()["current"]
-        if not self.planning.plan_cold(state, others):
-            if self._others_built(state):
-                return JobStatus.queued  # as for any probe that does not fit beside others
-            self.fail(state, RuntimeError(
-                f"its first step ran out of pool memory and no cold-start plan could be applied "
-                f"({state.plan_error or 'the plan has no swaps or recomputation'}); raise `pool:` or lower "
-                "the job's `batch_size:`"), status=JobStatus.rejected)
-            return JobStatus.rejected
-        try:
-            self._run_probe_step(state, raise_oom=False)
-        except _ProbeEnded as e:
-            return e.status
+        for headroom in COLD_START_HEADROOMS:
+            if not self.planning.plan_cold(state, others, headroom):
+                if self._others_built(state):
+                    return JobStatus.queued  # as for any probe that does not fit beside others
+                self.fail(state, RuntimeError(
+                    f"its first step ran out of pool memory and no cold-start plan could be applied "
+                    f"({state.plan_error or 'the plan has no swaps or recomputation'}); raise `pool:` or lower "
+                    "the job's `batch_size:`"), status=JobStatus.rejected)
+                return JobStatus.rejected
+            try:
+                self._run_probe_step(state, raise_oom=headroom != COLD_START_HEADROOMS[-1])
+                return None
+            except _OutOfMemory:
+                try:
+                    self._undo_planned_probe(state, restore)   # and plan again, with more headroom
+                except Exception as e:  # noqa: BLE001 - the job fails, not the host
+                    self.fail(state, e)
+                    return JobStatus.failed
+            except _ProbeEnded as e:
+                return e.status
         return None
+
+    @staticmethod
+    def _undo_planned_probe(state: JobState, restore) -> None:
+        """A cold plan's probe ran out of memory: every variable it swapped
+        out (across iterations, or within the step the failure cut short)
+        back in the pool, then as it was; the host copies it made dropped."""
+        from tf_plugin import swap
+
+        job = state.captured.job
+        with state.job_stream.eager_scope():
+            for v in job.step_fn.get_concrete_function(*job.example_args).graph.variables:
+                swap.ops.tensile_var_swap_in(v.handle)   # a variable not swapped out is left as it is
+            swap.drain_swap_channel()
+        swap.release_stream_host_copies(state.job_stream.stream)
+        restore()
+        state.step_fn, state.planned_step = job.step_fn, None   # the job's own step, planned again from it
+        gc.collect()
 
     def _run_probe_step(self, state: JobState, *, raise_oom: bool) -> None:
         """Runs the job's first step; raises _OutOfMemory (``raise_oom``) or
@@ -306,6 +331,8 @@ class JobLifecycle:
         planned, state.planned_step = state.planned_step, None
         state.switch.clear()   # a switch its thread never took: its step holds the job's variables
         state.captured = None  # a rebuild traces new ops; it is captured and planned again
+        if state.status not in FINAL_STATUSES:
+            state.plan = None   # this build's plan (each one ran stays in plan_history); a rebuild is planned anew
         state.cold_planned = False
         state.probe_plan_peak_bytes = None
         state.planned_needs = None

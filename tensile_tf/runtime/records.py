@@ -88,6 +88,7 @@ class PlanRecord:
     order_only: bool = False     # no events, run in plan order (Note [Free-running steps] in scheduler.peak_analysis)
     step_order: str = "plan"     # "free": ops on TF's inter-op threads (Note [Free-order plans] there)
     plan_number: int | None = None   # its index in the run's plans (planner.plans; Note [Plan segments])
+    headroom: float | None = None    # a cold start's: the free pool's share its probe's plan left (Note [Cold-start headroom])
     reason: str = ""             # why it was made: "start", "cold start", "departure of j0", ...
 
     @property

@@ -108,6 +108,19 @@ enable_deterministic_training()
 from tensile_tf.config.schema import JobSpec
 from tensile_tf.runtime import JobHost
 from tensile_tf.jobs.job import Job
+if sys.argv[3:] == ["fail-first-cold-probe"]:
+    # Note [Cold-start headroom]: the first cold plan's probe runs out of memory after its updates
+    # (the worst case for the undo): its record goes, the job must be planned again and train as before
+    from tensile_tf.runtime import probing
+    real, left = probing.JobLifecycle._run_probe_step, [1]
+    def failing(self, state, *, raise_oom):
+        real(self, state, raise_oom=raise_oom)
+        if state.cold_planned and raise_oom and left[0]:
+            left[0] -= 1
+            state.records.pop()
+            state.steps_done -= 1
+            raise probing._OutOfMemory()
+    probing.JobLifecycle._run_probe_step = failing
 out = {}
 for planner in sys.argv[2].split(","):   # one host after another in this pool, each job its own stream
     host = JobHost(sys.argv[1], planner=planner, admission="none", record_weights=True)
@@ -125,8 +138,9 @@ print(json.dumps(out))
 """
 
 
-def _cold_start_runs(pool, planners):
-    proc = run_python(f"import sys; sys.argv = ['x', {pool!r}, {planners!r}]\n" + COLD_START, timeout=600)
+def _cold_start_runs(pool, planners, *extra):
+    proc = run_python(f"import sys; sys.argv = ['x', {pool!r}, {planners!r}, *{list(extra)!r}]\n" + COLD_START,
+                      timeout=600)
     return last_json_line(proc)
 
 
@@ -146,3 +160,9 @@ def test_cold_start_plan_runs_a_job_whose_vanilla_step_does_not_fit():
     assert cold["plan"]["cold_start"] and cold["plan"]["swap_outs"] > 0, cold
     assert cold["losses"] == roomy["losses"] and cold["weights"] == roomy["weights"]
     assert cold["leaked"] == 0 and cold["host_current"] == 0
+    assert cold["plan"]["headroom"] in (0.10, 0.25), cold["plan"]   # Note [Cold-start headroom]: the one that ran
+    # the first cold plan's probe fails: variables written back, planned again with more headroom, same training
+    retried = _cold_start_runs("100MiB", "tensile", "fail-first-cold-probe")["tensile"]
+    assert retried["status"] == "finished" and retried["plan"]["headroom"] == 0.25, retried
+    assert retried["losses"] == roomy["losses"] and retried["weights"] == roomy["weights"]
+    assert retried["leaked"] == 0 and retried["host_current"] == 0
