@@ -176,10 +176,10 @@ class Arrivals:
         parked while ``state`` builds (None: they need not be). Its build
         holds about its predicted persistent bytes; the running steps may
         still take their temporaries out of what the pool has free."""
-        host = self.host
-        needs = host.admission.predict(state)
         if state.train is not None:
             return None    # built already: nothing more is allocated before the plan
+        host = self.host
+        needs = host.admission.predict(state)
         if needs is None:
             return "its build's needs are unknown (no measured job like it)"
         stats = pool_stats()

@@ -19,9 +19,10 @@ SATURATED (0.9): with the cores saturated it waits for a trial to end, and
 with no trial running it always starts one, so packing never runs fewer
 trials at once than one at a time. A departure does not restart the
 window: the share then still counts the departed trial's work for up to
-``min_window_s``, which errs on the side of waiting. Each refusal is
-counted (``SearchResult.core_waits``) and the decision reads the readings
-only, never a timer: tests drive it with their own clock.
+``min_window_s``, which errs on the side of waiting. Each wait for busy
+cores is counted once, however many times the driver is asked during it
+(``SearchResult.core_waits``), and the decision reads the readings only,
+never a timer: tests drive it with their own clock.
 """
 from __future__ import annotations
 
@@ -44,8 +45,9 @@ def usable_cores() -> int:
 
 class CoreMeter:
     """Note [Admitting by the cores]. ``cpu`` and ``wall`` are the clocks
-    (seconds); ``reading()`` must be called now and then (the run loop's
-    ``job_source`` calls, every 0.1 s while jobs run)."""
+    (seconds); each ``busy_share()`` call takes a reading, so it must be
+    called now and then (the search driver's ``job_source``, which the run
+    loop asks every 0.1 s while jobs run)."""
 
     def __init__(self, cores: int | None = None, *, min_window_s: float = MIN_WINDOW_S,
                  cpu: Callable[[], float] = time.process_time, wall: Callable[[], float] = time.perf_counter):

@@ -180,7 +180,7 @@ class JobThread:
 
     def _train(self) -> None:
         state = self.state
-        began, steps_before = time.perf_counter(), len(state.records)
+        began, steps_before, data_before = time.perf_counter(), len(state.records), state.times.data
         try:
             with state.job_stream.eager_scope():
                 status = JobStatus.finished
@@ -243,6 +243,7 @@ class JobThread:
                 # Note [Where a trial's time goes]: the steps, and the rest of the thread's time
                 stepped = sum(r.duration_s for r in state.records[steps_before:])
                 state.times.add("steps", stepped)
-                state.times.add("between_steps", time.perf_counter() - began - stepped - state.times.data)
+                fetched = state.times.data - data_before
+                state.times.add("between_steps", time.perf_counter() - began - stepped - fetched)
                 state.times.wait_begins("end_wait")
                 self.inbox.job_ended(state)   # Note [Threads and hand-offs], H2: the record is the run loop's now

@@ -88,10 +88,6 @@ class JobTimes:
             self._waiting = None
             self.add(phase, time.perf_counter() - t)
 
-    @property
-    def total(self) -> float:
-        return sum(getattr(self, f.name) for f in fields(self))
-
     def to_dict(self) -> dict[str, float]:
         return {k: round(v, 6) for k, v in asdict(self).items()}
 
