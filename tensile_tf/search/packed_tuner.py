@@ -55,6 +55,7 @@ class _PackedFits:
         self.slots_running = slots
         self.alone = 0              # trials waiting to run alone, or running alone
         self.ended: dict[str, Any] = {}
+        self.error: BaseException | None = None   # the first exception a slot raised (search() re-raises it)
 
     # trial threads
     def fit(self, job: Job, *, alone: bool) -> Any:
@@ -145,6 +146,8 @@ class PackedSearch:
             for t in slots:
                 t.join()
         self._fits = None
+        if fits.error is not None:
+            raise fits.error
         self.on_search_end()
 
     def _slot(self, k: int, fits: _PackedFits, fit_args: tuple, fit_kwargs: dict) -> None:
@@ -162,6 +165,9 @@ class PackedSearch:
                 self.on_trial_begin(trial)
                 self._try_run_and_update_trial(trial, *fit_args, **fit_kwargs)
                 self.on_trial_end(trial)
+        except BaseException as e:  # noqa: BLE001 - re-raised by search(), after every slot has ended
+            fits.error = fits.error or e
+            _release_oracle_lock(self.oracle)
         finally:
             fits.slot_done()
 
@@ -184,6 +190,18 @@ class PackedSearch:
         with self._end_lock:
             self.packing[key] += 1
             return self.packing[key]
+
+
+def _release_oracle_lock(oracle: Any) -> None:
+    """KerasTuner's ``synchronized`` (keras_tuner/src/engine/oracle.py) releases the
+    oracle's lock only when the call returns: an oracle call that raised on this
+    thread leaves it held, and every other slot's next oracle call would wait forever
+    (seen once: a packed search hung under load). Releases it if this thread holds it."""
+    from keras_tuner.src.engine import oracle as kt_oracle
+
+    if kt_oracle.THREADS[oracle] == threading.current_thread().name:
+        kt_oracle.THREADS[oracle] = None
+        kt_oracle.LOCKS[oracle].release()
 
 
 def _packed(tuner_class: type) -> type:

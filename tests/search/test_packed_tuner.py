@@ -178,3 +178,30 @@ def test_a_trial_out_of_memory_beside_others_is_retried_alone_and_counted(tmp_pa
     model = build(trial.hyperparameters)
     assert tuner._fit_in_pool(trial, model, X, Y, batch_size=32, epochs=1) is not None
     assert asked == [False, True] and tuner.packing["retried_alone"] == 1
+
+
+def test_an_oracle_call_that_raised_does_not_leave_keras_tuners_lock_held():
+    """KerasTuner's ``synchronized`` keeps the oracle's lock when the call raises; a
+    slot that fails releases it, so the other slots' oracle calls do not wait forever."""
+    from keras_tuner.src.engine import oracle as kt_oracle
+
+    from tensile_tf.search.packed_tuner import _release_oracle_lock
+
+    class Failing(keras_tuner.oracles.RandomSearchOracle):
+        @kt_oracle.synchronized
+        def create_trial(self, tuner_id):
+            raise RuntimeError("injected")
+
+    oracle = Failing(objective="val_loss", max_trials=1)
+    with pytest.raises(RuntimeError, match="injected"):
+        oracle.create_trial("t")
+    assert kt_oracle.LOCKS[oracle].locked()          # what KerasTuner leaves behind
+    _release_oracle_lock(oracle)
+    assert not kt_oracle.LOCKS[oracle].locked() and kt_oracle.THREADS[oracle] is None
+    other = threading.Thread(target=_release_oracle_lock, args=(oracle,))   # another thread's: left alone
+    kt_oracle.LOCKS[oracle].acquire()
+    kt_oracle.THREADS[oracle] = threading.current_thread().name
+    other.start()
+    other.join()
+    assert kt_oracle.LOCKS[oracle].locked()
+    _release_oracle_lock(oracle)
