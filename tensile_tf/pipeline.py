@@ -209,20 +209,23 @@ def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
                                   unplanned_peaking_jobs=unplanned_peaking_jobs, unchain=unchain)
     plan.planning_s = time.perf_counter() - t0   # the whole planner: its passes and the plan's unchained runs
     steps = {}
-    for c in captured:
-        jp, mine = plan.jobs[c.job.name], (current or {}).get(c.job.name)
-        if mine is not None and delta_scale == 1.0 and mine.job_plan.rewrite_key() == jp.rewrite_key():
-            steps[c.job.name] = replace(mine, job_plan=jp)       # the same rewrite: reused, not redone
-        elif not jp.changes_step and not rewrite_unchanged:
-            steps[c.job.name] = PlannedStep(c.job.step_fn, jp, RewriteReport(c.job.name))
-        else:
-            steps[c.job.name] = apply_plan(c.job.step_fn, c.job.example_args, jp, c.graph, delta_scale=delta_scale)
+    with collections_paused():   # the rewrites too: a full collection walks every captured graph (seconds)
+        for c in captured:
+            jp, mine = plan.jobs[c.job.name], (current or {}).get(c.job.name)
+            if mine is not None and delta_scale == 1.0 and mine.job_plan.rewrite_key() == jp.rewrite_key():
+                steps[c.job.name] = replace(mine, job_plan=jp)       # the same rewrite: reused, not redone
+            elif not jp.changes_step and not rewrite_unchanged:
+                steps[c.job.name] = PlannedStep(c.job.step_fn, jp, RewriteReport(c.job.name))
+            else:
+                steps[c.job.name] = apply_plan(c.job.step_fn, c.job.example_args, jp, c.graph,
+                                               delta_scale=delta_scale)
     return plan, steps
 
 
 @contextlib.contextmanager
 def collections_paused():
-    """No garbage collection while the planner runs (Note [Re-plans users do not feel])."""
+    """No garbage collection while the planner runs and the steps are
+    rewritten (Note [Re-plans users do not feel])."""
     enabled = gc.isenabled()
     gc.disable()
     try:

@@ -13,6 +13,7 @@ installed by an explicit call from the code that needs it.
 | ``context.context()._config`` | memory optimizer off (Note [Graph-dependent Grappler rewrites]); its modes for the baseline suite | ``tensile_tf.tf.determinism``, ``benchmarks/plan_execution_reference.py`` |
 | ``Operation._set_attr("_recompute_hint")`` | Grappler's MANUAL recomputation hints (baseline suite) | ``benchmarks/plan_execution_reference.py`` |
 | ``xplane_pb2.XSpace`` | read tf.profiler's per-op latencies | ``tensile_tf.tf.capture`` |
+| ``pywrap_tf_session`` (graph import, ``TF_GraphToFunction_wrapper``), ``atomic_function.from_function_def``, ``ConcreteFunction._inference_function`` | Note [A planned step without a trace] | ``tensile_tf.tf.rewrite.planned_step`` |
 
 Note [Custom gradients keep traced jobs alive]
 ``tf.custom_gradient`` in graph mode (Keras optimizers use it while a train
@@ -167,3 +168,52 @@ def new_xspace():
     except ImportError:  # pragma: no cover - layout of older TF wheels
         from tensorflow.tsl.profiler.protobuf import xplane_pb2
     return xplane_pb2.XSpace()
+
+
+def eager_function_from_graph_def(graph_def, name: str, *, prefix: str, inputs: list[str], outputs: list[str],
+                                  control_outputs: list[str], like):
+    """Registers ``graph_def`` as a function ``name`` of the eager context, its
+    nodes named ``prefix/...``, without a Python graph op per node (Note [A
+    planned step without a trace] in tensile_tf/tf/rewrite/planned_step.py).
+    ``inputs`` / ``outputs``: tensor names ("node:k") in ``graph_def``, the
+    function's arguments and results in order; ``control_outputs``: nodes
+    that must run though nothing reads them; ``like``: the ConcreteFunction
+    whose outputs these are (its output structure packs the results).
+    Returns the AtomicFunction: ``call_preflattened(flat inputs)``."""
+    from tensorflow.core.framework import function_pb2
+    from tensorflow.python.client import pywrap_tf_session as c_api
+    from tensorflow.python.eager.polymorphic_function import atomic_function
+    from tensorflow.python.framework import c_api_util
+
+    nodes = sorted({t.partition(":")[0] for t in inputs + outputs} | set(control_outputs))
+    graph = ops.Graph()
+    with graph._c_graph.get() as c_graph:  # noqa: SLF001
+        options = c_api.TF_NewImportGraphDefOptions()
+        try:
+            c_api.TF_ImportGraphDefOptionsSetPrefix(options, prefix)
+            for node in nodes:
+                c_api.TF_ImportGraphDefOptionsAddReturnOperation(options, node)
+            serialized = c_api_util.ScopedTFBuffer(graph_def.SerializeToString())
+            results = c_api.TF_GraphImportGraphDefWithResults(c_graph, serialized.buffer, options)
+            try:
+                c_ops = dict(zip(nodes, c_api.TF_ImportGraphDefResultsReturnOperations(results)))
+            finally:
+                c_api.TF_DeleteImportGraphDefResults(results)
+        finally:
+            c_api.TF_DeleteImportGraphDefOptions(options)
+
+        def output(tensor: str):
+            node, _, index = tensor.partition(":")
+            return c_api_util.tf_output(c_ops[node], int(index or 0))
+
+        c_function = c_api.TF_GraphToFunction_wrapper(
+            c_graph, name, False, None, [output(t) for t in inputs], [output(t) for t in outputs], [],
+            [c_ops[n] for n in control_outputs], [], None, "")
+    try:
+        with c_api_util.tf_buffer() as buffer:
+            c_api.TF_FunctionToFunctionDef(c_function, buffer)
+            function_def = function_pb2.FunctionDef.FromString(c_api.TF_GetBuffer(buffer))
+    finally:
+        c_api.TF_DeleteFunction(c_function)
+    function_def.attr["_XlaMustCompile"].b = False       # as tf.function(jit_compile=False) marks its steps
+    return atomic_function.from_function_def(function_def, like._inference_function.function_type)  # noqa: SLF001

@@ -7,6 +7,7 @@ other's peak on the pool's time axis keep their chains. Property: on every
 planned scenario each job's run bounds stay at or under its planned peak, and
 the runs are contiguous stretches of the plan order."""
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tensile_tf.scheduler import GraphBuilder, JobFootprint, Plan, Planner, PlannerJob, UniformLatency
 from tensile_tf.scheduler.access_sequence import TensorAccessSequence
@@ -118,15 +119,93 @@ def test_a_buffer_a_view_pins_counts_in_a_run_while_its_owner_is_away():
     """Note [Views]: h is taken off over pad_1..pad_2, but a stateful view of
     it (not made again by the rewrite) holds its buffer, so the footprint
     counts it and so does every run over those steps."""
-    from tensile_tf.scheduler.unchained_runs import _held_at_each_step
+    from tensile_tf.scheduler.unchained_runs import residency_intervals
     from tests.scheduler.test_planner_by_hand import _viewed_graph
 
     tas = TensorAccessSequence(_viewed_graph(view_stateful=True), UNIT)
     fp = JobFootprint(tas)
     h = tas.tindex["h"]
     fp.add_absence(h, 3, 6)
-    held = _held_at_each_step(tas, fp)
+    t, lo, hi = residency_intervals(tas, fp)
     for k in (3, 4, 5):
-        assert h not in fp.resident_at(k) and h in held[k]
+        assert h not in fp.resident_at(k)
+        assert ((t == h) & (lo <= k) & (hi >= k)).any()
     runs, bound = run_bounds(tas, fp, 160)
     assert runs == [(0, 3), (4, 5), (6, 7)] and bound.tolist() == [101, 101, 101, 101, 160, 160, 112, 112]
+
+
+def _reference_run_bounds(tas, fp, limit):
+    """Note [Runs from residency intervals]'s oracle: the same greedy runs
+    from every step's resident set, asked for step by step (the pass as it
+    was before it read intervals)."""
+    import numpy as np
+    n = tas.n
+    bound = fp.F.astype(np.int64).copy()
+    held_at = [fp.resident_at(k) for k in range(n)]
+    for i, ranges in fp.absences.items():
+        for a, b in ranges:
+            for k in (a + np.flatnonzero(fp._freed_by_absence(i, a, b) == 0)).tolist():
+                if tas.first[i] <= k <= tas.last[i]:
+                    held_at[k] = np.union1d(held_at[k], [i])
+    scratch = [max(0, int(tas.ops_by_name[o].temp_bytes)) for o in tas.step_op]
+    units, k = [], 0
+    while k < n:
+        e = k
+        while e + 1 < n and not tas.is_original[e + 1]:
+            e += 1
+        units.append((k, e))
+        k = e + 1
+
+    def hold(first, last, held):
+        added = 0
+        for k in range(first, last + 1):
+            for i in held_at[k].tolist():
+                if i not in held:
+                    held.add(i)
+                    added += int(tas.size[i])
+            added += scratch[k]
+        return added
+
+    def arriving(k, held):
+        if k >= n:
+            return 0
+        return sum(int(tas.size[i]) for i in held_at[k].tolist() if tas.first[i] < k and i not in held)
+
+    runs, u = [], 0
+    while u < len(units):
+        a, b = units[u]
+        held: set = set()
+        total = hold(a, b, held)
+        v = u
+        while v + 1 < len(units):
+            c, d = units[v + 1]
+            trial = set(held)
+            more = hold(c, d, trial)
+            if total + more + arriving(d + 1, trial) > limit:
+                break
+            held, total, v, b = trial, total + more, v + 1, d
+        if v > u:
+            bound[a:b + 1] = np.maximum(bound[a:b + 1], total + arriving(b + 1, held))
+        runs.append((a, b))
+        u = v + 1
+    return runs, bound
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(), st.floats(0.3, 1.2))
+def test_runs_from_intervals_match_the_step_by_step_oracle(scn, limit_frac):
+    """Note [Runs from residency intervals]: on planned scenarios (swaps,
+    recomputations, views) and limits below and above each job's peak, the
+    interval pass cuts the same runs with the same bounds as asking every
+    step for its resident set."""
+    import numpy as np
+    jobs, bandwidth, frac = scn
+    budget = None if frac is None else max(1, int(Planner(jobs, max_iterations=0).plan().pool_vanilla_peak_bytes * frac))
+    planner = Planner(jobs, pool_bytes=budget, bandwidth_bytes_per_s=bandwidth)
+    planner.plan()
+    for js in planner.jobs:
+        limit = int(int(js.fp.F.max(initial=0)) * limit_frac)
+        runs, bound = run_bounds(js.tas, js.fp, limit)
+        want_runs, want_bound = _reference_run_bounds(js.tas, js.fp, limit)
+        assert runs == want_runs
+        assert np.array_equal(bound, want_bound)
