@@ -69,28 +69,35 @@ Note [Re-plans users do not feel]
 What a re-plan costs until every job runs its new plan, four ResNet50-size
 jobs (39,524 ops, 64x64, batch 16) on a 2-core machine (issue 43,
 ``benchmarks/replan_time_bench.py``):
-* The planner: 3.0-3.7 s. Its reported time used to leave out the plan's
-  unchained runs (Note [Unchained runs] in tensile_tf/scheduler/unchained_runs.py),
-  about 3 s of it, and read 0.3 s; ``planning_s`` now times the whole call.
-  A full garbage collection over everything the run holds fell inside it
-  now and then (2.0-2.8 s, the outliers once reported as unexplained): the
-  planner makes no garbage cycles, so it runs with collections paused
-  (``pipeline.collections_paused``).
-* The rewrite: about 0.5 s of graph editing per job, and 1.8 s tracing its
-  rewritten step (importing the edited GraphDef). The trace used to happen
-  at the job's first step under the new plan, on its own thread, where it
-  stalled its training; ``apply_plan`` now traces where the step is made (the
-  run loop). The first call still instantiates the function (TensorFlow's
-  graph optimisation and kernels, 3.5-5.5 s per ResNet50 step here) on the
-  job's thread: no public API does that without running the step.
+* The planner: 0.6 s. Its reported time once left out the plan's unchained
+  runs (``planning_s`` now times the whole call), which took about 3 s
+  asking every step for its resident set; they now read each tensor's
+  residency intervals (Note [Runs from residency intervals] in
+  tensile_tf/scheduler/unchained_runs.py). A full garbage collection over
+  everything the run holds fell inside it now and then (2.0-2.8 s, the
+  outliers once reported as unexplained): the planner and the rewrites
+  make no garbage cycles worth collecting, so they run with collections
+  paused (``pipeline.collections_paused``).
+* The rewrite: graph editing and making the function, 0.7-1.0 s per job.
+  Making the function used to trace a ``tf.function`` that imported the
+  edited GraphDef, a Python op per node (1.8 s a job, more with
+  collections); it is now registered from a bare C graph (Note [A planned
+  step without a trace] in tensile_tf/tf/rewrite/planned_step.py), where
+  the step is made (the run loop), not at the job's first planned step on
+  its own thread. The first call still instantiates the function
+  (TensorFlow's graph optimisation and kernels, 4-7 s per ResNet50 step
+  here) on the job's thread: no public API does that without running the
+  step.
 * Reuse: a job whose new plan rewrites its step exactly as its current plan
   did (``JobPlan.rewrite_key``: every event and the order, predictions left
-  out) keeps the step it runs, nothing rewritten or traced; a job whose new
-  plan leaves its step as it is gets its own step back without a rewrite.
-Measured after these changes: a re-plan to plans already built 3.5-4.3 s
-until every job could switch (the planner), a re-plan to new plans 12.8-14.9
-s, then 4.4-6.6 s for each job's first step (1.0 s when reused). Under 1 s
-needs a step that is rewritten once and reads its plan at run time.
+  out) keeps the step it runs, nothing rewritten; a job whose new plan
+  leaves its step as it is gets its own step back without a rewrite.
+Measured (10 re-plans, half to new plans with latencies drifted up to 10%):
+until every job can switch, plans already built median 0.82 s (worst
+0.88), new plans median 4.07 s (worst 4.73), then each job's first step
+under a new plan 4-7 s (1.0 s reused). Before these changes: 3.5 and 13.3
+s. Under 1 s for new plans needs a step rewritten once that reads its plan
+at run time (no new function, so no instantiation either).
 
 Note [Joint re-plan on arrival]
 A job that arrives (``arrive_at_s``, or a search driver's next trial) and

@@ -130,6 +130,18 @@ def pool_trace() -> list[dict[str, Any]]:
 TRACED_OP_NAME_BYTES = 63
 
 
+TRACED_OP_NAME_HEAD = 20
+
+
+def traced_op_name(op_name: str) -> str:
+    """The name the pool's trace keeps for ``op_name`` (an ASCII name: the
+    trace cuts bytes): itself, or its head, '~' and its tail."""
+    if len(op_name) <= TRACED_OP_NAME_BYTES:
+        return op_name
+    tail = TRACED_OP_NAME_BYTES - TRACED_OP_NAME_HEAD - 1
+    return f"{op_name[:TRACED_OP_NAME_HEAD]}~{op_name[-tail:]}"
+
+
 def traced_op_matches(traced: str, op_name: str) -> bool:
     """Whether the op name an event of the pool's trace holds stands for ``op_name``."""
     if len(op_name) <= TRACED_OP_NAME_BYTES:

@@ -176,5 +176,6 @@ def test_a_long_op_name_keeps_its_head_and_tail_in_the_trace():
     assert all(len(t) == tensile_tf.tf.pool.TRACED_OP_NAME_BYTES for t in traced), traced
     assert [t for t in traced if tensile_tf.tf.pool.traced_op_matches(t, first)] != []
     assert [t for t in traced if tensile_tf.tf.pool.traced_op_matches(t, second)] != []
+    assert {tensile_tf.tf.pool.traced_op_name(first), tensile_tf.tf.pool.traced_op_name(second)} <= traced
     assert not any(tensile_tf.tf.pool.traced_op_matches(t, first) and tensile_tf.tf.pool.traced_op_matches(t, second)
                    for t in traced)

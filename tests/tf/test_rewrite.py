@@ -175,6 +175,9 @@ def test_a_tensor_swapped_in_for_a_recomputation_leaves_the_device_across_its_ga
             gate = next(n for n in planned.graph_def.node if n.op == "TensileRecomputeGate")
             data = [i for i in gate.input if not i.startswith("^")]
             assert len(data) == 1 and data[0].startswith("tensile/swap_in_"), gate.input
+            # Note [A planned step without a trace]: a lateness check nothing reads still ran
+            checks = sum(n.op == "TensileSwapCheck" for n in planned.graph_def.node)
+            assert checks == 1 and moved["checked_swap_ins"] == checks, moved
     # Without the swap, the gate holds a across the gap; with it, a's buffer is
     # freed once copied out, before the swap-in allocates its copy (the
     # swap-in reads the swap-out's handle; the exp op may come first or not).

@@ -136,16 +136,15 @@ def apply_plan(step_fn, example_args: Sequence, job_plan: JobPlan, graph: JobGra
                 seen.add(id(ext))
                 handles.append(ext)
 
-        def restore():
+        # Run op by op, not traced: a trace per plan cost more than the ops
+        # (Note [A planned step without a trace]).
+        def restore_fn():
             for h in handles:
                 _swap.ops.tensile_var_swap_in(h)
 
-        def evict():
+        def evict_fn():
             for h in handles:
                 _swap.ops.tensile_var_swap_out(h, label=f"{job_plan.name}:evict")
-
-        restore_fn = tf.function(restore, autograph=False)
-        evict_fn = tf.function(evict, autograph=False)
     return PlannedStep(fn, job_plan, rw.report, gdef, restore_fn, evict_fn)
 
 
