@@ -150,6 +150,25 @@ def traced_op_matches(traced: str, op_name: str) -> bool:
     return bool(sep) and op_name.startswith(head) and op_name.endswith(tail)
 
 
+def ops_of_traced_names(ops, names, prefix: str = "") -> dict[str, list]:
+    """Traced op name -> the ops (anything with a ``name``) it stands for
+    (Note [Truncated op names]: a cut name may stand for several, in the
+    order of ``ops``). ``prefix``: what a rewrite's import put before every
+    op name."""
+    by_name = {prefix + o.name: o for o in ops}
+    by_traced: dict[str, list] = {}
+    for o in ops:
+        if len(prefix + o.name) > TRACED_OP_NAME_BYTES:
+            by_traced.setdefault(traced_op_name(prefix + o.name), []).append(o)
+    ops_of: dict[str, list] = {}
+    for name in names:
+        if name in by_name:
+            ops_of[name] = [by_name[name]]
+        elif "~" in name:
+            ops_of[name] = by_traced.get(name) or [o for o in ops if traced_op_matches(name, prefix + o.name)]
+    return ops_of
+
+
 class JobStream:
     """A job's stream in the device pool.
 

@@ -103,7 +103,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import tf_plugin
-from tensile_tf.tf.pool import TRACED_OP_NAME_BYTES, traced_op_matches, traced_op_name
+from tensile_tf.tf.pool import ops_of_traced_names
 from tensile_tf.tf.capture import snapshot_variables
 from tensile_tf.tf.rewrite.graph_edit import bypassed_identity_n
 from tensile_tf.scheduler.concurrency import observed_concurrency_bytes
@@ -178,21 +178,8 @@ def _job_stream(trace: list[dict], ops_of: dict[str, list]) -> int | None:
 
 
 def _ops_of_traced_names(graph: JobGraph, names, prefix: str = "") -> dict[str, list]:
-    """Traced op name -> the graph's ops it stands for (Note [Truncated op
-    names]: a long name may stand for several). ``prefix``: what a rewrite's
-    import put before every op name."""
-    by_name = {prefix + o.name: o for o in graph.ops}
-    by_traced: dict[str, list] = {}          # a cut name -> the ops it stands for, in graph order
-    for o in graph.ops:
-        if len(prefix + o.name) > TRACED_OP_NAME_BYTES:
-            by_traced.setdefault(traced_op_name(prefix + o.name), []).append(o)
-    ops_of: dict[str, list] = {}
-    for name in names:
-        if name in by_name:
-            ops_of[name] = [by_name[name]]
-        elif "~" in name:
-            ops_of[name] = by_traced.get(name) or [o for o in graph.ops if traced_op_matches(name, prefix + o.name)]
-    return ops_of
+    """Traced op name -> the graph's ops it stands for (``ops_of_traced_names``)."""
+    return ops_of_traced_names(graph.ops, names, prefix)
 
 
 def _held_at_allocations(trace: list[dict], ops_of: dict[str, list], graph: JobGraph) -> dict[str, int]:

@@ -25,8 +25,9 @@ Phases, top to bottom (``apply_plan``), each in its module:
    chain pass through a ``TensileRecomputeGate`` started by the trigger op;
    every consumer of the target (or of a view of it) from ``before_op`` on
    reads the clone.
-5. Re-import the edited GraphDef into a fresh ``tf.function`` with the same
-   inputs, captured variable handles fed explicitly.
+5. Register the edited GraphDef as a function of the eager context, its
+   arguments the step's inputs and then its captured variable handles
+   (Note [A planned step without a trace] in ``planned_step``).
 
 Modules: ``graph_edit`` (GraphDef editing), ``rewriter`` (phase 1 and the
 dispatch), ``activation_swaps``, ``variable_swaps``, ``recomputation``,
