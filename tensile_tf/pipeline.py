@@ -212,7 +212,7 @@ def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
     with collections_paused():   # the rewrites too: a full collection walks every captured graph (seconds)
         for c in captured:
             jp, mine = plan.jobs[c.job.name], (current or {}).get(c.job.name)
-            if mine is not None and delta_scale == 1.0 and mine.job_plan.rewrite_key() == jp.rewrite_key():
+            if mine is not None and delta_scale == 1.0 and mine.job_plan.rewrites_like(jp):
                 steps[c.job.name] = replace(mine, job_plan=jp)       # the same rewrite: reused, not redone
             elif not jp.changes_step and not rewrite_unchanged:
                 steps[c.job.name] = PlannedStep(c.job.step_fn, jp, RewriteReport(c.job.name))

@@ -13,7 +13,7 @@ installed by an explicit call from the code that needs it.
 | ``context.context()._config`` | memory optimizer off (Note [Graph-dependent Grappler rewrites]); its modes for the baseline suite | ``tensile_tf.tf.determinism``, ``benchmarks/plan_execution_reference.py`` |
 | ``Operation._set_attr("_recompute_hint")`` | Grappler's MANUAL recomputation hints (baseline suite) | ``benchmarks/plan_execution_reference.py`` |
 | ``xplane_pb2.XSpace`` | read tf.profiler's per-op latencies | ``tensile_tf.tf.capture`` |
-| ``pywrap_tf_session`` (graph import, ``TF_GraphToFunction_wrapper``), ``atomic_function.from_function_def``, ``ConcreteFunction._inference_function`` | Note [A planned step without a trace] | ``tensile_tf.tf.rewrite.planned_step`` |
+| ``pywrap_tf_session`` (graph import, ``TF_GraphToFunction_wrapper``), ``atomic_function.from_function_def``, ``ConcreteFunction._inference_function``, ``op_def_registry`` | Note [A planned step without a trace] | ``tensile_tf.tf.rewrite.planned_step`` |
 
 Note [Custom gradients keep traced jobs alive]
 ``tf.custom_gradient`` in graph mode (Keras optimizers use it while a train
@@ -217,3 +217,12 @@ def eager_function_from_graph_def(graph_def, name: str, *, prefix: str, inputs: 
         c_api.TF_DeleteFunction(c_function)
     function_def.attr["_XlaMustCompile"].b = False       # as tf.function(jit_compile=False) marks its steps
     return atomic_function.from_function_def(function_def, like._inference_function.function_type)  # noqa: SLF001
+
+
+def op_is_stateful(op_type: str) -> bool | None:
+    """Whether TensorFlow registers ``op_type`` as stateful; None when no op
+    of that name is registered (a library function called as an op)."""
+    from tensorflow.python.framework import op_def_registry
+
+    op_def = op_def_registry.get(op_type)
+    return None if op_def is None else bool(op_def.is_stateful)

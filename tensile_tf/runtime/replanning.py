@@ -89,7 +89,7 @@ jobs (39,524 ops, 64x64, batch 16) on a 2-core machine (issue 43,
   here) on the job's thread: no public API does that without running the
   step.
 * Reuse: a job whose new plan rewrites its step exactly as its current plan
-  did (``JobPlan.rewrite_key``: every event and the order, predictions left
+  did (``JobPlan.rewrites_like``: every event and the order, predictions left
   out) keeps the step it runs, nothing rewritten; a job whose new plan
   leaves its step as it is gets its own step back without a rewrite.
 Measured (10 re-plans, half to new plans with latencies drifted up to 10%):

@@ -10,7 +10,7 @@ iteration that runs it; it is informative, the anchor is normative.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 
@@ -95,19 +95,20 @@ class JobPlan:
         v = self.vanilla_peak_bytes
         return (v - self.planned_peak_bytes) / v if v else 0.0
 
-    def rewrite_key(self) -> str:
-        """Everything of the plan a rewrite reads (its predictions left out):
-        two plans with the same key rewrite the job's step into the same graph,
-        so a re-plan may reuse the step the last one built."""
-        d = asdict(self)
-        for k in _PREDICTIONS:
-            d.pop(k)
-        return json.dumps(d, sort_keys=True)
+    def rewrites_like(self, other: "JobPlan") -> bool:
+        """Whether ``other`` rewrites the job's step into the same graph:
+        every field a rewrite reads is equal (the predictions are left out),
+        so a re-plan may reuse the step the last one built. Field by field,
+        the events first: two plans' events usually differ, and the whole
+        plan as one JSON text took 70 ms for a ResNet50 job."""
+        return all(getattr(self, f) == getattr(other, f) for f in _REWRITTEN_FROM)
 
 
-# JobPlan fields that predict and do not steer the rewrite (rewrite_key leaves them out)
+# JobPlan fields that predict and do not steer the rewrite (rewrites_like leaves them out)
 _PREDICTIONS = ("vanilla_peak_bytes", "planned_peak_bytes", "iteration_s", "planned_iteration_s",
                 "swapped_bytes_per_iteration")
+_FIRST = ("swap_outs", "swap_ins", "recomputes", "unchained_runs", "step_order", "order_only")
+_REWRITTEN_FROM = _FIRST + tuple(f.name for f in fields(JobPlan) if f.name not in _PREDICTIONS + _FIRST)
 
 
 @dataclass

@@ -105,6 +105,14 @@ def test_plans_keep_the_invariants(scn):
     plan = planner.plan()
     check_invariants(planner, plan)
     assert Plan.from_json(plan.to_json()) == plan
+    # JobPlan.rewrites_like: a plan whose predictions alone differ rewrites the step the same way; one more
+    # swap or another order does not
+    from dataclasses import replace
+    for jp in plan.jobs.values():
+        assert jp.rewrites_like(replace(jp, planned_peak_bytes=jp.planned_peak_bytes + 1, iteration_s=jp.iteration_s * 2))
+        assert not jp.rewrites_like(replace(jp, step_order="free" if jp.step_order == "plan" else "plan"))
+        if jp.swap_outs:
+            assert not jp.rewrites_like(replace(jp, swap_outs=jp.swap_outs[:-1]))
 
 
 @settings(suppress_health_check=[HealthCheck.too_slow])

@@ -6,6 +6,7 @@ exists).
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -17,7 +18,7 @@ from tensile_tf.scheduler.plan import JobPlan
 from tensile_tf.tf.rewrite.graph_edit import _PREFIX, _TENSILE_OPS, RewriteReport
 from tensile_tf.tf.rewrite.rewriter import _Rewriter
 from tf_plugin import swap as _swap
-from tf_plugin.tf_internals import eager_function_from_graph_def, exempt_from_automatic_control_deps
+from tf_plugin.tf_internals import eager_function_from_graph_def, exempt_from_automatic_control_deps, op_is_stateful
 
 
 @dataclass
@@ -50,6 +51,16 @@ class PlannedStep:
         _swap.drain_swap_channel()
 
 
+@functools.lru_cache(maxsize=None)
+def _must_run(op_type: str) -> bool:
+    """Whether a node of this type runs though nothing reads it: a stateful
+    op, as tf.function's automatic control dependencies make every stateful
+    op a must-run control output, or a call of a library function (no
+    registered op to say)."""
+    stateful = op_is_stateful(op_type)
+    return stateful is None or stateful
+
+
 class _ImportedStep:
     """The edited GraphDef as a function of the eager context, called like
     the job's step (phase 5 of ``apply_plan``).
@@ -64,27 +75,27 @@ class _ImportedStep:
     (``TF_GraphToFunction``) and registered in the eager context, 0.2 s for
     the same step (``eager_function_from_graph_def`` in
     tf_plugin/tf_internals.py). What ran is what the traced import ran:
-    the same nodes under the same ``tensile_rewrite/`` names, the step's
+    the same nodes under the same ``tensile/`` names, the step's
     arguments and then its captured variable handles as the function's
     inputs, its outputs packed into the step's output structure. Two things
     the trace added by itself are given by hand: the nodes that must run
-    though nothing reads them (the step's own control outputs and every
-    swap op: TensorFlow's automatic control dependencies made those the
-    traced function's control outputs), and ``_XlaMustCompile`` off. The
+    though nothing reads them (the swap checks, the step's updates, a
+    node-group barrier: TensorFlow's automatic control dependencies made the
+    traced function's control outputs: every stateful node is one here too),
+    and ``_XlaMustCompile`` off. The
     function's first call still instantiates it (TensorFlow's graph
     optimizations and executor, about 3.3 s for that step, as for a
     traced one)."""
 
     _made = itertools.count()
 
-    def __init__(self, graph_def, cf, name: str):
+    def __init__(self, graph_def, nodes: dict, cf, name: str):
+        """``nodes``: ``graph_def``'s nodes by name (the rewrite's index)."""
         fg = cf.graph
         captured = {internal.name: ext for ext, internal in fg.captures}
         arguments = [t for t in fg.inputs if t.name not in captured]
         captures = [t for t in fg.inputs if t.name in captured]
-        kept = {n.name for n in graph_def.node}
-        must_run = sorted({op.name for op in fg.control_outputs if op.name in kept}
-                          | {n.name for n in graph_def.node if n.op in _TENSILE_OPS})
+        must_run = sorted(name for name, n in nodes.items() if _must_run(n.op))
         label = f"planned_{name}_{next(self._made)}".replace("-", "_").replace(".", "_")
         self.function = eager_function_from_graph_def(
             graph_def, label, prefix=_PREFIX, inputs=[t.name for t in arguments + captures],
@@ -123,7 +134,7 @@ def apply_plan(step_fn, example_args: Sequence, job_plan: JobPlan, graph: JobGra
     cf = step_fn.get_concrete_function(*example_args)
     rw = _Rewriter(cf, graph, job_plan, delta_scale, check_lateness, enforce_order)
     gdef = rw.run()
-    fn = _ImportedStep(gdef, cf, job_plan.name)   # made here, by the caller (the run loop, for a re-plan)
+    fn = _ImportedStep(gdef, rw.edit.nodes, cf, job_plan.name)   # made here, by the caller (the run loop, for a re-plan)
     restore_fn = evict_fn = None
     if rw.report.restore_needed:
         handles = []
