@@ -40,6 +40,7 @@ from tensile_tf.config.schema import JobSpec  # noqa: E402
 from tensile_tf.jobs.job import Job  # noqa: E402
 from tensile_tf.runtime import JobHost  # noqa: E402
 from tensile_tf.runtime.replanning import take_switch  # noqa: E402
+from tf_plugin.tf_internals import eager_function_count  # noqa: E402
 
 
 def main() -> None:
@@ -97,7 +98,8 @@ def main() -> None:
         print(f"re-plan {k} ({'new latencies' if new else 'same tables'}): "
               f"{sum(j.swaps_after for j in record.jobs)} swaps; planner {record.planning_s:.2f} s, "
               f"rewrite and trace {record.rewrite_s:.2f} s: every job can switch after {ready:.2f} s; first steps "
-              f"{', '.join(f'{x:.2f}' for x in first)} s; collections over 50 ms: {long_gc}", flush=True)
+              f"{', '.join(f'{x:.2f}' for x in first)} s; collections over 50 ms: {long_gc}; "
+              f"functions in the eager context {eager_function_count()}", flush=True)
     for label, sel in (("new plans", [r for r in rows if r[0]]), ("plans built already", [r for r in rows if not r[0]]),
                        ("all", rows)):
         if sel:

@@ -226,3 +226,11 @@ def op_is_stateful(op_type: str) -> bool | None:
 
     op_def = op_def_registry.get(op_type)
     return None if op_def is None else bool(op_def.is_stateful)
+
+
+def eager_function_count() -> int:
+    """How many functions the eager context holds now (a planned step's
+    function leaves it when its step is dropped)."""
+    from tensorflow.python.eager import context
+
+    return len(context.context().list_function_names())

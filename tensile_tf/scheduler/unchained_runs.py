@@ -121,7 +121,8 @@ def run_bounds(tas: TensorAccessSequence, fp: JobFootprint, limit: int) -> tuple
     t_list = t.tolist()
     size = [int(x) for x in tas.size]
     first = tas.first.tolist()
-    held_in = [-1] * len(size)                     # the run that holds each tensor
+    sizes = np.asarray(tas.size, dtype=np.int64)
+    held_in = np.full(len(size), -1, dtype=np.int64)   # the run that holds each tensor
 
     def starts(c: int, d: int, run: int, new: set[int]) -> int:
         """Bytes of the tensors with an interval starting in [c, d] that the
@@ -151,10 +152,12 @@ def run_bounds(tas: TensorAccessSequence, fp: JobFootprint, limit: int) -> tuple
     while u < len(units):
         a, b = units[u]
         run = u
-        at_a = set(t[(lo < a) & (hi >= a)].tolist())   # resident at a, from an interval begun before it
-        total = sum(size[i] for i in at_a)
-        total += starts(a, b, run, at_a)
-        for i in at_a:
+        at_a = np.unique(t[(lo < a) & (hi >= a)])   # resident at a, from an interval begun before it
+        held_in[at_a] = run
+        total = int(sizes[at_a].sum())
+        first_unit: set[int] = set()
+        total += starts(a, b, run, first_unit)
+        for i in first_unit:
             held_in[i] = run
         v = u
         while v + 1 < len(units):
