@@ -122,7 +122,7 @@ def run_bounds(tas: TensorAccessSequence, fp: JobFootprint, limit: int) -> tuple
     size = [int(x) for x in tas.size]
     first = tas.first.tolist()
     sizes = np.asarray(tas.size, dtype=np.int64)
-    held_in = np.full(len(size), -1, dtype=np.int64)   # the run that holds each tensor
+    held_in = [-1] * len(size)                     # the run that holds each tensor
 
     def starts(c: int, d: int, run: int, new: set[int]) -> int:
         """Bytes of the tensors with an interval starting in [c, d] that the
@@ -153,8 +153,9 @@ def run_bounds(tas: TensorAccessSequence, fp: JobFootprint, limit: int) -> tuple
         a, b = units[u]
         run = u
         at_a = np.unique(t[(lo < a) & (hi >= a)])   # resident at a, from an interval begun before it
-        held_in[at_a] = run
         total = int(sizes[at_a].sum())
+        for i in at_a.tolist():
+            held_in[i] = run
         first_unit: set[int] = set()
         total += starts(a, b, run, first_unit)
         for i in first_unit:
