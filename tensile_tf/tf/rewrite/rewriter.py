@@ -74,7 +74,7 @@ class _StepBase:
     the base goes with the step), and each rewrite edits a copy."""
 
     graph: JobGraph
-    gdef: Any
+    gdef: bytes          # serialized: each rewrite parses its own copy to edit
     views_read_as: dict[str, list[str]]
     var_placeholders: dict[str, list[str]]
     resource_nodes: dict[str, list[str]]
@@ -107,7 +107,8 @@ def _step_base(cf, graph: JobGraph) -> _StepBase:
             src, _, ctrl = _split_input(s)
             if not ctrl and edit.nodes.get(src) is not None and edit.nodes[src].op == "Placeholder":
                 resource_nodes[src].append(n.name)
-    base = _StepBase(graph, edit.gdef, dict(views_read_as), dict(var_placeholders), dict(resource_nodes))
+    base = _StepBase(graph, edit.gdef.SerializeToString(), dict(views_read_as), dict(var_placeholders),
+                     dict(resource_nodes))
     _BASES[cf] = base
     return base
 
@@ -140,9 +141,7 @@ class _Rewriter(ActivationSwaps, VariableSwaps, Recomputation, ViewRewrites):
         self.delta_scale = delta_scale
         self.check_lateness = check_lateness
         base = _step_base(cf, graph)
-        gdef = tf.compat.v1.GraphDef()
-        gdef.CopyFrom(base.gdef)
-        self.edit = _GraphEdit(gdef)
+        self.edit = _GraphEdit(tf.compat.v1.GraphDef.FromString(base.gdef))
         self.pos = {o.name: k for k, o in enumerate(graph.ops)}
         self.report = RewriteReport(job_plan.name)
         self._uid = 0
