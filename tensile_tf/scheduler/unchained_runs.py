@@ -119,9 +119,9 @@ def run_bounds(tas: TensorAccessSequence, fp: JobFootprint, limit: int) -> tuple
     t, lo, hi = t[by_start], lo[by_start], hi[by_start]
     starting = np.searchsorted(lo, np.arange(n + 2), side="left").tolist()  # intervals starting at k
     t_list = t.tolist()
-    size = [int(x) for x in tas.size]
-    first = tas.first.tolist()
     sizes = np.asarray(tas.size, dtype=np.int64)
+    size = sizes.tolist()                          # item by item in the loops below, vectors for a run's start
+    first = tas.first.tolist()
     held_in = [-1] * len(size)                     # the run that holds each tensor
 
     def starts(c: int, d: int, run: int, new: set[int]) -> int:

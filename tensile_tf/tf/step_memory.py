@@ -159,7 +159,7 @@ def measure_step_memory(step_fn, args: Sequence, graph: JobGraph, *, steps: int 
                 break
     finally:
         restore()  # also when a step fails (out of memory)
-    ops_of = _ops_of_traced_names(graph, {ev["op"] for tr in traces for ev in tr if ev["kind"] == "alloc"},
+    ops_of = ops_of_traced_names(graph.ops, {ev["op"] for tr in traces for ev in tr if ev["kind"] == "alloc"},
                                   op_name_prefix)
     scratch, forwarded, views = _buffers(traces[0], graph, ops_of)
     stream = _job_stream(traces[0], ops_of)
@@ -175,11 +175,6 @@ def _job_stream(trace: list[dict], ops_of: dict[str, list]) -> int | None:
     (others' jobs may run beside it)."""
     streams = [ev["stream"] for ev in trace if ev["kind"] == "alloc" and ev["op"] in ops_of]
     return max(set(streams), key=streams.count) if streams else None
-
-
-def _ops_of_traced_names(graph: JobGraph, names, prefix: str = "") -> dict[str, list]:
-    """Traced op name -> the graph's ops it stands for (``ops_of_traced_names``)."""
-    return ops_of_traced_names(graph.ops, names, prefix)
 
 
 def _held_at_allocations(trace: list[dict], ops_of: dict[str, list], graph: JobGraph) -> dict[str, int]:

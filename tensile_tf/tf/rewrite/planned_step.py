@@ -78,11 +78,11 @@ class _ImportedStep:
     the same nodes under the same ``tensile/`` names, the step's
     arguments and then its captured variable handles as the function's
     inputs, its outputs packed into the step's output structure. Two things
-    the trace added by itself are given by hand: the nodes that must run
-    though nothing reads them (the swap checks, the step's updates, a
-    node-group barrier: TensorFlow's automatic control dependencies made the
-    traced function's control outputs: every stateful node is one here too),
-    and ``_XlaMustCompile`` off. The
+    the trace added by itself are given by hand. One: the nodes that must
+    run though nothing reads them (the swap checks, the step's updates, a
+    node-group barrier); TensorFlow's automatic control dependencies made
+    every stateful node a control output of the traced function, and every
+    stateful node is one here too. Two: ``_XlaMustCompile`` off. The
     function's first call still instantiates it (TensorFlow's graph
     optimizations and executor, about 3.3 s for that step, as for a
     traced one)."""
@@ -107,7 +107,8 @@ class _ImportedStep:
         flat = [x if isinstance(x, tf.Tensor) else tf.convert_to_tensor(x)
                 for x in tf.nest.flatten(args, expand_composites=True)]
         if len(flat) != self.arguments:
-            raise TypeError(f"{self.function.name.decode()}: {len(flat)} input tensors, the step takes {self.arguments}")
+            raise TypeError(f"{self.function.name.decode()}: {len(flat)} input tensors, "
+                            f"the step takes {self.arguments}")
         return self.function.call_preflattened(flat + self.captured)
 
 
@@ -134,7 +135,7 @@ def apply_plan(step_fn, example_args: Sequence, job_plan: JobPlan, graph: JobGra
     cf = step_fn.get_concrete_function(*example_args)
     rw = _Rewriter(cf, graph, job_plan, delta_scale, check_lateness, enforce_order)
     gdef = rw.run()
-    fn = _ImportedStep(gdef, rw.edit.nodes, cf, job_plan.name)   # made here, by the caller (the run loop, for a re-plan)
+    fn = _ImportedStep(gdef, rw.edit.nodes, cf, job_plan.name)   # made by the caller (a re-plan: the run loop)
     restore_fn = evict_fn = None
     if rw.report.restore_needed:
         handles = []
