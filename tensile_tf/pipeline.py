@@ -155,15 +155,21 @@ def capture_cold(job: JobToPlan) -> CapturedJob:
     start): for a job whose vanilla step does not fit the pool, so it can be
     neither profiled nor measured. Static shapes (dynamic ones count 0),
     no scratch bytes; op latencies from the learned predictor that `tensile
-    calibrate` cached, else ``ColdStartLatency`` (bytes touched)."""
+    calibrate` cached, with the step's compute kernels timed alone (Note
+    [Kernels timed alone]), else ``ColdStartLatency`` (bytes touched)."""
     from tensile_tf.tf.calibration import cached_predictor
+    from tensile_tf.tf.kernel_timing import time_kernels_alone
     try:
         graph = capture_job_graph(job.name, job.step_fn, job.example_args, optimizer=job.optimizer,
                                   measure_dynamic=False)
         graph = executor_order(graph, job.step_fn, job.example_args)
     except Exception as e:  # noqa: BLE001 - name the job
         raise RuntimeError(f"job '{job.name}': could not capture its train step: {e}") from e
-    latencies = cold_start_latency(graph, cached_predictor())
+    predictor = cached_predictor()
+    alone = None
+    if predictor is not None and predictor.alone_scale is not None:
+        alone = time_kernels_alone(job.step_fn, job.example_args, graph, predictor.times_alone)
+    latencies = cold_start_latency(graph, predictor, alone)
     job = replace(job, example_args=batch_specs(job.example_args))   # Note [Example batch]
     return CapturedJob(job, graph, PlannerJob(graph, latencies, job.start_offset_s, job.max_swapping_rate), cold=True)
 

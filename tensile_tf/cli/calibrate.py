@@ -26,10 +26,13 @@ def cmd_calibrate(args) -> int:
             raise UserError(f"--models {args.models}: " + (f"unknown {unknown}; " if unknown else "")
                             + f"name at least two of {', '.join(CALIBRATION_MODELS)}")
     predictor, rows, path = calibrate(names, path=Path(args.cache) if args.cache else None, repeats=args.repeats)
-    print(f"{'held-out model':<22} {'ops':>5} {'learned error':>14} {'bytes-touched error':>20}")
+    print(f"{'held-out model':<22} {'ops':>5} {'learned error':>14} {'bytes-touched error':>20} {'MLP alone':>10}")
     for r in rows:
-        print(f"{r.model:<22} {r.ops:>5} {r.learned_error:>14.1%} {r.bytes_touched_error:>20.1%}")
+        print(f"{r.model:<22} {r.ops:>5} {r.learned_error:>14.1%} {r.bytes_touched_error:>20.1%} {r.mlp_error:>10.1%}")
     print("(error: summed |predicted - measured| op seconds over the measured step; each model predicted "
-          "by a predictor fitted without it)")
+          "by a predictor fitted without it, its compute kernels timed alone; MLP alone: the same predictor "
+          "with no kernel timed)")
+    if predictor.alone_scale is not None:
+        print(f"kernels timed alone are predicted at {predictor.alone_scale:.2f}x their time alone")
     print(f"wrote {path}: fitted on {len(predictor.trained_on)} models, {predictor.samples} ops; cold starts use it")
     return 0

@@ -27,6 +27,33 @@ made for another machine or version) and what rebuilds it (``tensile
 calibrate``); a missing cache is silent. It never raises: a cold start then
 falls back to the bytes-touched model.
 
+Note [Kernels timed alone]
+The features carry sizes, not shapes, and a kernel's speed on a CPU turns
+on its shapes: VGG16's Conv2DBackpropInput at 2x2 pixels and 512 channels
+ran 2 GMAC/s here, at 8x8 45 GMAC/s (issue 43); the Transformer's batched
+products are sized by batch x heads. Fitted on the calibration models, the
+MLP alone stayed at 0.7-1.2 of the bytes-touched error on the Transformer
+and on Keras families it never saw. So a cold start also runs the job's own
+compute kernels (``KERNELS_TIMED_ALONE``) and every op of a type the
+predictor never saw, one at a time, on inputs of their static shapes
+(tensile_tf/tf/kernel_timing.py: milliseconds a model, up to 4 s for VGG16's
+slow kernels), and predicts those ops as ``alone_scale`` x their time alone.
+``alone_scale`` is fitted at calibration: the calibration models' measured
+seconds of those ops over their times alone (0.6-0.8 on two cores, where a
+profiled step's ops share the cores and are put on its wall time, Note
+[Latency time base]). The MLP predicts the rest: thousands of small ops whose
+cost is dispatch and bytes. Measured by benchmarks/predictor_bench.py
+(benchmarks/RESULTS.md).
+
+Note [Fused kernels]
+TensorFlow's remapper runs Conv2D or MatMul, its BiasAdd and an activation
+as one kernel (``_FusedConv2D``, ``_FusedMatMul``) named after the chain's
+last op; the profile puts the whole chain's seconds there and none on the
+others (VGG16: every Conv2D 0 ms, its Relu 1.5-4.6 ms). It fuses an op into
+the next only when the next is its output's sole consumer. ``fused_chains``
+finds those chains in a JobGraph, and a kernel timed alone is predicted where
+the profile will find it: the chain's seconds on its last op.
+
 Pure: no TensorFlow; scikit-learn and joblib are imported when a predictor is
 fitted or loaded.
 """
@@ -35,14 +62,24 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from tensile_tf.scheduler.job_graph import JobGraph, OpNode
 from tensile_tf.scheduler.latency import ColdStartLatency, LatencyModel, LatencyTable
 
-FEATURE_VERSION = 1
+FEATURE_VERSION = 2   # 2: the scale of kernels timed alone and the op types trained on
 NUMERIC_FEATURES = ("log_in_bytes", "log_out_bytes", "log_update_bytes", "log_flops_proxy", "inputs", "outputs")
 CALIBRATE_COMMAND = "tensile calibrate"
+#: Note [Kernels timed alone]: compute-bound kernels a cold start times on their own shapes.
+KERNELS_TIMED_ALONE = frozenset({
+    "Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "DepthwiseConv2dNative",
+    "DepthwiseConv2dNativeBackpropInput", "DepthwiseConv2dNativeBackpropFilter",
+    "MatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum", "MaxPool", "MaxPoolGrad", "AvgPool", "AvgPoolGrad"})
+#: Note [Fused kernels]: what the remapper fuses, head -> BiasAdd -> activation.
+FUSED_HEADS = frozenset({"Conv2D", "MatMul"})
+FUSED_ACTIVATIONS = frozenset({"Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid"})
+#: What an op fused into the next is given: what a measured table gives an op the profile never saw.
+FUSED_AWAY_S = LatencyTable.default_s
 
 
 def op_features(graph: JobGraph, op: OpNode) -> dict[str, Any]:
@@ -56,6 +93,61 @@ def op_features(graph: JobGraph, op: OpNode) -> dict[str, Any]:
     return {"op_type": op.op_type or "?", "log_in_bytes": math.log1p(sum(ins)), "log_out_bytes": math.log1p(sum(outs)),
             "log_update_bytes": math.log1p(upd), "log_flops_proxy": math.log(proxy),
             "inputs": len(op.inputs), "outputs": len(op.outputs)}
+
+
+def fused_chains(graph: JobGraph) -> list[list[str]]:
+    """Note [Fused kernels]: each Conv2D or MatMul whose sole consumer is a
+    BiasAdd (and that one's an activation), as [head, BiasAdd(, activation)]."""
+    by_name = {o.name: o for o in graph.ops}
+
+    def sole_consumer(op: OpNode, types) -> OpNode | None:
+        if len(op.outputs) != 1 or op.outputs[0] not in graph.tensors:
+            return None
+        readers = graph.tensors[op.outputs[0]].consumers
+        nxt = by_name.get(readers[0]) if len(readers) == 1 else None
+        return nxt if nxt is not None and nxt.op_type in types else None
+
+    chains = []
+    for op in graph.ops:
+        if op.op_type not in FUSED_HEADS:
+            continue
+        bias = sole_consumer(op, {"BiasAdd"})
+        if bias is None:
+            continue
+        act = sole_consumer(bias, FUSED_ACTIVATIONS)
+        chains.append([op.name, bias.name] + ([act.name] if act is not None else []))
+    return chains
+
+
+def on_fused_kernels(graph: JobGraph, seconds: Mapping[str, float], heads: Iterable[str] | None = None) -> dict[str, float]:
+    """``seconds`` with each fused chain's seconds on its last op (Note
+    [Fused kernels]); ``heads``: only the chains whose head is one of these."""
+    out = dict(seconds)
+    keep = None if heads is None else set(heads)
+    for chain in fused_chains(graph):
+        if keep is not None and chain[0] not in keep:
+            continue
+        total = sum(out.get(n, 0.0) for n in chain)
+        for n in chain[:-1]:
+            out[n] = FUSED_AWAY_S
+        out[chain[-1]] = total
+    return out
+
+
+def fit_alone_scale(models: Iterable[tuple[JobGraph, Mapping[str, float], Mapping[str, float]]]) -> float | None:
+    """Note [Kernels timed alone]: over (graph, measured, alone) of the
+    calibration models, the measured seconds of their KERNELS_TIMED_ALONE
+    ops over their seconds alone (both where the profile puts them). None: none measured."""
+    measured_s = alone_s = 0.0
+    for graph, measured, alone in models:
+        kinds = {o.name: o.op_type for o in graph.ops}
+        timed = {k: v for k, v in alone.items() if kinds.get(k) in KERNELS_TIMED_ALONE}
+        away = {n for chain in fused_chains(graph) if chain[0] in timed for n in chain[:-1]}
+        for name, s in on_fused_kernels(graph, timed).items():
+            if name not in away and s > 0 and measured.get(name, 0) > 0:
+                measured_s += measured[name]
+                alone_s += s
+    return measured_s / alone_s if alone_s > 0 else None
 
 
 @dataclass
@@ -75,14 +167,22 @@ def samples_from(model: str, graph: JobGraph, measured: LatencyTable) -> list[La
 
 @dataclass
 class LatencyPredictor:
-    """An MLP regressor of log op seconds over ``op_features``."""
+    """An MLP regressor of log op seconds over ``op_features``, and the scale
+    of kernels timed alone (Note [Kernels timed alone])."""
 
     pipeline: Any = None
     trained_on: list[str] = field(default_factory=list)    # model names
     samples: int = 0
+    op_types: frozenset[str] = frozenset()   # the op types it was fitted on
+    alone_scale: float | None = None         # measured / alone seconds; None: predicts every op itself
+
+    def times_alone(self, op_type: str) -> bool:
+        """Whether a cold start times this op type alone (Note [Kernels timed alone])."""
+        return self.alone_scale is not None and (op_type in KERNELS_TIMED_ALONE or op_type not in self.op_types)
 
     @classmethod
-    def fit(cls, samples: Sequence[LatencySample], *, seed: int = 0) -> "LatencyPredictor":
+    def fit(cls, samples: Sequence[LatencySample], *, seed: int = 0,
+            alone_scale: float | None = None) -> "LatencyPredictor":
         if len(samples) < 10:
             raise ValueError(f"too few latency samples to fit a predictor: {len(samples)} (need at least 10)")
         import numpy as np
@@ -99,7 +199,8 @@ class LatencyPredictor:
         pipeline = make_pipeline(columns, MLPRegressor(hidden_layer_sizes=(64, 64), max_iter=800, alpha=1e-3,
                                                        early_stopping=True, random_state=seed))
         pipeline.fit(frame, target)
-        return cls(pipeline, sorted({s.model for s in samples}), len(samples))
+        return cls(pipeline, sorted({s.model for s in samples}), len(samples),
+                   frozenset(s.features["op_type"] for s in samples), alone_scale)
 
     def predict_features(self, features: Sequence[Mapping[str, Any]]) -> list[float]:
         import numpy as np
@@ -108,9 +209,15 @@ class LatencyPredictor:
             return []
         return np.exp(self.pipeline.predict(_matrix(features))).tolist()
 
-    def predict(self, graph: JobGraph) -> dict[str, float]:
-        """Seconds per op of ``graph``."""
-        return dict(zip((o.name for o in graph.ops), self.predict_features([op_features(graph, o) for o in graph.ops])))
+    def predict(self, graph: JobGraph, alone: Mapping[str, float] | None = None) -> dict[str, float]:
+        """Seconds per op of ``graph``; ``alone``: seconds of its ops timed
+        alone, which replace the MLP's for the ops ``times_alone`` names."""
+        out = dict(zip((o.name for o in graph.ops), self.predict_features([op_features(graph, o) for o in graph.ops])))
+        if not alone or self.alone_scale is None:
+            return out
+        timed = {o.name for o in graph.ops if o.name in alone and self.times_alone(o.op_type)}
+        out.update({name: self.alone_scale * alone[name] for name in timed})
+        return on_fused_kernels(graph, out, heads=timed)
 
     # -- cache (Note [Predictor cache]) ---------------------------------------
     def save(self, path: str | Path, environment: Mapping[str, Any]) -> None:
@@ -120,7 +227,8 @@ class LatencyPredictor:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         joblib.dump({"meta": _meta(environment, sklearn.__version__), "pipeline": self.pipeline,
-                     "trained_on": self.trained_on, "samples": self.samples}, path)
+                     "trained_on": self.trained_on, "samples": self.samples, "op_types": sorted(self.op_types),
+                     "alone_scale": self.alone_scale}, path)
 
 
 def _matrix(features: Sequence[Mapping[str, Any]]):
@@ -158,20 +266,25 @@ def load_cached(path: str | Path, environment: Mapping[str, Any]) -> tuple[Laten
                        if env.get(k) != want["environment"].get(k)] + [d for d in differs if d != "environment"]
         return None, (f"{path}: the latency predictor was calibrated for another setup ({', '.join(differs)} "
                       f"differ); cold starts use the bytes-touched model; run `{CALIBRATE_COMMAND}` to rebuild it")
-    return LatencyPredictor(pipeline, list(blob.get("trained_on", [])), int(blob.get("samples", 0))), None
+    return LatencyPredictor(pipeline, list(blob.get("trained_on", [])), int(blob.get("samples", 0)),
+                            frozenset(blob.get("op_types", ())), blob.get("alone_scale")), None
 
 
 @dataclass
 class LearnedLatency:
-    """Cold-start latencies from a ``LatencyPredictor`` (predicted once per graph)."""
+    """Cold-start latencies from a ``LatencyPredictor`` (predicted once per
+    graph), with ``alone``: the graph's ops timed alone (Note [Kernels timed alone])."""
 
     graph: JobGraph
     predictor: LatencyPredictor
+    alone: Mapping[str, float] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.seconds = self.predictor.predict(self.graph)
-        self.source = f"cold-start (learned on {len(self.predictor.trained_on)} models)"
+        self.seconds = self.predictor.predict(self.graph, self.alone)
+        timed = sum(1 for o in self.graph.ops if o.name in self.alone and self.predictor.times_alone(o.op_type))
+        self.source = f"cold-start (learned on {len(self.predictor.trained_on)} models" + (
+            f"; {timed} kernels timed alone)" if timed else ")")
 
     def latency_s(self, op: OpNode) -> float:
         s = self.seconds.get(op.name)
@@ -181,9 +294,11 @@ class LearnedLatency:
         return s
 
 
-def cold_start_latency(graph: JobGraph, predictor: LatencyPredictor | None) -> LatencyModel:
-    """§IV-A cold start: the learned predictor when there is one, else bytes touched."""
-    return LearnedLatency(graph, predictor) if predictor is not None else ColdStartLatency(graph)
+def cold_start_latency(graph: JobGraph, predictor: LatencyPredictor | None,
+                       alone: Mapping[str, float] | None = None) -> LatencyModel:
+    """§IV-A cold start: the learned predictor when there is one (with the
+    ops timed ``alone``), else bytes touched."""
+    return LearnedLatency(graph, predictor, alone or {}) if predictor is not None else ColdStartLatency(graph)
 
 
 def relative_error(predicted: Mapping[str, float], measured: Mapping[str, float]) -> float:

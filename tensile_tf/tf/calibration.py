@@ -4,7 +4,9 @@ cold-start predictor (seed 000 §IV-A; tensile_tf/scheduler/latency_predictor.py
 Each calibration model (small models of the zoo at two batch sizes) is
 built, traced and profiled as the runtime profiles a job
 (``capture_job_graph``, ``measure_op_latencies``); every measured op is a
-sample. Before fitting on all of them, each model is held out in turn: the
+sample. Its ops are also timed one at a time (``time_kernels_alone``), which
+fits the scale a cold start puts on its own kernels timed alone (Note
+[Kernels timed alone] in tensile_tf/scheduler/latency_predictor.py). Before fitting on all of them, each model is held out in turn: the
 predictor fitted on the others predicts it, and its error is printed beside
 the bytes-touched model's (``ColdStartLatency``), so a user sees what the
 predictor buys on models it never saw. The fitted predictor is cached
@@ -28,8 +30,9 @@ from tensile_tf.jobs import zoo
 from tensile_tf.tf.capture import capture_job_graph, measure_op_latencies
 from tensile_tf.jobs.job import supervised_train_step
 from tensile_tf.scheduler import ColdStartLatency
-from tensile_tf.scheduler.latency_predictor import (LatencyPredictor, LatencySample, load_cached, relative_error,
-                                                    samples_from)
+from tensile_tf.scheduler.latency_predictor import (LatencyPredictor, LatencySample, fit_alone_scale, load_cached,
+                                                    relative_error, samples_from)
+from tensile_tf.tf.kernel_timing import time_kernels_alone
 
 PREDICTOR_PATH_ENV = "TENSILE_LATENCY_PREDICTOR"
 
@@ -101,6 +104,7 @@ class ModelSamples:
     graph: Any
     measured: dict[str, float]
     samples: list[LatencySample]
+    alone: dict[str, float]   # every op that runs alone, timed alone (Note [Kernels timed alone])
 
 
 def measure_model(m: CalibrationModel, *, repeats: int = 3, seed: int = 0) -> ModelSamples:
@@ -115,15 +119,29 @@ def measure_model(m: CalibrationModel, *, repeats: int = 3, seed: int = 0) -> Mo
     step(x, y)   # builds the optimizer's slots
     graph = capture_job_graph(m.name, step, (x, y), optimizer=optimizer)
     table = measure_op_latencies(step, (x, y), graph=graph, repeats=repeats)
-    return ModelSamples(m.name, graph, dict(table.seconds), samples_from(m.name, graph, table))
+    alone = time_kernels_alone(step, (x, y), graph, lambda op_type: True)
+    return ModelSamples(m.name, graph, dict(table.seconds), samples_from(m.name, graph, table), alone)
+
+
+def fit_predictor(models: Sequence[ModelSamples]) -> LatencyPredictor:
+    """The MLP on every op of ``models``, and the scale of their kernels timed alone."""
+    return LatencyPredictor.fit([s for m in models for s in m.samples],
+                                alone_scale=fit_alone_scale((m.graph, m.measured, m.alone) for m in models))
+
+
+def bytes_touched_error(m: ModelSamples) -> float:
+    """``relative_error`` of the bytes-touched guess (``ColdStartLatency``) on ``m``."""
+    baseline = ColdStartLatency(m.graph)
+    return relative_error({o.name: baseline.latency_s(o) for o in m.graph.ops}, m.measured)
 
 
 @dataclass
 class HoldoutRow:
     model: str
     ops: int
-    learned_error: float        # relative_error of the predictor fitted without this model
+    learned_error: float        # relative_error of the predictor fitted without this model, kernels timed alone
     bytes_touched_error: float  # relative_error of ColdStartLatency
+    mlp_error: float            # the same predictor's MLP alone, no kernel timed
 
 
 def calibrate(names: Sequence[str] | None = None, *, path: Path | None = None, repeats: int = 3,
@@ -141,13 +159,11 @@ def calibrate(names: Sequence[str] | None = None, *, path: Path | None = None, r
         measured.append(measure_model(CALIBRATION_MODELS[n], repeats=repeats))
     rows = []
     for held in measured:
-        rest = [s for m in measured if m is not held for s in m.samples]
-        predictor = LatencyPredictor.fit(rest)
-        learned = relative_error(predictor.predict(held.graph), held.measured)
-        baseline = ColdStartLatency(held.graph)
-        bytes_touched = relative_error({o.name: baseline.latency_s(o) for o in held.graph.ops}, held.measured)
-        rows.append(HoldoutRow(held.model, len(held.samples), learned, bytes_touched))
-    predictor = LatencyPredictor.fit([s for m in measured for s in m.samples])
+        predictor = fit_predictor([m for m in measured if m is not held])
+        learned = relative_error(predictor.predict(held.graph, held.alone), held.measured)
+        mlp = relative_error(predictor.predict(held.graph), held.measured)
+        rows.append(HoldoutRow(held.model, len(held.samples), learned, bytes_touched_error(held), mlp))
+    predictor = fit_predictor(measured)
     path = path or predictor_path()
     predictor.save(path, machine_environment())
     return predictor, rows, path

@@ -49,12 +49,15 @@ def test_calibrate_caches_a_predictor_that_cold_starts_use(tmp_path, monkeypatch
     assert code == 0, err[-3000:]
     rows = [line.split() for line in out.splitlines() if line.startswith(("mlp-b32", "small_cnn-b16"))]
     assert [r[0] for r in rows] == ["mlp-b32", "small_cnn-b16"], out
-    for r in rows:   # each held-out model: learned and bytes-touched errors, both measured
-        assert r[2].endswith("%") and r[3].endswith("%"), out
+    for r in rows:   # each held-out model: learned, bytes-touched and MLP-alone errors, all measured
+        assert r[2].endswith("%") and r[3].endswith("%") and r[4].endswith("%"), out
     assert f"wrote {cache}" in out
 
+    assert "kernels timed alone are predicted at" in out, out
     learned = _cold_capture(monkeypatch, cache)
-    assert learned["source"].startswith("cold-start (learned on 2 models"), learned
+    # the MLP's matrix products ran alone on their shapes (Note [Kernels timed alone])
+    assert learned["source"].startswith("cold-start (learned on 2 models; "), learned
+    assert learned["source"].endswith(" kernels timed alone)"), learned
     assert learned["positive"] and learned["warnings"] == [], learned
 
 

@@ -298,3 +298,34 @@ def test_plan_order_runs_each_weight_gradient_before_the_backward_pass_moves_on(
     for upper, lower in zip(layers, layers[1:]):   # the backward pass runs from the last layer down
         assert backprops.index(("Conv2DBackpropFilter", upper)) < backprops.index(("Conv2DBackpropInput", lower)), \
             backprops
+
+
+def test_kernels_timed_alone_are_the_capture_s_ops_and_leave_nothing_in_the_pool():
+    # Note [Kernels timed alone]: a cold start runs its step's kernels one at a time on their static shapes
+    from tensile_tf.scheduler.latency_predictor import KERNELS_TIMED_ALONE, fused_chains
+    from tensile_tf.tf.kernel_timing import time_kernels_alone
+    from tensile_tf.tf.pool import pool_stats
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Conv2D(4, 3, padding="same"),
+                              keras.layers.Conv2D(8, 3, padding="same", activation="relu"),
+                              keras.layers.Flatten(), keras.layers.Dense(10)])
+    opt = keras.optimizers.Adam(1e-3)
+    step = tf.function(supervised_train_step(model, opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True)))
+    args = (tf.random.normal([4, 8, 8, 3]), tf.zeros([4], tf.int32))
+    step(*args)
+    g = capture_job_graph("convs", step, args, optimizer=opt)
+    before = pool_stats()["current"]
+    timed = time_kernels_alone(step, args, g, KERNELS_TIMED_ALONE.__contains__)
+    assert pool_stats()["current"] == before
+    kinds = {o.name: o.op_type for o in g.ops}
+    assert set(timed) <= set(kinds) and all(s > 0 for s in timed.values()), timed
+    want = {n for n, t in kinds.items() if t in KERNELS_TIMED_ALONE}
+    # every kernel of the step ran alone: the gradients' shape inputs come from the static shapes
+    assert set(timed) == want and {kinds[n] for n in timed} == {
+        "Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "MatMul"}, sorted(kinds[n] for n in timed)
+    # the capture's chains of what the remapper fuses: conv -> bias (-> relu), dense -> bias
+    assert sorted(len(c) for c in fused_chains(g)) == [2, 2, 3]
+    everything = time_kernels_alone(step, args, g, lambda op_type: True)
+    assert {kinds[n] for n in everything} > {"Relu", "BiasAdd", "ReluGrad", "BiasAddGrad"}
+    assert not {kinds[n] for n in everything} & {"AssignAddVariableOp", "ResourceApplyAdam", "ReadVariableOp"}
