@@ -2,7 +2,7 @@
 bytes-touched guess (seed 000 §IV-A; tensile_tf/scheduler/latency_predictor.py),
 on models it never saw, beside the floor that measurement noise sets.
 
-    PYTHONPATH=. python benchmarks/predictor_bench.py [--families vgg16,mobilenetv2,resnet50] [--noise all] [--repeats 3]
+    PYTHONPATH=. python benchmarks/predictor_bench.py [--families vgg16,mobilenetv2,resnet50] [--noise all] [--repeats 10]
 
 Every calibration model of ``tensile calibrate`` (tensile_tf/tf/calibration.py)
 and each held-out family (keras.applications at 32x32, batch 16, never in
@@ -36,8 +36,8 @@ tensile_tf.install(os.environ.get("TENSILE_POOL_BYTES", "3GiB"))  # before any T
 import keras  # noqa: E402
 
 from tensile_tf.scheduler.latency_predictor import relative_error  # noqa: E402
-from tensile_tf.tf.calibration import (CALIBRATION_MODELS, CalibrationModel, bytes_touched_error,  # noqa: E402
-                                       fit_predictor, measure_model)
+from tensile_tf.tf.calibration import (CALIBRATION_MODELS, PROFILED_STEPS, CalibrationModel,  # noqa: E402
+                                       bytes_touched_error, fit_predictor, measure_model)
 
 FAMILIES = {
     "vgg16": lambda: keras.applications.VGG16(weights=None, input_shape=(32, 32, 3), classes=10),
@@ -60,7 +60,7 @@ def remeasured_error(first, again) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--families", default="vgg16,mobilenetv2,resnet50", help=f"held-out families: {', '.join(FAMILIES)}")
-    ap.add_argument("--repeats", type=int, default=3, help="profiled steps per model (calibration's default)")
+    ap.add_argument("--repeats", type=int, default=PROFILED_STEPS, help="profiled steps per model (calibration's default)")
     ap.add_argument("--noise", default="all", help="models profiled a second time for the noise floor (all, none, "
                                                   "or names)")
     args = ap.parse_args()

@@ -22,6 +22,7 @@ from tensile_tf.cli.plan import cmd_plan
 from tensile_tf.cli.run import cmd_run
 from tensile_tf.cli.search import add_search_parser
 from tensile_tf.cli.validate import cmd_validate
+from tensile_tf.scheduler.latency_predictor import PROFILED_STEPS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--models", help="comma-separated calibration models (default: all)")
     calibrate.add_argument("--cache", help="where to write the predictor (default: the user cache directory, "
                            "or $TENSILE_LATENCY_PREDICTOR)")
-    calibrate.add_argument("--repeats", type=int, default=3, help="profiled steps per model (default 3)")
+    calibrate.add_argument("--repeats", type=int, default=PROFILED_STEPS,
+                           help=f"profiled steps per model (default {PROFILED_STEPS})")
     calibrate.add_argument("--pool", default="2GiB", help="device pool for the measurements (default 2GiB)")
     calibrate.set_defaults(func=cmd_calibrate)
     add_search_parser(sub)

@@ -70,6 +70,10 @@ from tensile_tf.scheduler.latency import ColdStartLatency, LatencyModel, Latency
 FEATURE_VERSION = 2   # 2: the scale of kernels timed alone and the op types trained on
 NUMERIC_FEATURES = ("log_in_bytes", "log_out_bytes", "log_update_bytes", "log_flops_proxy", "inputs", "outputs")
 CALIBRATE_COMMAND = "tensile calibrate"
+#: Profiled steps per calibration model. Small models' op times vary step to step: over 3 steps a
+#: second profile of the same model missed the first by 0.2-0.5 of the bytes-touched error, over
+#: 10 by 0.04-0.3 (benchmarks/predictor_bench.py, issue 43); a model costs a second or two more.
+PROFILED_STEPS = 10
 #: Note [Kernels timed alone]: compute-bound kernels a cold start times on their own shapes.
 KERNELS_TIMED_ALONE = frozenset({
     "Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "DepthwiseConv2dNative",
@@ -119,7 +123,8 @@ def fused_chains(graph: JobGraph) -> list[list[str]]:
     return chains
 
 
-def on_fused_kernels(graph: JobGraph, seconds: Mapping[str, float], heads: Iterable[str] | None = None) -> dict[str, float]:
+def on_fused_kernels(graph: JobGraph, seconds: Mapping[str, float],
+                     heads: Iterable[str] | None = None) -> dict[str, float]:
     """``seconds`` with each fused chain's seconds on its last op (Note
     [Fused kernels]); ``heads``: only the chains whose head is one of these."""
     out = dict(seconds)

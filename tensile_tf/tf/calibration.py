@@ -6,7 +6,8 @@ built, traced and profiled as the runtime profiles a job
 (``capture_job_graph``, ``measure_op_latencies``); every measured op is a
 sample. Its ops are also timed one at a time (``time_kernels_alone``), which
 fits the scale a cold start puts on its own kernels timed alone (Note
-[Kernels timed alone] in tensile_tf/scheduler/latency_predictor.py). Before fitting on all of them, each model is held out in turn: the
+[Kernels timed alone] in tensile_tf/scheduler/latency_predictor.py).
+Before fitting on all of them, each model is held out in turn: the
 predictor fitted on the others predicts it, and its error is printed beside
 the bytes-touched model's (``ColdStartLatency``), so a user sees what the
 predictor buys on models it never saw. The fitted predictor is cached
@@ -30,8 +31,8 @@ from tensile_tf.jobs import zoo
 from tensile_tf.tf.capture import capture_job_graph, measure_op_latencies
 from tensile_tf.jobs.job import supervised_train_step
 from tensile_tf.scheduler import ColdStartLatency
-from tensile_tf.scheduler.latency_predictor import (LatencyPredictor, LatencySample, fit_alone_scale, load_cached,
-                                                    relative_error, samples_from)
+from tensile_tf.scheduler.latency_predictor import (PROFILED_STEPS, LatencyPredictor, LatencySample, fit_alone_scale,
+                                                    load_cached, relative_error, samples_from)
 from tensile_tf.tf.kernel_timing import time_kernels_alone
 
 PREDICTOR_PATH_ENV = "TENSILE_LATENCY_PREDICTOR"
@@ -107,7 +108,7 @@ class ModelSamples:
     alone: dict[str, float]   # every op that runs alone, timed alone (Note [Kernels timed alone])
 
 
-def measure_model(m: CalibrationModel, *, repeats: int = 3, seed: int = 0) -> ModelSamples:
+def measure_model(m: CalibrationModel, *, repeats: int = PROFILED_STEPS, seed: int = 0) -> ModelSamples:
     """Builds, traces and profiles one calibration model's train step."""
     keras.utils.set_random_seed(seed)
     model = m.build()
@@ -144,7 +145,7 @@ class HoldoutRow:
     mlp_error: float            # the same predictor's MLP alone, no kernel timed
 
 
-def calibrate(names: Sequence[str] | None = None, *, path: Path | None = None, repeats: int = 3,
+def calibrate(names: Sequence[str] | None = None, *, path: Path | None = None, repeats: int = PROFILED_STEPS,
               progress: Callable[[str], None] = print) -> tuple[LatencyPredictor, list[HoldoutRow], Path]:
     """Measures the models, reports held-out errors, fits on all, caches."""
     names = list(names or CALIBRATION_MODELS)
