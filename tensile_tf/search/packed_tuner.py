@@ -29,6 +29,20 @@ Builds run one at a time, and without KerasTuner's ``keras.backend.clear_session
 trials (it would reset Keras' global state under trials still training), so a hypermodel that
 seeds itself builds the same model as in a sequential search.
 
+Note [A trial of its own]
+``create_trial`` returns the oracle's own Trial object, and KerasTuner's trial loop marks it
+``COMPLETED`` (``BaseTuner._try_run_and_update_trial``) before ``end_trial`` scores it, outside
+the oracle's lock. One at a time that is harmless; with another slot inside ``create_trial``
+meanwhile, the oracle's display sorted the completed trials by score and met that one's
+``None`` (``TypeError: '<' not supported between instances of 'float' and 'NoneType'``, seen
+once in the suite). So each slot runs a copy (``Trial.from_state``, the round trip a
+distributed worker's trial makes), and ``end_trial`` copies status and message back into the
+oracle's trial under its lock and scores it there, as it does for a distributed worker.
+Nor is a trial created while another slot builds: KerasTuner draws each trial's id from Python's
+global ``random``, which a hypermodel that seeds itself (``keras.utils.set_random_seed``) then
+reads for its initializers' seeds; a trial created in between gave a packed trial other initial
+weights than the sequential search's (a val_loss of 1.27 against 1.46, twice in five runs).
+
 KerasTuner private names used (keras-tuner 1.4): ``Tuner._build_hypermodel`` (build under
 the tuner's distribution scope), ``BaseTuner._try_run_and_update_trial`` (run, report and
 mark the trial), ``Oracle.create_trial(tuner_id)`` semantics per tuner id.
@@ -155,11 +169,13 @@ class PackedSearch:
         try:
             while True:
                 self.pre_create_trial()
-                trial = self.oracle.create_trial(tuner_id)
+                with self._build_lock:   # Note [A trial of its own]: its id draws from Python's random
+                    trial = self.oracle.create_trial(tuner_id)
                 if trial.status == trial_module.TrialStatus.STOPPED:
                     break
                 if trial.status == trial_module.TrialStatus.IDLE:
                     continue
+                trial = trial_module.Trial.from_state(trial.get_state())   # Note [A trial of its own]
                 self._local.trial = trial
                 self._count("trials")
                 self.on_trial_begin(trial)

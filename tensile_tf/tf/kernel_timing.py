@@ -17,6 +17,10 @@ Memory: every allocation the pool cannot serve comes from host memory
 (``host_fallback_scope``): a cold-started job's pool is full by definition.
 An op that still fails (an input it cannot take at zero) is left to the
 predictor. What the runs allocate is freed when they return.
+
+Time: the runs share the cores with whatever trains beside them, so a job
+cold-started beside running jobs is timed as it will run, among them; the
+calibrated scale was measured on a quiet machine, one model at a time.
 """
 from __future__ import annotations
 
