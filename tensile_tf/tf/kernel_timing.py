@@ -95,7 +95,7 @@ def _known_ints(op: tf.Operation) -> list:
                 source = t.op.inputs[t.value_index if t.op.type == "ShapeN" else 0]
                 if source.shape.is_fully_defined():
                     value = np.array(source.shape.as_list(), dtype=t.dtype.as_numpy_dtype)
-        out.append(None if value is None else np.asarray(value).tobytes())
+        out.append(None if value is None else np.asarray(value, dtype=t.dtype.as_numpy_dtype).tobytes())
     return out
 
 
