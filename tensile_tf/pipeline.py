@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import time
+import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
@@ -168,7 +169,11 @@ def capture_cold(job: JobToPlan) -> CapturedJob:
     predictor = cached_predictor()
     alone = None
     if predictor is not None and predictor.alone_scale is not None:
-        alone = time_kernels_alone(job.step_fn, job.example_args, graph, predictor.times_alone)
+        try:
+            alone = time_kernels_alone(job.step_fn, job.example_args, graph, predictor.times_alone)
+        except Exception as e:  # noqa: BLE001 - the MLP predicts every op then; say so
+            warnings.warn(f"job '{job.name}': its kernels could not be timed alone ({type(e).__name__}: {e}); "
+                          "its cold-start latencies come from the learned predictor alone", stacklevel=2)
     latencies = cold_start_latency(graph, predictor, alone)
     job = replace(job, example_args=batch_specs(job.example_args))   # Note [Example batch]
     return CapturedJob(job, graph, PlannerJob(graph, latencies, job.start_offset_s, job.max_swapping_rate), cold=True)

@@ -123,19 +123,18 @@ def fused_chains(graph: JobGraph) -> list[list[str]]:
     return chains
 
 
-def on_fused_kernels(graph: JobGraph, seconds: Mapping[str, float],
-                     heads: Iterable[str] | None = None) -> dict[str, float]:
-    """``seconds`` with each fused chain's seconds on its last op (Note
-    [Fused kernels]); ``heads``: only the chains whose head is one of these."""
+def on_fused_kernels(graph: JobGraph, seconds: Mapping[str, float], heads: Iterable[str]) -> dict[str, float]:
+    """``seconds`` with each fused chain whose head is in ``heads`` (kernels
+    timed alone) predicted as one kernel on its last op, at its head's seconds:
+    what ``alone_scale`` was fitted on (Note [Fused kernels]); the chain's
+    other ops get FUSED_AWAY_S."""
     out = dict(seconds)
-    keep = None if heads is None else set(heads)
+    keep = set(heads)
     for chain in fused_chains(graph):
-        if keep is not None and chain[0] not in keep:
-            continue
-        total = sum(out.get(n, 0.0) for n in chain)
-        for n in chain[:-1]:
-            out[n] = FUSED_AWAY_S
-        out[chain[-1]] = total
+        if chain[0] in keep and chain[0] in out:
+            out[chain[-1]] = out[chain[0]]
+            for n in chain[:-1]:
+                out[n] = FUSED_AWAY_S
     return out
 
 
@@ -148,7 +147,7 @@ def fit_alone_scale(models: Iterable[tuple[JobGraph, Mapping[str, float], Mappin
         kinds = {o.name: o.op_type for o in graph.ops}
         timed = {k: v for k, v in alone.items() if kinds.get(k) in KERNELS_TIMED_ALONE}
         away = {n for chain in fused_chains(graph) if chain[0] in timed for n in chain[:-1]}
-        for name, s in on_fused_kernels(graph, timed).items():
+        for name, s in on_fused_kernels(graph, timed, heads=timed).items():
             if name not in away and s > 0 and measured.get(name, 0) > 0:
                 measured_s += measured[name]
                 alone_s += s

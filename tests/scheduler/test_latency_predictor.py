@@ -111,10 +111,11 @@ def conv_block():
 def test_fused_chains_follow_sole_consumers_and_carry_the_chain_to_its_last_op():
     g = conv_block()
     assert fused_chains(g) == [["conv", "bias", "relu"], ["conv2", "bias2"]]
-    moved = on_fused_kernels(g, {"conv": 3.0, "bias": 0.5, "relu": 0.25, "conv2": 2.0, "bias2": 1.0, "mm": 4.0})
-    gone = FUSED_AWAY_S
-    assert moved == pytest.approx({"conv": gone, "bias": gone, "relu": 3.75, "conv2": gone, "bias2": 3.0, "mm": 4.0})
-    # only the chains whose head was asked for
+    seconds = {"conv": 3.0, "bias": 0.5, "relu": 0.25, "conv2": 2.0, "bias2": 1.0, "mm": 4.0}
+    moved = on_fused_kernels(g, seconds, heads=["conv", "conv2", "mm"])
+    gone = FUSED_AWAY_S   # one kernel at its head's seconds, on the op the profile names it after
+    assert moved == pytest.approx({"conv": gone, "bias": gone, "relu": 3.0, "conv2": gone, "bias2": 2.0, "mm": 4.0})
+    # only the chains whose head was timed
     assert on_fused_kernels(g, {"conv": 3.0, "bias": 0.5, "conv2": 2.0}, heads=["conv2"]) == pytest.approx({
         "conv": 3.0, "bias": 0.5, "conv2": gone, "bias2": 2.0})
 
@@ -130,8 +131,8 @@ def test_kernels_timed_alone_are_scaled_and_predicted_where_the_profile_finds_th
     assert got["mm"] == pytest.approx(1.5e-3) and got["cumsum"] == pytest.approx(2e-3)   # a kernel; a type never seen
     assert got["relu2"] == mlp["relu2"]                       # a known type the MLP predicts, timed or not
     assert got["conv"] == got["bias"] == FUSED_AWAY_S         # fused: the chain's seconds on its last op
-    assert got["relu"] == pytest.approx(0.5e-3 + mlp["bias"] + mlp["relu"])
-    assert got["bias2"] == pytest.approx(1e-3 + mlp["bias2"]) and got["conv2"] == FUSED_AWAY_S
+    assert got["relu"] == pytest.approx(0.5e-3)               # the scale covers bias and activation
+    assert got["bias2"] == pytest.approx(1e-3) and got["conv2"] == FUSED_AWAY_S
     model = cold_start_latency(g, scaled, alone)
     assert model.latency_s(g.op("relu")) == got["relu"] and "4 kernels timed alone" in model.source
 
@@ -143,4 +144,7 @@ def test_the_scale_of_kernels_alone_is_measured_over_alone_where_the_profile_put
     assert fit_alone_scale([(g, measured, alone)]) == pytest.approx(0.7)
     # a chain's head the profile did see is not weighed against the little left on it
     assert fit_alone_scale([(g, {**measured, "conv": 5e-3}, alone)]) == pytest.approx(0.7)
+    # nor a chain whose head did not run alone
+    untimed = {k: v for k, v in alone.items() if k != "conv"}
+    assert fit_alone_scale([(g, {**measured, "conv": 5e-3, "bias": 1e-3}, untimed)]) == pytest.approx(0.7)
     assert fit_alone_scale([(g, {}, alone)]) is None
