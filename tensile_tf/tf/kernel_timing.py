@@ -31,11 +31,11 @@ import numpy as np
 import tensorflow as tf
 
 from tensile_tf.scheduler.job_graph import JobGraph
-from tensile_tf.tf.capture import CALL_OPS, SKIP_OPS
+from tensile_tf.tf.capture import ALIAS_OPS, CALL_OPS, SKIP_OPS
 from tensile_tf.tf.pool import host_fallback_scope
 from tf_plugin.tf_internals import called_function_graph
 
-_NOT_TIMED = SKIP_OPS | {"Identity", "IdentityN", "ReadVariableOp"}
+_NOT_TIMED = SKIP_OPS | ALIAS_OPS
 _OPAQUE = (tf.resource, tf.variant, tf.string)
 
 
@@ -65,9 +65,10 @@ def time_kernels_alone(step_fn, args: Sequence, graph: JobGraph, wanted: Callabl
         for name, op in traced_ops(fg):
             if name not in names or op.type in _NOT_TIMED or not wanted(op.type) or not _timeable(op):
                 continue
-            key = _signature(op)
+            known = _known_ints(op)
+            key = _signature(op, known)
             if key not in by_signature:
-                by_signature[key] = _time_alone(op, repeats)
+                by_signature[key] = _time_alone(op, known, repeats)
             if by_signature[key] is not None:
                 seconds[name] = by_signature[key]
     return seconds
@@ -83,9 +84,9 @@ def _timeable(op: tf.Operation) -> bool:
             and all(t.shape.is_fully_defined() for t in op.inputs))
 
 
-def _signature(op: tf.Operation) -> tuple:
+def _signature(op: tf.Operation, known: list) -> tuple:
     attrs = sorted((k, v.SerializeToString()) for k, v in op.node_def.attr.items() if not k.startswith("_"))
-    return op.type, tuple(tuple(t.shape.as_list()) for t in op.inputs), tuple(attrs), tuple(_known_ints(op))
+    return op.type, tuple(tuple(t.shape.as_list()) for t in op.inputs), tuple(attrs), tuple(known)
 
 
 def _known_ints(op: tf.Operation) -> list:
@@ -103,9 +104,9 @@ def _known_ints(op: tf.Operation) -> list:
     return out
 
 
-def _inputs(op: tf.Operation) -> list:
+def _inputs(op: tf.Operation, known_ints: list) -> list:
     values, rng = [], np.random.default_rng(0)
-    for t, known in zip(op.inputs, _known_ints(op)):
+    for t, known in zip(op.inputs, known_ints):
         if known is not None:
             values.append(tf.constant(np.frombuffer(known, dtype=t.dtype.as_numpy_dtype).reshape(t.shape.as_list())))
         elif t.dtype.is_floating or t.dtype.is_complex:
@@ -130,10 +131,10 @@ def _call(op: tf.Operation, values: list) -> Callable[[], object]:
     return lambda: kernel(**kwargs)
 
 
-def _time_alone(op: tf.Operation, repeats: int) -> float | None:
+def _time_alone(op: tf.Operation, known_ints: list, repeats: int) -> float | None:
     """The fastest of ``repeats`` runs after a warm-up; None if it cannot run alone."""
     try:
-        run = _call(op, _inputs(op))
+        run = _call(op, _inputs(op, known_ints))
         run()
         best = float("inf")
         for _ in range(repeats):
