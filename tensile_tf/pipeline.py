@@ -41,7 +41,7 @@ import gc
 import time
 import warnings
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import tensorflow as tf
 
@@ -187,7 +187,9 @@ def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
                   unplanned_peaking_jobs: int | None = None,
                   strategy: str = "tensile", step_order: str = "plan",
                   unchain: bool = True, current: Mapping[str, PlannedStep] | None = None,
-                  rewrite_unchanged: bool = True) -> tuple[Plan, dict[str, PlannedStep]]:
+                  rewrite_unchanged: bool = True,
+                  on_step_made: Callable[[str, PlannedStep], None] | None = None,
+                  ) -> tuple[Plan, dict[str, PlannedStep]]:
     """Plans captured jobs together and rewrites each one's step.
     ``peaking_jobs``: with ``coincident_peaks``, how many jobs' peaks meet
     (Note [Paired peaks] in tensile_tf.scheduler.peak_analysis);
@@ -205,7 +207,8 @@ def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
     ``current``: each job's planned step now (a re-plan), reused where the
     new plan rewrites the step the same way; ``rewrite_unchanged`` False: a
     plan that leaves a step as it is gets the job's own step back, no
-    rewrite (Note [Re-plans users do not feel])."""
+    rewrite (Note [Re-plans users do not feel]). ``on_step_made(name,
+    step)``: called as each job's step is rewritten (not for one reused)."""
     from tensile_tf.scheduler.baselines import STRATEGIES
 
     if strategy not in STRATEGIES:
@@ -224,12 +227,15 @@ def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
         for c in captured:
             jp, mine = plan.jobs[c.job.name], (current or {}).get(c.job.name)
             if mine is not None and delta_scale == 1.0 and mine.job_plan.rewrites_like(jp):
-                steps[c.job.name] = replace(mine, job_plan=jp)       # the same rewrite: reused, not redone
+                steps[c.job.name] = replace(mine, job_plan=jp,       # the same rewrite: reused, not redone
+                                            instantiate_s=None, instantiate_error=None)   # nor instantiated
             elif not jp.changes_step and not rewrite_unchanged:
                 steps[c.job.name] = PlannedStep(c.job.step_fn, jp, RewriteReport(c.job.name))
             else:
                 steps[c.job.name] = apply_plan(c.job.step_fn, c.job.example_args, jp, c.graph,
                                                delta_scale=delta_scale)
+                if on_step_made is not None:   # e.g. instantiate it while the next job's step is rewritten
+                    on_step_made(c.job.name, steps[c.job.name])
     return plan, steps
 
 

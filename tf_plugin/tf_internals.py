@@ -14,6 +14,7 @@ installed by an explicit call from the code that needs it.
 | ``Operation._set_attr("_recompute_hint")`` | Grappler's MANUAL recomputation hints (baseline suite) | ``benchmarks/plan_execution_reference.py`` |
 | ``xplane_pb2.XSpace`` | read tf.profiler's per-op latencies | ``tensile_tf.tf.capture`` |
 | ``pywrap_tf_session`` (graph import, ``TF_GraphToFunction_wrapper``), ``atomic_function.from_function_def``, ``ConcreteFunction._inference_function``, ``op_def_registry`` | Note [A planned step without a trace] | ``tensile_tf.tf.rewrite.planned_step`` |
+| ``execute.execute_with_cancellation``, ``cancellation.CancellationManager`` | Note [Instantiated off the job's thread] | ``tensile_tf.tf.rewrite.planned_step`` |
 
 Note [Custom gradients keep traced jobs alive]
 ``tf.custom_gradient`` in graph mode (Keras optimizers use it while a train
@@ -217,6 +218,43 @@ def eager_function_from_graph_def(graph_def, name: str, *, prefix: str, inputs: 
         c_api.TF_DeleteFunction(c_function)
     function_def.attr["_XlaMustCompile"].b = False       # as tf.function(jit_compile=False) marks its steps
     return atomic_function.from_function_def(function_def, like._inference_function.function_type)  # noqa: SLF001
+
+
+class NotInstantiated(RuntimeError):
+    """A call meant only to instantiate a function started it (or failed
+    for another reason)."""
+
+
+def instantiate_eager_function(function, flat_inputs: list) -> None:
+    """Instantiates the AtomicFunction ``function`` (TensorFlow's graph
+    optimisations and executor, cached by the eager context) without running
+    any of its ops: it is called with a cancellation manager cancelled
+    before the call, and TensorFlow checks it after instantiating and before
+    starting the function (Note [Instantiated off the job's thread] in
+    tensile_tf/tf/rewrite/planned_step.py). ``flat_inputs``: tensors of the
+    arguments' dtypes and devices (their shapes may differ, e.g. empty: the
+    cache's key holds neither shapes nor values) and the captured handles.
+    The call holds no GIL while TensorFlow instantiates. Raises
+    NotInstantiated with TensorFlow's error if the call was not cancelled
+    before it started."""
+    from tensorflow.python.eager import cancellation, context, execute
+    from tensorflow.python.framework import errors
+
+    ctx = context.context()
+    attrs = tuple(x for kv in ctx.function_call_options.as_attrs().items() for x in kv)   # as call_function
+    manager = cancellation.CancellationManager()
+    manager.start_cancel()
+    try:
+        execute.execute_with_cancellation(function.name.decode(), num_outputs=len(function.function_type.flat_outputs),
+                                          inputs=list(flat_inputs), attrs=attrs, ctx=ctx,
+                                          cancellation_manager=manager)
+    except errors.CancelledError as e:
+        if "cancelled before it was started" in e.message:
+            return
+        raise NotInstantiated(f"{function.name.decode()}: {e.message}") from e
+    except errors.OpError as e:
+        raise NotInstantiated(f"{function.name.decode()}: {e.message}") from e
+    raise NotInstantiated(f"{function.name.decode()}: the call meant only to instantiate it ran it")
 
 
 def op_is_stateful(op_type: str) -> bool | None:

@@ -264,6 +264,9 @@ class RunSpec(_Strict):
     replan: StrictBool = Field(
         True, description="planner: re-plan the running jobs together while they run, when a job ends "
         "or its op latencies drift (Note [Re-planning on events]); false keeps each job's first plan")
+    replan_switch: Literal["ready", "next_step"] = Field(
+        "ready", description="planner: a re-planned job takes its new step once it is instantiated ('ready'; "
+        "it trains on its old plan meanwhile) or at its next step boundary, waiting there ('next_step')")
     replan_threshold: StrictFloat = Field(
         0.2, gt=0, description="planner: re-plan when a job's EWMA-corrected op latencies summed differ from "
         "those of its plan by more than this share (seed 000 §IV-E's change rate)")

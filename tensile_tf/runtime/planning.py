@@ -212,11 +212,12 @@ class JobPlanning:
                                                  [t for _, t in measured])
         swap.set_swap_bandwidth(s.swap_bandwidth)
 
-    def plan_captured(self, captured: Sequence[CapturedJob], budget: int, current=None):
+    def plan_captured(self, captured: Sequence[CapturedJob], budget: int, current=None, on_step_made=None):
         """``execution.plan_captured`` with the run's settings (peak model,
         link): the start's plan, a later job's and every re-plan alike.
         ``current``: the jobs' planned steps now, reused where a re-plan
-        rewrites a step the same way (Note [Re-plans users do not feel])."""
+        rewrites a step the same way (Note [Re-plans users do not feel]);
+        ``on_step_made(name, step)`` as each new step is made."""
         self._resolve_device_link(captured)
         peaks = self.settings.plan_peaks
         paired = peaks == PlanPeaks.paired   # Note [Paired peaks]
@@ -224,7 +225,8 @@ class JobPlanning:
                              coincident_peaks=peaks != PlanPeaks.timeline,
                              peaking_jobs=PAIRED_PEAKING_JOBS if paired else None,
                              unplanned_peaking_jobs=UNPLANNED_PAIRED_PEAKING_JOBS if paired else None,
-                             step_order=self.settings.plan_order.value, current=current, rewrite_unchanged=False)
+                             step_order=self.settings.plan_order.value, current=current, rewrite_unchanged=False,
+                             on_step_made=on_step_made)
 
     def plan(self, states: list[JobState], budget: int, *, saved_plan_allowed: bool = False) -> Plan | None:
         """TENSILE over ``states`` for ``budget`` pool bytes; each job's step

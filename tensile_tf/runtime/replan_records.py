@@ -21,6 +21,11 @@ class JobReplan:
     median_step_s_before: float | None     # measured, over the steps run before the switch
     median_step_s_after: float | None = None   # measured, over the steps after it (filled at the end)
     switched_at_step: int | None = None    # the job's first step on the new plan (None: never switched)
+    # Note [Instantiated off the job's thread]: the new step instantiated on a
+    # worker while the job trained on; the switch waits for it (None: a step
+    # reused, or none to instantiate)
+    instantiate_s: float | None = None
+    instantiate_error: str | None = None   # why it could not be (the job's first call instantiated it)
 
 
 @dataclass

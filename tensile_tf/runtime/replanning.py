@@ -19,7 +19,8 @@ after the switch), in trace.json (an instant event) and on ``memory.png``
 Note [Hot swap]
 Before a step, the job thread takes the ``StepSwitch`` the run loop offered
 (``JobState.switch``, a ``Handoff``: Note [Threads and hand-offs] in
-threads.py), if there is one: the variables
+threads.py), if there is one and its step is instantiated (or, with
+``run.replan_switch: next_step``, waiting for that): the variables
 the old plan keeps on the host come back into the pool (``restore``), the
 new plan's cross-iteration variables leave it (``evict``), and the new step
 runs from then on. Between two steps no activation is alive, so the pool
@@ -84,20 +85,26 @@ jobs (39,524 ops, 64x64, batch 16) on a 2-core machine (issue 43,
   collections); it is now registered from a bare C graph (Note [A planned
   step without a trace] in tensile_tf/tf/rewrite/planned_step.py), where
   the step is made (the run loop), not at the job's first planned step on
-  its own thread. The first call still instantiates the function
-  (TensorFlow's graph optimisation and kernels, 4-7 s per ResNet50 step
-  here) on the job's thread: no public API does that without running the
-  step.
+  its own thread.
+* Instantiation: a new function's first call instantiates it (TensorFlow's
+  graph optimisation and executor, 3-4.5 s per ResNet50 step here), and
+  that was the job's first step under the new plan (4-7 s against 1 s). A
+  worker thread now instantiates each step as soon as it is rewritten,
+  without running it, while the jobs train on their old plans and the next
+  job's step is rewritten (Note [Instantiated off the job's thread] in
+  tensile_tf/tf/rewrite/planned_step.py); the job switches once its step is
+  ready (``run.replan_switch``). First steps under a new plan: 1.2-1.6 s.
 * Reuse: a job whose new plan rewrites its step exactly as its current plan
   did (``JobPlan.rewrites_like``: every event and the order, predictions left
   out) keeps the step it runs, nothing rewritten; a job whose new plan
   leaves its step as it is gets its own step back without a rewrite.
-Measured (10 re-plans, half to new plans with latencies drifted up to 10%):
-until every job can switch, plans already built median 0.82 s (worst
-0.88), new plans median 4.07 s (worst 4.73), then each job's first step
-under a new plan 4-7 s (1.0 s reused). Before these changes: 3.5 and 13.3
-s. Under 1 s for new plans needs a step rewritten once that reads its plan
-at run time (no new function, so no instantiation either).
+Measured (10 re-plans, half to new plans with latencies drifted up to 10%,
+issue 43's history): until every job can switch, plans already built
+median 0.80 s; new plans median 9.6 s counting the instantiation (planner
+0.8 s, rewrites 2.8-3.6 s, instantiation 3.0-5.1 s per job on two cores),
+against 3.1 s plus a 4-6 s first step before it moved off the jobs'
+threads. Under 1 s for new plans needs a step rewritten once that reads
+its plan at run time (no new function, so no instantiation either).
 
 Note [Joint re-plan on arrival]
 A job that arrives (``arrive_at_s``, or a search driver's next trial) and
@@ -161,16 +168,19 @@ class StepSwitch:
     needs: tuple[int, int]         # (P, T) admission uses under the new plan
     replan: JobReplan
     baseline: Any = None           # the latency table the new plan was made with (the monitor's, Note [Latency drift])
+    when_ready: bool = True        # taken once its step is instantiated, else at the next step boundary (waiting)
 
 
 def take_switch(state: JobState) -> StepSwitch | None:
     """Called by the job's thread before a step (inside its stream scope):
     takes the switch the run loop offered, if any, and runs the new step from
     now on (Note [Threads and hand-offs], H3). Returns the switch taken."""
-    switch = state.switch.take()
+    switch = state.switch.take(ready=lambda sw: not sw.when_ready or sw.step is None or sw.step.ready)
     if switch is None:
-        return None
+        return None   # none, or its step is still being instantiated: this step runs the old plan
     try:
+        if switch.step is not None:
+            switch.step.wait_ready()   # run.replan_switch: next_step waits here for what is left
         if state.planned_step is not None:
             state.planned_step.restore()       # the old plan's host-side variables back first
         if switch.step is not None:
@@ -184,6 +194,9 @@ def take_switch(state: JobState) -> StepSwitch | None:
         if state.latency_monitor is not None and switch.baseline is not None:
             state.latency_monitor.replanned(switch.baseline)
         switch.replan.switched_at_step = state.steps_done
+        if switch.step is not None and switch.step.instantiate_s is not None:
+            switch.replan.instantiate_s = switch.step.instantiate_s
+            switch.replan.instantiate_error = switch.step.instantiate_error
     finally:
         state.switch.settle()   # after planned_needs: admission reads peek(), then planned_needs
     return switch
@@ -285,8 +298,10 @@ class JointPlanMissesBudget(RuntimeError):
 class Replanner:
     """Note [Re-planning on events], for the run loop."""
 
-    def __init__(self, planning, now: Callable[[], float], held_outside_jobs: Callable[[], int]):
+    def __init__(self, planning, now: Callable[[], float], held_outside_jobs: Callable[[], int],
+                 switch_when_ready: bool = True):
         self.planning = planning
+        self.switch_when_ready = switch_when_ready   # run.replan_switch (Note [Instantiated off the job's thread])
         self.now = now
         self.held_outside_jobs = held_outside_jobs
         self.records: list[ReplanRecord] = []
@@ -333,9 +348,15 @@ class Replanner:
                               newcomer=newcomer.name if newcomer is not None else None)
         t0 = time.perf_counter()
         try:
+            streams = {s.name: s.job_stream for s in everyone}
+
+            def instantiate(name: str, step) -> None:   # Note [Instantiated off the job's thread]
+                step.instantiate_in_background(streams[name].eager_scope)
+
             plan, steps = self.planning.plan_captured([s.captured for s in everyone], budget,
                                                       current={s.name: s.planned_step for s in jobs
-                                                               if s.planned_step is not None})
+                                                               if s.planned_step is not None},
+                                                      on_step_made=instantiate)
             if newcomer is not None and not plan.budget_met:
                 raise JointPlanMissesBudget(
                     f"the joint plan predicts {plan.pool_planned_peak_bytes / 2**20:.1f} MiB for a budget of "
@@ -351,7 +372,7 @@ class Replanner:
                 job = JobReplan(s.name, old.predicted_planned_peak_bytes, new.predicted_planned_peak_bytes,
                                 old.swap_outs, new.swap_outs, old.recomputes, new.recomputes,
                                 _median_step_s(s, 1, done))
-                switches[s.name] = StepSwitch(step, new, needs, job)
+                switches[s.name] = StepSwitch(step, new, needs, job, when_ready=self.switch_when_ready)
                 record.jobs.append(job)
         except Exception as e:  # noqa: BLE001 - the jobs keep the plans they run
             record.error = summarize_error(e)
@@ -370,8 +391,9 @@ class Replanner:
             newcomer.planned_needs = None   # its probe (the planned step) measures them
             record.predicted_peak_sum_after_bytes += plan.jobs[newcomer.name].planned_peak_bytes
         for s in jobs:
-            # The job thread takes it at its next step boundary; until it has,
-            # admission holds the larger of its needs and these (AdmissionControl.predict).
+            # The job thread takes it at its next step boundary once its step is
+            # instantiated (run.replan_switch); until it has, admission holds the
+            # larger of its needs and these (AdmissionControl.predict).
             switch = switches[s.name]
             switch.baseline = s.captured.planner_job.latencies   # what the plan was made with
             s.switch.offer(switch)   # one not taken yet is replaced: never switched (Note [Hot swap])

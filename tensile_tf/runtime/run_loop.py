@@ -122,7 +122,8 @@ class JobHost:
         self.replanner = None
         self.replan_threshold = spec.replan_threshold
         if self.planning is not None and spec.replan and saved_plan is None:   # --plan runs exactly that plan
-            self.replanner = Replanner(self.planning, lambda: self.clock.now(), held_outside_jobs)
+            self.replanner = Replanner(self.planning, lambda: self.clock.now(), held_outside_jobs,
+                                       switch_when_ready=spec.replan_switch == "ready")
         self.pipeline = None
         if self.pipeline_kind == PipelineKind.nodegroup:
             self.pipeline = NodeGroupCoordinator(self.capacity, spec.split_size, timeout_s=spec.barrier_timeout_s)

@@ -36,6 +36,12 @@ T3 the memory sampler, ``tensile-memory-sampler`` (``MemorySampler``,
 T4 the search reporter, ``tensile-search-reporter`` (search/reporter.py),
    while a ``SearchDriver`` runs: writes intermediate values and heartbeats
    to the study.
+T5 instantiation workers, ``tensile-instantiate_N`` (at most four, a
+   ``ThreadPoolExecutor`` in tensile_tf/tf/rewrite/planned_step.py): each
+   instantiates a re-plan's new step without running it, inside the job's
+   stream scope, and writes only that PlannedStep's ``instantiate_s`` /
+   ``instantiate_error`` (Note [Instantiated off the job's thread]; read
+   after its Future is done, H3).
 Not started by the runtime, but sharing its data: TensorFlow's inter-op and
 intra-op threads run each step's ops (a job's allocations are attributed to
 its stream by the step's graph and, for eager work, by a thread-local stream
@@ -60,8 +66,11 @@ H2 End, T2 -> T1. A job thread's last act is ``RunLoopInbox.job_ended``
    bytes until the run loop tears it down, so admission must count it.
 H3 Plan switch, T1 -> T2: ``JobState.switch``, a ``Handoff`` (Note [Hot
    swap] in replanning.py). ``Replanner.replan`` ``offer``s a StepSwitch; the
-   job thread ``take``s it at its next step boundary (``take_switch``),
-   applies it and ``settle``s. The lock makes take and offer atomic: a switch
+   job thread ``take``s it at its next step boundary (``take_switch``)
+   once its new step is instantiated (a worker thread does that, Note
+   [Instantiated off the job's thread]; ``ready`` reads the worker's
+   Future, which orders its writes before the take), applies it and
+   ``settle``s. The lock makes take and offer atomic: a switch
    is applied at most once, and an offer that replaces one not yet taken gets
    the replaced one back (it is never applied: its ``switched_at_step`` stays
    None). ``pending`` is true from the offer until the taker has settled, so
@@ -119,7 +128,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from typing import TYPE_CHECKING, Generic, Sequence, TypeVar, Union
+from typing import TYPE_CHECKING, Callable, Generic, Sequence, TypeVar, Union
 
 if TYPE_CHECKING:
     from tensile_tf.runtime.records import JobState
@@ -159,13 +168,15 @@ class Handoff(Generic[T]):
                 self.replaced += 1
             return replaced
 
-    def take(self) -> T | None:
-        """The item waiting (now in hand until ``settle``), or None."""
+    def take(self, ready: Callable[[T], bool] | None = None) -> T | None:
+        """The item waiting (now in hand until ``settle``), or None; an item
+        for which ``ready`` says False stays waiting and None is returned."""
         with self._lock:
-            item, self._waiting = self._waiting, None
-            if item is not None:
-                self._in_hand = item
-                self.taken += 1
+            item = self._waiting
+            if item is None or (ready is not None and not ready(item)):
+                return None
+            self._waiting, self._in_hand = None, item
+            self.taken += 1
             return item
 
     def settle(self) -> None:

@@ -12,7 +12,8 @@ from tests.e2e.test_cli import tensile, write
 
 TWO_MLPS = """
 pool: 130MiB
-run: {{out_dir: unused, admission: sum, planner: tensile, plan_budget: 80MiB, swap_bandwidth: 1TiB{replan}}}
+run: {{out_dir: unused, admission: sum, planner: tensile, plan_budget: 80MiB, swap_bandwidth: 1TiB,
+      replan_switch: next_step{replan}}}   # switch steps that do not hang on how fast instantiation ran
 jobs:
   - name: short
     model: {{builder: "tensile_tf.jobs.zoo:mlp", args: {{hidden: [1024, 1024, 1024]}}}}
@@ -103,10 +104,10 @@ from tensile_tf.runtime import JobHost
 from tensile_tf.runtime.planning import JobPlanning
 
 real = JobPlanning.plan_captured
-def broken_after_start(self, captured, budget, current=None):   # the start's plan is made; every re-plan fails
+def broken_after_start(self, captured, budget, current=None, on_step_made=None):   # every re-plan fails
     if self.plans:
         raise RuntimeError("planner exploded")
-    return real(self, captured, budget, current)
+    return real(self, captured, budget, current, on_step_made)
 
 JobPlanning.plan_captured = broken_after_start
 cfg = load_config(sys.argv[1])
@@ -210,7 +211,7 @@ def test_a_job_whose_plan_leaves_its_step_as_it_is_is_not_replanned_for_the_chai
 
 ARRIVAL = """
 pool: 130MiB
-run: {{out_dir: unused, admission: sum, planner: tensile, swap_bandwidth: 1TiB{replan}}}
+run: {{out_dir: unused, admission: sum, planner: tensile, swap_bandwidth: 1TiB, replan_switch: next_step{replan}}}
 jobs:
   - name: long
     model: {{builder: "tensile_tf.jobs.zoo:mlp", args: {{hidden: [1024, 1024, 1024]}}}}
@@ -256,6 +257,8 @@ def test_an_arrival_is_planned_together_with_the_running_job_and_trains_bit_for_
     (job,) = arrival["jobs"]
     assert job["name"] == "long" and job["swaps_after"] > job["swaps_before"], arrival   # tightened
     assert job["switched_at_step"] is not None and arrival["paused_s"] > 0
+    # Note [Instantiated off the job's thread]: a worker instantiated the tightened step, running nothing
+    assert job["instantiate_s"] > 0 and job["instantiate_error"] is None, arrival
     assert "needs are unknown" in arrival["parked"]   # nothing like `late` was measured: parked to be safe
     assert jobs["late"]["arrived_at_s"] > 0 and jobs["late"]["plan"]["cold_start"]
     # Note [Plan segments]: `late` probed with the joint plan's step: it ran under that plan from step 0

@@ -304,3 +304,56 @@ def test_a_second_recomputation_after_a_swap_in_reads_that_swap_in():
     # a's buffer leaves the pool before the swap-in allocates its copy
     a_freed = _freed_at(trace, by_type["Tanh"])
     assert a_freed < next(k for k, e in enumerate(trace) if e["kind"] == "alloc" and "swap_in" in e["op"])
+
+
+def test_a_planned_step_instantiated_off_its_thread_runs_nothing_until_it_is_called():
+    """Note [Instantiated off the job's thread]: a worker instantiates the
+    planned step with a call cancelled before it starts. Nothing runs (the
+    step's counter update, which depends on nothing, and its swap-out), no
+    error is kept, and the step then computes what the unplanned one does."""
+    import contextlib
+
+    from tf_plugin import swap
+
+    calls = tf.Variable(0, dtype=tf.int64)
+
+    @tf.function(jit_compile=False, autograph=False)
+    def step(x):
+        calls.assign_add(1)
+        a = tf.tanh(x)
+        b = tf.sin(a)
+        c = tf.exp(b)
+        return tf.reduce_sum(c * a)
+
+    x = tf.constant(np.linspace(-1, 1, 1 << 16, dtype=np.float32).reshape(256, 256))
+    graph = capture_job_graph("instantiated", step, (x,))
+    by_type = {o.op_type: o.name for o in graph.ops}
+    a, size = f"{by_type['Tanh']}:0", 1 << 18
+    last = next(c for c in graph.tensors[a].consumers if c != by_type["Sin"])
+    plan = JobPlan("instantiated",
+                   swap_outs=[SwapEvent("instantiated", a, "swap_out", by_type["Sin"], 0.0, 0.0, 0.0, size,
+                                        release_after_op=by_type["Sin"])],
+                   swap_ins=[SwapEvent("instantiated", a, "swap_in", by_type["Exp"], 0.0, 0.0, 0.0, size,
+                                       serves_op=last)])
+    planned = apply_plan(step, (x,), plan, graph)
+    assert planned.report.activation_swap_ins == 1 and not planned.report.skipped
+    expected = step(x).numpy().tobytes()
+    calls.assign(0)
+    swap.drain_swap_channel()
+    swap.reset_swap_stats()
+    scopes = []
+
+    @contextlib.contextmanager
+    def scope():   # as the job's stream scope is entered on the worker
+        scopes.append(True)
+        yield
+
+    planned.instantiate_in_background(scope)
+    planned.wait_ready()
+    assert planned.ready and planned.instantiate_error is None and planned.instantiate_s > 0
+    assert scopes == [True]
+    assert int(calls.numpy()) == 0                               # the update did not run
+    assert swap.swap_stats()["channel"]["swap_outs"] == 0       # nor the swap-out
+    assert planned(x).numpy().tobytes() == expected
+    swap.drain_swap_channel()
+    assert int(calls.numpy()) == 1 and swap.swap_stats()["channel"]["swap_outs"] == 1

@@ -173,10 +173,23 @@ class _RecordingStep:
     never changes what a step computes) and counts what the job thread asks
     of it. ``evict`` may be held (``hold``) to stop the thread mid-switch."""
 
-    def __init__(self, fn, hold: threading.Event | None = None, applying: threading.Event | None = None):
+    def __init__(self, fn, hold: threading.Event | None = None, applying: threading.Event | None = None,
+                 instantiated: threading.Event | None = None):
         self.fn = fn
-        self.calls = self.evicts = self.restores = 0
+        self.calls = self.evicts = self.restores = self.waits = 0
         self.hold, self.applying = hold, applying
+        self.instantiated = instantiated   # None: ready from the start (Note [Instantiated off the job's thread])
+        self.instantiate_s = self.instantiate_error = None
+
+    @property
+    def ready(self) -> bool:
+        return self.instantiated is None or self.instantiated.is_set()
+
+    def wait_ready(self):
+        self.waits += 1
+        if self.instantiated is not None:
+            assert self.instantiated.wait(BOUND_S)
+        self.instantiate_s = 0.5
 
     def __call__(self, *args):
         self.calls += 1
@@ -192,11 +205,11 @@ class _RecordingStep:
         self.restores += 1
 
 
-def _switch(step, name: str, needs: tuple[int, int]) -> StepSwitch:
+def _switch(step, name: str, needs: tuple[int, int], when_ready: bool = True) -> StepSwitch:
     record = PlanRecord(budget_bytes=1, budget_met=True, predicted_vanilla_peak_bytes=2,
                         predicted_planned_peak_bytes=1, predicted_msr=0.0, swap_outs=1, swap_ins=1,
                         recomputes=0, planning_s=0.0, cold_start=False, source="re-planned")
-    return StepSwitch(step, record, needs, JobReplan(name, 2, 1, 0, 1, 0, 0, None))
+    return StepSwitch(step, record, needs, JobReplan(name, 2, 1, 0, 1, 0, 0, None), when_ready=when_ready)
 
 
 def _start(name: str, steps: int, on_step=None):
@@ -301,4 +314,37 @@ def test_a_switch_being_applied_is_still_pending_and_admission_counts_both_plans
     finally:
         checked.set()
     _finish(state, thread, inbox)
+    lifecycle.teardown(state)
+
+
+@pytest.mark.parametrize("when_ready", [True, False], ids=["replan_switch-ready", "replan_switch-next_step"])
+def test_a_switch_whose_step_is_being_instantiated_waits_as_run_replan_switch_says(when_ready):
+    # Note [Instantiated off the job's thread]: 'ready' trains on the old step until the new one is
+    # instantiated and switches at the boundary after; 'next_step' switches at once, waiting there.
+    steps, at, instantiated_after = 7, 2, 4
+    reached, offered, instantiated = threading.Event(), threading.Event(), threading.Event()
+
+    def on_step(state):
+        if state.steps_done == at:
+            reached.set()
+            assert offered.wait(BOUND_S)
+            if not when_ready:
+                threading.Timer(0.0, instantiated.set).start()   # finishes while the job thread waits
+        if state.steps_done == instantiated_after:
+            instantiated.set()   # the worker is done: the job thread sees it at its next boundary
+        return True
+
+    state, thread, inbox, lifecycle = _start(f"handoff-instantiating-{when_ready}", steps, on_step)
+    new_step = _RecordingStep(state.step_fn, instantiated=instantiated)
+    switch = _switch(new_step, state.name, (1, 1), when_ready=when_ready)
+    thread.start()
+    assert reached.wait(BOUND_S)
+    state.switch.offer(switch)
+    offered.set()
+    _finish(state, thread, inbox)
+    switched = instantiated_after if when_ready else at
+    assert switch.replan.switched_at_step == switched
+    assert new_step.calls == steps - switched and new_step.evicts == 1 and new_step.waits == 1
+    assert switch.replan.instantiate_s == 0.5   # the worker's figure, recorded at the switch
+    assert state.switch.taken == 1 and not state.switch.pending
     lifecycle.teardown(state)
