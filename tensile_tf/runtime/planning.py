@@ -164,7 +164,8 @@ class JobPlanning:
     def capture_cold(self, state: JobState) -> bool:
         """The graph alone, no step run (Note [Cold-start planning]). False if it failed."""
         try:
-            state.captured = capture_cold(self._to_plan(state))
+            with state.job_stream.eager_scope():   # what timing its kernels alone allocates is the job's
+                state.captured = capture_cold(self._to_plan(state))
             state.plan_error = None
             return True
         except Exception as e:  # noqa: BLE001 - reported; the job runs unplanned or is rejected

@@ -16,7 +16,10 @@ convolution gradient's ``input_sizes``, a reshape's shape), else zeros.
 Memory: every allocation the pool cannot serve comes from host memory
 (``host_fallback_scope``): a cold-started job's pool is full by definition.
 An op that still fails (an input it cannot take at zero) is left to the
-predictor. What the runs allocate is freed when they return.
+predictor. What the runs allocate is freed when they return, and is the
+job's while it is held: the run loop captures a cold job inside its
+stream's scope (``JobPlanning.capture_cold``), so the pool counts it
+against that job, not as memory no job holds.
 
 Time: the runs share the cores with whatever trains beside them, so a job
 cold-started beside running jobs is timed as it will run, among them; the

@@ -17,6 +17,7 @@ def _cold_capture(monkeypatch, cache) -> dict:
     from tensile_tf.jobs.job import supervised_train_step
     from tensile_tf.pipeline import JobToPlan, capture_cold
     from tensile_tf.tf import calibration
+    from tensile_tf.tf.pool import JobStream
 
     monkeypatch.setenv("TENSILE_LATENCY_PREDICTOR", str(cache))
     monkeypatch.setattr(calibration, "_warned", set())   # one warning per reason and process
@@ -24,12 +25,16 @@ def _cold_capture(monkeypatch, cache) -> dict:
     opt = keras.optimizers.Adam(1e-3)
     step = tf.function(supervised_train_step(model, opt, keras.losses.SparseCategoricalCrossentropy()))
     x, y = tf.random.normal([64, 784]), tf.zeros([64], tf.int32)
-    with warnings.catch_warnings(record=True) as caught:
+    stream = JobStream(f"cold-{cache.stat().st_size}")
+    with warnings.catch_warnings(record=True) as caught, stream.eager_scope():   # as JobPlanning.capture_cold
         warnings.simplefilter("always")
         c = capture_cold(JobToPlan("cold", step, (x, y), optimizer=opt))
     lat = c.planner_job.latencies
+    stats = stream.stats()   # what the capture allocated in the pool, all through the job's stream
+    stream.release()
     return {"source": lat.source, "warnings": [str(w.message) for w in caught],
-            "positive": all(lat.latency_s(o) > 0 for o in c.graph.ops)}
+            "positive": all(lat.latency_s(o) > 0 for o in c.graph.ops),
+            "allocated": stats.get("allocated", 0), "current": stats.get("current", 0)}
 
 
 def test_calibrate_caches_a_predictor_that_cold_starts_use(tmp_path, monkeypatch):
@@ -59,6 +64,10 @@ def test_calibrate_caches_a_predictor_that_cold_starts_use(tmp_path, monkeypatch
     assert learned["source"].startswith("cold-start (learned on 2 models; "), learned
     assert learned["source"].endswith(" kernels timed alone)"), learned
     assert learned["positive"] and learned["warnings"] == [], learned
+    # its kernels' runs allocated through the job's stream (megabytes) and kept none of it: both
+    # captures hold only what their trace made (the optimizer's slots, about 0.9 MiB)
+    ran = learned["allocated"] - broken["allocated"]
+    assert ran > 1 << 20 and abs(learned["current"] - broken["current"]) < 1 << 16, (learned, broken)
 
 
 def test_calibrate_refuses_unknown_or_too_few_models(tmp_path):
