@@ -9,7 +9,7 @@ installed by an explicit call from the code that needs it.
 | ``ops._gradient_registry`` | Note [Custom gradients keep traced jobs alive] | ``tensile_tf.runtime.probing`` |
 | ``transform.FUNC_GRAPH_TRANSFORMS`` | Note [Editing a step after tracing] | ``tensile_tf.tf.pool.JobStream`` |
 | ``auto_control_deps.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS`` | Note [Automatic control dependencies] | ``tensile_tf.tf.rewrite`` |
-| ``Graph._get_function``, ``function_def_to_graph`` | inline a called function while capturing, and while timing kernels alone | ``tensile_tf.tf.capture``, ``tensile_tf.tf.kernel_timing`` |
+| ``Graph._get_function``, ``function_def_to_graph`` | inline a called function while capturing (``inlined_call``, also for timing kernels alone) | ``tensile_tf.tf.capture`` |
 | ``context.context()._config`` | memory optimizer off (Note [Graph-dependent Grappler rewrites]); its modes for the baseline suite | ``tensile_tf.tf.determinism``, ``benchmarks/plan_execution_reference.py`` |
 | ``Operation._set_attr("_recompute_hint")`` | Grappler's MANUAL recomputation hints (baseline suite) | ``benchmarks/plan_execution_reference.py`` |
 | ``xplane_pb2.XSpace`` | read tf.profiler's per-op latencies | ``tensile_tf.tf.capture`` |

@@ -44,6 +44,31 @@ _UPDATE_PREFIXES = ("ResourceApply", "ResourceSparseApply", "ResourceScatter", "
 _SLOT_HINTS = ("momentum", "velocity", "moment", "accumulator", "_m:", "_v:", "slot")
 
 
+def inlined_call(op: tf.Operation, prefix: str):
+    """(the function graph a call op runs, the prefix its ops are named
+    under in the JobGraph), or None: not a call, or a call of a function that
+    cannot be read (it stays one op). The one place both the capture and
+    ``traced_ops`` name a called function's ops."""
+    if op.type not in CALL_OPS:
+        return None
+    try:
+        fgraph = called_function_graph(op)
+    except Exception:  # noqa: BLE001 - unknown call: keep it as one op
+        return None
+    return None if fgraph is None else (fgraph, prefix + op.name + "/")
+
+
+def traced_ops(graph, prefix: str = ""):
+    """(name, op) of every op of a traced graph, call ops inlined under their
+    name as a prefix, as ``capture_job_graph`` names them."""
+    for op in graph.get_operations():
+        inlined = inlined_call(op, prefix)
+        if inlined is not None:
+            yield from traced_ops(*inlined)
+        else:
+            yield prefix + op.name, op
+
+
 def _is_update_op(op_type: str) -> bool:
     """Ops that write their resource inputs in place (the optimizer's updates)."""
     return op_type.startswith(_UPDATE_PREFIXES[:3]) or op_type in (
@@ -145,11 +170,10 @@ class _Capture:
                                    list(dict.fromkeys(writes)), 0, stateful))
 
     def _inline(self, op, prefix: str, ins: list) -> bool:
-        try:
-            fgraph = called_function_graph(op)
-        except Exception:  # noqa: BLE001 - unknown call: keep it as one op
+        inlined = inlined_call(op, prefix)
+        if inlined is None:
             return False
-        inner = prefix + op.name + "/"
+        fgraph, inner = inlined
         input_map = {ph.name: src for ph, src in zip(fgraph.inputs, ins)}
         self.walk(fgraph, inner, input_map)
         for t, inner_out in zip(op.outputs, fgraph.outputs):

@@ -28,33 +28,17 @@ calibrated scale was measured on a quiet machine, one model at a time.
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from tensile_tf.scheduler.job_graph import JobGraph
-from tensile_tf.tf.capture import ALIAS_OPS, CALL_OPS, SKIP_OPS
+from tensile_tf.tf.capture import ALIAS_OPS, SKIP_OPS, traced_ops
 from tensile_tf.tf.pool import host_fallback_scope
-from tf_plugin.tf_internals import called_function_graph
 
 _NOT_TIMED = SKIP_OPS | ALIAS_OPS
 _OPAQUE = (tf.resource, tf.variant, tf.string)
-
-
-def traced_ops(graph, prefix: str = "") -> Iterator[tuple[str, tf.Operation]]:
-    """(name, op) of every op of a traced graph, call ops inlined under their
-    name as a prefix, as ``capture_job_graph`` names them."""
-    for op in graph.get_operations():
-        if op.type in CALL_OPS:
-            try:
-                inner = called_function_graph(op)
-            except Exception:  # noqa: BLE001 - an unknown call stays one op, as in the capture
-                inner = None
-            if inner is not None:
-                yield from traced_ops(inner, prefix + op.name + "/")
-                continue
-        yield prefix + op.name, op
 
 
 def time_kernels_alone(step_fn, args: Sequence, graph: JobGraph, wanted: Callable[[str], bool], *,
