@@ -28,7 +28,7 @@ def mlp_job():
         opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    x = tf.random.normal([16, 32])
+    x = tf.random.stateless_normal([16, 32], seed=[1, 2])
     y = tf.zeros([16], tf.int32)
     step(x, y)  # build the optimizer's slots before capture
     return model, opt, step, (x, y)
@@ -170,7 +170,7 @@ def test_step_memory_finds_outputs_written_into_a_dying_inputs_buffer():
         r = tf.nn.relu(h)
         return tf.reduce_sum(tf.matmul(r, x))
 
-    x = tf.random.normal([256, 256])
+    x = tf.random.stateless_normal([256, 256], seed=[1, 2])
     graph = executor_order(capture_job_graph("forwarding", step, (x,)), step, (x,))
     memory = measure_step_memory(step, (x,), graph)
     relu = next(o for o in graph.ops if o.op_type == "Relu")
@@ -195,7 +195,7 @@ def test_an_add_writes_into_the_input_it_reads_last_not_into_one_read_later():
         r = h + h2
         return tf.reduce_sum(tf.matmul(r, h))
 
-    x = tf.random.normal([256, 256])
+    x = tf.random.stateless_normal([256, 256], seed=[1, 2])
     graph = executor_order(capture_job_graph("residual", step, (x,)), step, (x,))
     memory = measure_step_memory(step, (x,), graph)
     add = next(o for o in graph.ops if o.op_type in ("AddV2", "Add"))
@@ -262,7 +262,7 @@ def test_a_plan_order_capture_reads_buffers_from_the_step_chained_in_plan_order(
     opt = keras.optimizers.Adam(1e-3)
     step = tf.function(supervised_train_step(model, opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True)),
                        jit_compile=False)
-    args = (tf.random.normal([8, 16, 16, 8]), tf.zeros([8], tf.int32))
+    args = (tf.random.stateless_normal([8, 16, 16, 8], seed=[1, 2]), tf.zeros([8], tf.int32))
     step(*args)
     views = {}
     for order in ("free", "plan"):
@@ -288,7 +288,7 @@ def test_plan_order_runs_each_weight_gradient_before_the_backward_pass_moves_on(
     opt = keras.optimizers.Adam(1e-3)
     step = tf.function(supervised_train_step(model, opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True)),
                        jit_compile=False)
-    args = (tf.random.normal([8, 32, 32, 4]), tf.zeros([8], tf.int32))
+    args = (tf.random.stateless_normal([8, 32, 32, 4], seed=[1, 2]), tf.zeros([8], tf.int32))
     step(*args)
     graph = executor_order(capture_job_graph("cnn", step, args, optimizer=opt), step, args)
     backprops = [(o.op_type, o.name.split("/convolution/")[0]) for o in graph.ops
@@ -312,7 +312,7 @@ def test_kernels_timed_alone_are_the_capture_s_ops_and_leave_nothing_in_the_pool
                               keras.layers.Flatten(), keras.layers.Dense(10)])
     opt = keras.optimizers.Adam(1e-3)
     step = tf.function(supervised_train_step(model, opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True)))
-    args = (tf.random.normal([4, 8, 8, 3]), tf.zeros([4], tf.int32))
+    args = (tf.random.stateless_normal([4, 8, 8, 3], seed=[1, 2]), tf.zeros([4], tf.int32))
     step(*args)
     g = capture_job_graph("convs", step, args, optimizer=opt)
     before = pool_stats()["current"]
