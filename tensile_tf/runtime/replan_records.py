@@ -36,7 +36,7 @@ class ReplanRecord:
     reason: str                            # e.g. "departure of j0"
     budget_bytes: int
     planning_s: float                      # the planner
-    rewrite_s: float                       # rewriting and retracing the jobs' steps
+    rewrite_s: float                       # rewriting the jobs' steps (their instantiation: each job's instantiate_s)
     predicted_peak_sum_before_bytes: int   # the jobs' predicted planned peaks, summed, under their plans
     predicted_peak_sum_after_bytes: int    # the same under the new plan
     jobs: list[JobReplan]

@@ -7,9 +7,10 @@ job waits for admission (a waiting job gets that memory first), the running
 planned jobs are planned again *together* for the pool (the start's budget
 rule, ``JobPlanning.start_budget``), from their captured graphs and
 latencies: with more room the planner needs fewer swaps, so their steps get
-faster. The planner and the rewrite (retracing each job's step) run on the
-run loop's thread, never on a job's thread; each job switches at its next
-step boundary (Note [Hot swap]). A re-plan that fails (planner or rewrite
+faster. The planner and the rewrite run on the run loop's thread and each
+new step is instantiated on a worker thread, never on a job's thread; each
+job switches at a step boundary once its new step is instantiated (Note
+[Hot swap], ``run.replan_switch``). A re-plan that fails (planner or rewrite
 error) leaves every job on the plan it runs and is recorded with the error.
 Every re-plan is in results.json (``planner.replans``: time, reason, jobs,
 predicted peaks and swaps before and after, measured step times before and
@@ -161,7 +162,7 @@ OVERHEAD_SHARE = 0.02
 
 @dataclass
 class StepSwitch:
-    """What a job thread switches to at its next step boundary (Note [Hot swap])."""
+    """What a job thread switches to at a step boundary (Note [Hot swap])."""
 
     step: Any                      # the new rewrite.PlannedStep, or None: the unplanned step
     record: PlanRecord
