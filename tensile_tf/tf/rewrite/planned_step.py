@@ -11,7 +11,6 @@ import contextlib
 import functools
 import itertools
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Sequence
@@ -89,19 +88,13 @@ class PlannedStep:
         _swap.drain_swap_channel()
 
 
-_INSTANTIATOR: concurrent.futures.ThreadPoolExecutor | None = None
-_INSTANTIATOR_LOCK = threading.Lock()
-
-
+@functools.cache
 def _instantiator() -> concurrent.futures.ThreadPoolExecutor:
     """The worker threads that instantiate planned steps, one per core up to
-    four (TensorFlow holds no GIL while it instantiates)."""
-    global _INSTANTIATOR
-    with _INSTANTIATOR_LOCK:
-        if _INSTANTIATOR is None:
-            _INSTANTIATOR = concurrent.futures.ThreadPoolExecutor(
-                max_workers=max(1, min(4, os.cpu_count() or 1)), thread_name_prefix="tensile-instantiate")
-        return _INSTANTIATOR
+    four (TensorFlow holds no GIL while it instantiates). Made on first use,
+    by the run loop's thread."""
+    return concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)),
+                                                 thread_name_prefix="tensile-instantiate")
 
 
 @functools.lru_cache(maxsize=None)
@@ -168,8 +161,9 @@ class _ImportedStep:
 
     _made = itertools.count()
 
-    def __init__(self, graph_def, nodes: dict, cf, name: str):
-        """``nodes``: ``graph_def``'s nodes by name (the rewrite's index)."""
+    def __init__(self, graph_def, nodes: dict, cf, name: str, devices: Sequence[str] = ()):
+        """``nodes``: ``graph_def``'s nodes by name (the rewrite's index);
+        ``devices``: the example arguments' devices (``instantiate``)."""
         fg = cf.graph
         captured = {internal.name: ext for ext, internal in fg.captures}
         arguments = [t for t in fg.inputs if t.name not in captured]
@@ -182,7 +176,7 @@ class _ImportedStep:
         self.captured = [captured[t.name] for t in captures]
         self.arguments = len(arguments)
         self._argument_specs = [(t.dtype, t.shape) for t in arguments]
-        self.devices: list[str] = []   # the example arguments' devices, set by apply_plan
+        self.devices = list(devices)
 
     def instantiate(self) -> None:
         """Instantiates the function without running it (Note [Instantiated
@@ -229,8 +223,8 @@ def apply_plan(step_fn, example_args: Sequence, job_plan: JobPlan, graph: JobGra
     cf = step_fn.get_concrete_function(*example_args)
     rw = _Rewriter(cf, graph, job_plan, delta_scale, check_lateness, enforce_order)
     gdef = rw.run()
-    fn = _ImportedStep(gdef, rw.edit.nodes, cf, job_plan.name)   # made by the caller (a re-plan: the run loop)
-    fn.devices = [getattr(x, "device", "") for x in tf.nest.flatten(example_args, expand_composites=True)]
+    devices = [getattr(x, "device", "") for x in tf.nest.flatten(example_args, expand_composites=True)]
+    fn = _ImportedStep(gdef, rw.edit.nodes, cf, job_plan.name, devices)   # made by the caller (a re-plan: the run loop)
     restore_fn = evict_fn = None
     if rw.report.restore_needed:
         handles = []
