@@ -51,6 +51,8 @@ sources = [
     "tf_plugin/swap/host_store.cc",
     "tf_plugin/swap/swap_channel.cc",
     "tf_plugin/swap/swap_ops.cc",
+    "tf_plugin/swap/transfers.cc",
+    "tf_plugin/swap/plan_table_ops.cc",
     "tf_plugin/swap/swap_bindings.cc",
 ]
 plugin = Pybind11Extension(

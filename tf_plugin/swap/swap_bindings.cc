@@ -2,7 +2,10 @@
 // and settings. Registered into the plugin's one module by bindings.cc.
 #include <pybind11/pybind11.h>
 
+#include <pybind11/stl.h>
+
 #include "tf_plugin/swap/host_store.h"
+#include "tf_plugin/swap/plan_table.h"
 #include "tf_plugin/swap/swap_channel.h"
 
 namespace py = pybind11;
@@ -102,6 +105,50 @@ void RegisterSwapBindings(py::module_& m) {
       "drain_swap_channel", []() { GetSwapChannel().Drain(); },
       py::call_guard<py::gil_scoped_release>(),
       "Waits until every submitted transfer is done.");
+  m.def(
+      "set_plan_table",
+      [](const std::string& table, const std::vector<std::tuple<bool, bool, int, int64_t, double, int64_t, double>>& rows,
+         int64_t generation) {
+        std::vector<SlotPlan> slots;
+        slots.reserve(rows.size());
+        for (const auto& [active, copy_out, host_reads, out_tick, out_delta_s, in_tick, in_delta_s] : rows) {
+          SlotPlan e;
+          e.active = active;
+          e.copy_out = copy_out;
+          e.host_reads = host_reads;
+          e.out_tick = out_tick;
+          e.out_delta_ns = out_delta_s > 0 ? static_cast<int64_t>(out_delta_s * 1e9) : 0;
+          e.in_tick = in_tick;
+          e.in_delta_ns = in_delta_s > 0 ? static_cast<int64_t>(in_delta_s * 1e9) : 0;
+          slots.push_back(e);
+        }
+        py::gil_scoped_release release;
+        SetPlanTable(table, std::move(slots), generation);
+      },
+      py::arg("table"), py::arg("rows"), py::arg("generation"),
+      "Writes a plan into a plan-table step's table (Note [Plans read at run time] in plan_table.h); "
+      "rows: (active, copy_out, host_reads, out_tick, out_delta_s, in_tick, in_delta_s) per slot.");
+  m.def(
+      "plan_table_stats",
+      [](const std::string& table) {
+        const PlanTableStats s = GetPlanTableStats(table);
+        py::dict d;
+        d["slots"] = s.slots;
+        d["generation"] = s.generation;
+        d["last_step_generation"] = s.last_step_generation;
+        d["steps"] = s.steps;
+        d["swap_outs"] = s.swap_outs;
+        d["swap_ins"] = s.swap_ins;
+        d["host_reuses"] = s.host_reuses;
+        d["passed"] = s.passed;
+        d["waits"] = s.waits;
+        d["cancelled"] = s.cancelled;
+        return d;
+      },
+      py::arg("table"));
+  m.def(
+      "drop_plan_table_step", [](const std::string& table) { return DropPlanTableStep(table); }, py::arg("table"),
+      "Drops what the table's last step holds; returns the tensors dropped.");
 }
 
 }  // namespace tensile

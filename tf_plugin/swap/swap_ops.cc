@@ -58,10 +58,8 @@
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tf_plugin/allocator/device_pool.h"
-#include "tf_plugin/swap/host_copy.h"
-#include "tf_plugin/swap/host_store.h"
 #include "tf_plugin/swap/swap_channel.h"
-#include "tsl/profiler/lib/scoped_memory_debug_annotation.h"
+#include "tf_plugin/swap/transfers.h"
 
 namespace tensile {
 
@@ -168,8 +166,6 @@ int64_t DeltaNs(OpKernelConstruction* ctx) {
   return delta_s > 0 ? static_cast<int64_t>(delta_s * 1e9) : 0;
 }
 
-std::atomic<int64_t> g_next_handle{1};
-
 // Note [Late swap-ins]: (step id, event) -> state.
 enum class InState { kInFlight, kDone, kProbedEarly };
 std::mutex g_late_mu;
@@ -210,11 +206,8 @@ bool ProbeSwapIn(int64_t step, const std::string& event) {
   return true;
 }
 
-std::string VarKey(const tensorflow::ResourceHandle& h) {
-  return h.container() + "/" + h.name();
-}
 
-// The four swap kernels: each starts a transfer on the SwapChannel and
+// The four swap kernels: each starts its transfer (transfers.h) and
 // completes when it is done. Starting one is cheap (Note [Swap ops run
 // inline]).
 class TransferKernel : public AsyncOpKernel {
@@ -222,6 +215,14 @@ class TransferKernel : public AsyncOpKernel {
   using AsyncOpKernel::AsyncOpKernel;
   bool IsExpensive() override { return false; }
 };
+
+// The op's `done`, after the transfer: its status first.
+TransferDone Finish(OpKernelContext* ctx, AsyncOpKernel::DoneCallback done) {
+  return [ctx, done = std::move(done)](const absl::Status& s) {
+    if (!s.ok()) ctx->SetStatus(s);
+    done();
+  };
+}
 
 class SwapOutOp : public TransferKernel {
  public:
@@ -243,39 +244,10 @@ class SwapOutOp : public TransferKernel {
     Tensor* out = nullptr;
     OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, TensorShape({}), &out),
                          done);
-    const int64_t handle = g_next_handle.fetch_add(1);
+    const int64_t handle = NewHostHandle();
     out->scalar<int64_t>()() = handle;
-    const StreamId stream = StreamForStep(ctx->step_id());
-    auto status = std::make_shared<absl::Status>();
-    SwapChannel::Transfer t;
-    t.kind = TransferKind::kSwapOut;
-    t.not_before_ns = SwapChannel::NowNs() + delta_ns_;
-    t.stream = stream;
-    const int refs = num_swap_ins_;
-    const std::string label = label_;
-    t.work = [in, handle, stream, refs, label, status]() mutable -> int64_t {
-      const size_t bytes = in.TotalBytes();
-      std::string error;
-      std::shared_ptr<HostEntry> e = GetHostStore().Reserve(bytes, label, &error);
-      if (e == nullptr) {
-        *status = absl::ResourceExhaustedError(error);
-        in = Tensor();
-        return 0;
-      }
-      if (bytes > 0) CopyToHost(e->data.get(), in.tensor_data().data(), bytes);  // Note [Swap-outs bypass the cache]
-      e->dtype = static_cast<int>(in.dtype());
-      for (int d = 0; d < in.dims(); ++d) e->shape.push_back(in.dim_size(d));
-      e->refs = refs;
-      e->stream = stream;
-      GetHostStore().Insert(handle, std::move(e));
-      in = Tensor();  // our reference to the device copy goes now
-      return static_cast<int64_t>(bytes);
-    };
-    t.done = [ctx, status, done]() {
-      if (!status->ok()) ctx->SetStatus(*status);
-      done();
-    };
-    GetSwapChannel().Submit(std::move(t));
+    StartSwapOut(std::move(in), handle, num_swap_ins_, label_, StreamForStep(ctx->step_id()),
+                 SwapChannel::NowNs() + delta_ns_, Finish(ctx, std::move(done)));
   }
 
  private:
@@ -298,50 +270,14 @@ class SwapInOp : public TransferKernel {
     const int64_t handle = ctx->input(0).scalar<int64_t>()();
     const int64_t step = ctx->step_id();
     SwapInStarted(step, event_);
-    auto status = std::make_shared<absl::Status>();
-    SwapChannel::Transfer t;
-    t.kind = TransferKind::kSwapIn;
-    t.not_before_ns = SwapChannel::NowNs() + delta_ns_;
-    t.stream = StreamForStep(ctx->step_id());
-    const std::string* op_name = &name();  // the kernel outlives the call
-    const DataType dtype = dtype_;
-    const std::string label = label_;
-    t.work = [ctx, handle, step, op_name, dtype, label, status]() -> int64_t {
-      // Attribute the pool allocation to this op and step (the executor's
-      // annotation lives on its own thread, not ours).
-      tsl::profiler::ScopedMemoryDebugAnnotation annotation(*op_name, step);
-      std::shared_ptr<HostEntry> e = GetHostStore().Acquire(handle);
-      if (e == nullptr) {
-        *status = absl::InternalError(
-            "TensileSwapIn '" + label + "': no host copy for handle " +
-            std::to_string(handle) +
-            " (its swap-out failed, or more swap-ins read it than planned)");
-        return 0;
-      }
-      if (static_cast<int>(dtype) != e->dtype) {
-        *status = absl::InternalError("TensileSwapIn '" + label +
-                                      "': dtype differs from the swapped-out tensor");
-        return 0;
-      }
-      TensorShape shape;
-      for (int64_t d : e->shape) shape.AddDim(d);
-      Tensor* out = nullptr;
-      absl::Status s = ctx->allocate_output(0, shape, &out);
-      if (!s.ok()) {
-        *status = s;
-        return 0;
-      }
-      if (e->bytes > 0) std::memcpy(const_cast<char*>(out->tensor_data().data()),
-                                    e->data.get(), e->bytes);
-      return static_cast<int64_t>(e->bytes);
-    };
     const std::string event = event_;
-    t.done = [ctx, status, done, step, event]() {
-      SwapInDone(step, event);
-      if (!status->ok()) ctx->SetStatus(*status);
-      done();
-    };
-    GetSwapChannel().Submit(std::move(t));
+    auto finish = Finish(ctx, std::move(done));
+    StartSwapIn(ctx, handle, dtype_, &name() /* the kernel outlives the call */, label_,
+                SwapChannel::NowNs() + delta_ns_,
+                [step, event, finish = std::move(finish)](const absl::Status& s) {
+                  SwapInDone(step, event);
+                  finish(s);
+                });
   }
 
  private:
@@ -377,54 +313,9 @@ class VarSwapOutOp : public TransferKernel {
     const tensorflow::ResourceHandle& h = tensorflow::HandleFromInput(ctx, 0);
     tensorflow::core::RefCountPtr<Var> ref;
     OP_REQUIRES_OK_ASYNC(ctx, tensorflow::LookupResource(ctx, h, &ref), done);
-    Var* var = ref.release();  // unreffed by the transfer
-    const std::string key = VarKey(h);
-    const std::string label = label_.empty() ? h.name() : label_;
-    const bool copy = copy_;
-    const StreamId stream = StreamForStep(ctx->step_id());
-    auto status = std::make_shared<absl::Status>();
-    SwapChannel::Transfer t;
-    t.kind = TransferKind::kSwapOut;
-    t.not_before_ns = SwapChannel::NowNs() + delta_ns_;
-    t.stream = stream;
-    t.work = [var, key, label, copy, stream, status]() -> int64_t {
-      int64_t moved = 0;
-      Tensor old;  // freed after the lock is dropped
-      {
-        tensorflow::mutex_lock lock(*var->mu());
-        Tensor* cur = var->tensor();
-        const bool resident = var->is_initialized && cur->IsInitialized() &&
-                              !(cur->NumElements() == 0 && GetHostStore().HasVariable(key));
-        if (resident) {
-          if (copy || !GetHostStore().HasVariable(key)) {
-            const size_t bytes = cur->TotalBytes();
-            std::string error;
-            std::shared_ptr<HostEntry> e = GetHostStore().Reserve(bytes, label, &error);
-            if (e == nullptr) {
-              *status = absl::ResourceExhaustedError(error);
-            } else {
-              if (bytes > 0) CopyToHost(e->data.get(), cur->tensor_data().data(), bytes);
-              e->dtype = static_cast<int>(cur->dtype());
-              for (int d = 0; d < cur->dims(); ++d) e->shape.push_back(cur->dim_size(d));
-              e->stream = stream;
-              GetHostStore().PutVariable(key, std::move(e));
-              moved = static_cast<int64_t>(bytes);
-            }
-          }
-          if (status->ok()) {
-            old = *cur;
-            *cur = Tensor(cur->dtype(), TensorShape({0}));
-          }
-        }
-      }
-      var->Unref();
-      return moved;
-    };
-    t.done = [ctx, status, done]() {
-      if (!status->ok()) ctx->SetStatus(*status);
-      done();
-    };
-    GetSwapChannel().Submit(std::move(t));
+    StartVarSwapOut(ref.release(), VarKey(h), label_.empty() ? h.name() : label_, copy_,
+                    StreamForStep(ctx->step_id()), SwapChannel::NowNs() + delta_ns_,
+                    Finish(ctx, std::move(done)));
   }
 
  private:
@@ -445,50 +336,8 @@ class VarSwapInOp : public TransferKernel {
     const tensorflow::ResourceHandle& h = tensorflow::HandleFromInput(ctx, 0);
     tensorflow::core::RefCountPtr<Var> ref;
     OP_REQUIRES_OK_ASYNC(ctx, tensorflow::LookupResource(ctx, h, &ref), done);
-    Var* var = ref.release();
-    const std::string key = VarKey(h);
-    const bool keep = keep_host_;
-    const int64_t step = ctx->step_id();
-    const std::string* op_name = &name();
-    auto status = std::make_shared<absl::Status>();
-    SwapChannel::Transfer t;
-    t.kind = TransferKind::kSwapIn;
-    t.not_before_ns = SwapChannel::NowNs() + delta_ns_;
-    t.stream = StreamForStep(ctx->step_id());
-    t.work = [ctx, var, key, keep, step, op_name, status]() -> int64_t {
-      tsl::profiler::ScopedMemoryDebugAnnotation annotation(*op_name, step);
-      int64_t moved = 0;
-      {
-        tensorflow::mutex_lock lock(*var->mu());
-        Tensor* cur = var->tensor();
-        std::shared_ptr<HostEntry> e = GetHostStore().GetVariable(key);
-        if (e != nullptr && cur->NumElements() == 0) {
-          TensorShape shape;
-          for (int64_t d : e->shape) shape.AddDim(d);
-          if (shape.num_elements() == 0) {
-            *cur = Tensor(static_cast<DataType>(e->dtype), shape);
-          } else {
-            Tensor fresh;
-            absl::Status s = ctx->allocate_temp(static_cast<DataType>(e->dtype), shape, &fresh);
-            if (!s.ok()) {
-              *status = s;
-            } else {
-              std::memcpy(const_cast<char*>(fresh.tensor_data().data()), e->data.get(), e->bytes);
-              *cur = fresh;
-              moved = static_cast<int64_t>(e->bytes);
-            }
-          }
-          if (status->ok() && !keep) GetHostStore().DropVariable(key);
-        }
-      }
-      var->Unref();
-      return moved;
-    };
-    t.done = [ctx, status, done]() {
-      if (!status->ok()) ctx->SetStatus(*status);
-      done();
-    };
-    GetSwapChannel().Submit(std::move(t));
+    StartVarSwapIn(ctx, ref.release(), VarKey(h), keep_host_, &name(), StreamForStep(ctx->step_id()),
+                   SwapChannel::NowNs() + delta_ns_, Finish(ctx, std::move(done)));
   }
 
  private:
