@@ -91,6 +91,12 @@ parser.add_argument("--paired-vanilla", action="store_true",
                          "batches) and run its step right after each planned step, in this process; its steps' times, "
                          "peaks, losses and weights are in the output's 'paired_vanilla' (Note [Paired vanilla steps] "
                          "in benchmarks/baseline_suite.py)")
+parser.add_argument("--plan-steps", default="rewrite", choices=("rewrite", "table"),
+                    help="run.plan_steps: rewrite each plan, or run plans that only swap on the job's plan-table step "
+                         "(Note [Plans read at run time] in tf_plugin/swap/plan_table.h)")
+parser.add_argument("--replan-budget-frac", type=float, default=0.0,
+                    help="after half the steps, re-plan the jobs for this share of the predicted unplanned peak and "
+                         "switch each job to its new step, as a re-plan of running jobs does")
 PROCESS_WIDE = ("graph_dependent_rewrites", "grappler_off", "grappler_memory")
 
 
@@ -236,10 +242,17 @@ def plan_jobs(args, jobs: list[dict], out: dict) -> None:
                 f.write(c.planner_job.latencies.to_json())
     if args.empty_plan:
         budget = 1 << 50  # met by the vanilla order: no events
-    plan, steps = plan_captured(captured, pool_bytes=budget, enable_recompute=not args.no_recompute,
-                                bandwidth_bytes_per_s=args.bandwidth or None,
-                                coincident_peaks=coincident, strategy=args.strategy,
-                                step_order=args.step_order, unchain=not args.chained)
+    def planned(budget, current=None):
+        return plan_captured(captured, pool_bytes=budget, enable_recompute=not args.no_recompute,
+                             bandwidth_bytes_per_s=args.bandwidth or None,
+                             coincident_peaks=coincident, strategy=args.strategy,
+                             step_order=args.step_order, unchain=not args.chained, current=current,
+                             plan_steps=args.plan_steps)
+
+    plan, steps = planned(budget)
+    if args.replan_budget_frac:   # run() re-plans with it after half the steps
+        out["replan_with"] = lambda: planned(int(budget / args.budget_frac * args.replan_budget_frac),
+                                             {j["name"]: j["run"] for j in jobs if j["run"] is not j["step"]})
     for j in jobs:
         if plan.jobs[j["name"]].changes_step or args.empty_plan:
             with j["stream"].eager_scope():
@@ -275,6 +288,27 @@ def plan_jobs(args, jobs: list[dict], out: dict) -> None:
                                   "cross_iteration_slot_swaps": sum(
                                       1 for e in jp.swap_ins if e.cross_iteration and e.tensor.startswith("var:")
                                       and ("momentum" in e.tensor or "velocity" in e.tensor))}
+
+
+def replan(jobs: list[dict], out: dict) -> None:
+    """Re-plans the jobs (``--replan-budget-frac``) and switches each to
+    its new step, as ``take_switch`` does: the old plan's host-side
+    variables back, the new plan's out."""
+    plan, steps = out.pop("replan_with")()
+    out["replan"] = {}
+    for j in jobs:
+        jp = plan.jobs[j["name"]]
+        new = steps[j["name"]] if jp.changes_step else j["step"]
+        with j["stream"].eager_scope():
+            if j["run"] is not j["step"]:
+                j["run"].restore()
+            if new is not j["step"]:
+                new.evict()
+        j["run"] = new
+        report = steps[j["name"]].report
+        out["replan"][j["name"]] = {"plan_table": report.plan_table, "swaps": len(jp.swap_ins),
+                                    "activation_swap_ins": report.activation_swap_ins,
+                                    "variable_swap_ins": report.variable_swap_ins}
 
 
 def trained(j) -> dict:
@@ -316,6 +350,8 @@ def run(args: argparse.Namespace, tag: str = "") -> dict:
         pool.reset_peak()
         for j in jobs:
             j["stream"].reset_peak()
+        if i == args.steps // 2 and "replan_with" in out:
+            replan(jobs, out)
         t0 = time.perf_counter()
         step_starts.append(time.monotonic_ns())
         if len(jobs) == 1:
@@ -353,6 +389,8 @@ def run(args: argparse.Namespace, tag: str = "") -> dict:
         out["jobs"].setdefault(j["name"], {}).update(trained(j))
     if twin:   # shaped as an unplanned run's output, its job named as job0
         out["paired_vanilla"] = {"jobs": {jobs[0]["name"]: trained(twin)}, "step_s": twin_times, "peaks": twin_peaks}
+    out["plan_table"] = {j["name"]: j["run"].fn.table_step.stats() for j in jobs
+                         if hasattr(getattr(j["run"], "fn", None), "table_step")}
     out["step_graph_ops"] = len(jobs[0]["step"].get_concrete_function(*jobs[0]["batches"][0]).graph.get_operations())
     out["peaks"] = peaks
     out["job_peaks"] = job_peaks

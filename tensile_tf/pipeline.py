@@ -51,6 +51,7 @@ from tensile_tf.scheduler.latency_predictor import cold_start_latency
 from tensile_tf.scheduler.planner import plan_in_step_order
 from tensile_tf.tf.capture import capture_job_graph, measure_op_latencies
 from tensile_tf.tf.rewrite import REWRITE_PREFIX, PlannedStep, RewriteReport, apply_plan, chain_in_plan_order
+from tensile_tf.tf.rewrite.plan_table import table_step_for
 from tensile_tf.tf.step_memory import (MIN_TRACED_STEPS, StepMemory, apply_step_memory, executor_order,
                                        measure_step_memory)
 
@@ -189,6 +190,7 @@ def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
                   unchain: bool = True, current: Mapping[str, PlannedStep] | None = None,
                   rewrite_unchanged: bool = True,
                   on_step_made: Callable[[str, PlannedStep], None] | None = None,
+                  plan_steps: str = "rewrite",
                   ) -> tuple[Plan, dict[str, PlannedStep]]:
     """Plans captured jobs together and rewrites each one's step.
     ``peaking_jobs``: with ``coincident_peaks``, how many jobs' peaks meet
@@ -208,7 +210,12 @@ def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
     new plan rewrites the step the same way; ``rewrite_unchanged`` False: a
     plan that leaves a step as it is gets the job's own step back, no
     rewrite (Note [Re-plans users do not feel]). ``on_step_made(name,
-    step)``: called as each job's step is rewritten (not for one reused)."""
+    step)``: called as each job's step is made (not for one reused).
+    ``plan_steps``: "rewrite" rewrites each plan into its own step;
+    "table" runs a plan that only swaps on the job's plan-table step,
+    built once and told each plan through its table (Note [Plans read at
+    run time] in tf_plugin/swap/plan_table.h; ``RewriteReport.plan_table``
+    says, for each step, whether the table carries it and if not why)."""
     from tensile_tf.scheduler.baselines import STRATEGIES
 
     if strategy not in STRATEGIES:
@@ -232,11 +239,26 @@ def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
             elif not jp.changes_step and not rewrite_unchanged:
                 steps[c.job.name] = PlannedStep(c.job.step_fn, jp, RewriteReport(c.job.name))
             else:
-                steps[c.job.name] = apply_plan(c.job.step_fn, c.job.example_args, jp, c.graph,
-                                               delta_scale=delta_scale)
-                if on_step_made is not None:   # e.g. instantiate it while the next job's step is rewritten
-                    on_step_made(c.job.name, steps[c.job.name])
+                steps[c.job.name] = _made_step(c, jp, delta_scale, plan_steps)
+                if on_step_made is not None and getattr(steps[c.job.name].fn, "needs_instantiation", False):
+                    on_step_made(c.job.name, steps[c.job.name])   # e.g. instantiated while the next job's is made
     return plan, steps
+
+
+def _made_step(c: CapturedJob, jp, delta_scale: float, plan_steps: str) -> PlannedStep:
+    """The job's step under ``jp``: on its plan-table step when asked and
+    the table carries the plan, else rewritten."""
+    why = ""
+    if plan_steps == "table" and delta_scale == 1.0:
+        table, _ = table_step_for(c.job.step_fn, c.job.example_args, c.graph, c.job.name)
+        encoded = table.encode(jp)
+        if not isinstance(encoded, str):
+            encoded.report.plan_table = "table"
+            return table.planned_step(jp, encoded)
+        why = f"rewritten: {encoded}"
+    step = apply_plan(c.job.step_fn, c.job.example_args, jp, c.graph, delta_scale=delta_scale)
+    step.report.plan_table = why
+    return step
 
 
 @contextlib.contextmanager

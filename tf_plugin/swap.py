@@ -72,6 +72,25 @@ def drain_swap_channel() -> None:
     _plugin.drain_swap_channel()
 
 
+def set_plan_table(table: str, rows: list[tuple], generation: int) -> None:
+    """Writes a plan into a plan-table step's table (Note [Plans read at run
+    time] in tf_plugin/swap/plan_table.h): one row per slot, (active,
+    copy_out, host_reads, out_tick, out_delta_s, in_tick, in_delta_s); the
+    table's next step reads it."""
+    _plugin.set_plan_table(table, rows, int(generation))
+
+
+def plan_table_stats(table: str) -> dict[str, Any]:
+    """The table's plan generation, the one its last step read, and its
+    slots' runs by what they did (swap_outs, swap_ins, host_reuses, passed)."""
+    return _plugin.plan_table_stats(table)
+
+
+def drop_plan_table_step(table: str) -> int:
+    """Drops what the table's last step holds (a failed step's tensors)."""
+    return _plugin.drop_plan_table_step(table)
+
+
 def swap_stats() -> dict[str, Any]:
     """Both: {"channel": ..., "host": ...}."""
     return {"channel": swap_channel_stats(), "host": host_store_stats()}

@@ -16,7 +16,8 @@ ALIAS_OPS = frozenset({"Identity", "IdentityN"})
 _PREFIX = "tensile"
 REWRITE_PREFIX = _PREFIX   # the name scope a rewritten step's ops are imported under
 _TENSILE_OPS = frozenset({"TensileSwapOut", "TensileSwapIn", "TensileSwapCheck", "TensileVarSwapOut",
-                          "TensileVarSwapIn", "TensileRecomputeGate"})
+                          "TensileVarSwapIn", "TensileRecomputeGate", "TensileOpTick", "TensileSwapSlotOut",
+                          "TensileSwapSlotIn", "TensileVarSlotOut", "TensileVarSlotIn"})
 
 
 @dataclass
@@ -38,6 +39,7 @@ class RewriteReport:
     run_barriers: int = 0                 # NoOps between two runs of several ops (Note [Unchained runs])
     dropped_anchors: int = 0              # control edges left out because they would close a cycle
     restore_needed: list[str] = field(default_factory=list)   # variables kept on the host between steps
+    plan_table: str = ""                  # run.plan_steps table: "table" (carried by it), or why it was rewritten
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (event, reason)
 
     def to_dict(self) -> dict[str, Any]:

@@ -55,7 +55,7 @@ class PlannedStep:
         """Starts instantiating the step on a worker thread (Note
         [Instantiated off the job's thread]); ``scope``: a context the worker
         runs it in (the job's stream, so what it allocates is the job's)."""
-        if self._instantiation is None and isinstance(self.fn, _ImportedStep):
+        if self._instantiation is None and getattr(self.fn, "needs_instantiation", False):
             self._instantiation = _instantiator().submit(self._instantiate, scope or contextlib.nullcontext)
 
     def wait_ready(self) -> None:
@@ -160,6 +160,7 @@ class _ImportedStep:
     and the first call instantiates as before."""
 
     _made = itertools.count()
+    needs_instantiation = True   # PlannedStep.instantiate_in_background
 
     def __init__(self, graph_def, nodes: dict, cf, name: str, devices: Sequence[str] = ()):
         """``nodes``: ``graph_def``'s nodes by name (the rewrite's index);
@@ -227,15 +228,7 @@ def apply_plan(step_fn, example_args: Sequence, job_plan: JobPlan, graph: JobGra
     fn = _ImportedStep(gdef, rw.edit.nodes, cf, job_plan.name, devices)   # made by the caller (a re-plan: the run loop)
     restore_fn = evict_fn = None
     if rw.report.restore_needed:
-        handles = []
-        vars_by_handle = {id(v.handle): v for v in cf.graph.variables}
-        wanted = set(rw.report.restore_needed)
-        seen = set()
-        for ext, _ in cf.graph.captures:
-            v = vars_by_handle.get(id(ext))
-            if v is not None and "var:" + v.name.split(":")[0] in wanted and id(ext) not in seen:
-                seen.add(id(ext))
-                handles.append(ext)
+        handles = variable_handles(cf, rw.report.restore_needed)
 
         # Run op by op, not traced: a trace per plan cost more than the ops
         # (Note [A planned step without a trace]).
@@ -247,6 +240,19 @@ def apply_plan(step_fn, example_args: Sequence, job_plan: JobPlan, graph: JobGra
             for h in handles:
                 _swap.ops.tensile_var_swap_out(h, label=f"{job_plan.name}:evict")
     return PlannedStep(fn, job_plan, rw.report, gdef, restore_fn, evict_fn)
+
+
+def variable_handles(cf, names: Sequence[str]) -> list:
+    """The captured handles of the variables ``names`` ("var:NAME") of the
+    traced step ``cf``, each once."""
+    vars_by_handle = {id(v.handle): v for v in cf.graph.variables}
+    wanted, seen, handles = set(names), set(), []
+    for ext, _ in cf.graph.captures:
+        v = vars_by_handle.get(id(ext))
+        if v is not None and "var:" + v.name.split(":")[0] in wanted and id(ext) not in seen:
+            seen.add(id(ext))
+            handles.append(ext)
+    return handles
 
 
 def chain_in_plan_order(step_fn, example_args: Sequence, name: str, graph: JobGraph) -> PlannedStep:
