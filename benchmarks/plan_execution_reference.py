@@ -297,7 +297,7 @@ def replan(jobs: list[dict], out: dict) -> None:
     plan, steps = out.pop("replan_with")()
     out["replan"] = {}
     for j in jobs:
-        jp = plan.jobs[j["name"]]
+        jp, old = plan.jobs[j["name"]], j["run"]
         new = steps[j["name"]] if jp.changes_step else j["step"]
         with j["stream"].eager_scope():
             if j["run"] is not j["step"]:
@@ -307,6 +307,8 @@ def replan(jobs: list[dict], out: dict) -> None:
         j["run"] = new
         report = steps[j["name"]].report
         out["replan"][j["name"]] = {"plan_table": report.plan_table, "swaps": len(jp.swap_ins),
+                                    "same_function": getattr(getattr(new, "fn", None), "table_step", 0) is getattr(
+                                        getattr(old, "fn", None), "table_step", 1),
                                     "activation_swap_ins": report.activation_swap_ins,
                                     "variable_swap_ins": report.variable_swap_ins}
 

@@ -51,6 +51,9 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=0.65, help="share of the predicted combined vanilla peak")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--jitter", type=float, default=0.1, help="latency drift before every other re-plan")
+    ap.add_argument("--plan-steps", default="rewrite", choices=("rewrite", "table"),
+                    help="run.plan_steps: 'table' runs plans that only swap on each job's plan-table step, so a "
+                         "re-plan is a table write (Note [Plans read at run time] in tf_plugin/swap/plan_table.h)")
     args = ap.parse_args()
     pauses: list[tuple[int, float]] = []
     began: dict[str, float] = {}
@@ -62,7 +65,7 @@ def main() -> None:
             pauses.append((info["generation"], time.perf_counter() - began["t"]))
 
     gc.callbacks.append(collections)
-    host = JobHost(planner="tensile", admission="none")
+    host = JobHost(planner="tensile", admission="none", plan_steps=args.plan_steps)
     for i in range(args.jobs):
         host.submit(Job.from_spec(JobSpec.model_validate(dict(
             name=f"resnet50-{i}", model={"application": "ResNet50"}, input_shape=[64, 64, 3], batch_size=16,
@@ -103,6 +106,7 @@ def main() -> None:
                 s.step_fn(*s.first_batch)
                 first.append(time.perf_counter() - t)
         rows.append((new, ready, record.planning_s, record.rewrite_s, first, rewritten))
+        carried = [s.planned_step.report.plan_table for s in admitted if s.planned_step is not None]
         long_gc = ", ".join(f"{p:.2f} s" for _, p in pauses if p > 0.05) or "none"
         print(f"re-plan {k} ({'new latencies' if new else 'same tables'}): "
               f"{sum(j.swaps_after for j in record.jobs)} swaps; planner {record.planning_s:.2f} s, "
@@ -110,7 +114,10 @@ def main() -> None:
               f"threads in {', '.join(f'{x:.2f}' for x in instantiated) or '-'} s: every job can switch after "
               f"{ready:.2f} s; first steps "
               f"{', '.join(f'{x:.2f}' for x in first)} s; collections over 50 ms: {long_gc}; "
-              f"functions in the eager context {eager_function_count()}", flush=True)
+              f"functions in the eager context {eager_function_count()}"
+              + (f"; plan tables: {carried.count('table')} of {len(carried)} jobs"
+                 + "".join(f"; {c}" for c in sorted(set(carried) - {'table'})) if args.plan_steps == "table" else ""),
+              flush=True)
     for label, sel in (("new plans", [r for r in rows if r[0]]), ("plans built already", [r for r in rows if not r[0]]),
                        ("all", rows)):
         if sel:

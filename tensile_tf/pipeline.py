@@ -221,16 +221,17 @@ def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
     if strategy not in STRATEGIES:
         raise ValueError(f"planner strategy {strategy!r}: choose one of {sorted(STRATEGIES)}")
     t0 = time.perf_counter()
-    with collections_paused():   # Note [Re-plans users do not feel]
+    # Note [Re-plans users do not feel]: no collection in the planner or the rewrites; one region, so
+    # that the collection it defers does not land between the two
+    with collections_paused():
         plan = plan_in_step_order(STRATEGIES[strategy], [c.planner_job for c in captured], step_order,
                                   pool_bytes=pool_bytes,
                                   bandwidth_bytes_per_s=bandwidth_bytes_per_s or DEFAULT_BANDWIDTH_BYTES_PER_S,
                                   horizon_iterations=horizon_iterations, enable_recompute=enable_recompute,
                                   coincident_peaks=coincident_peaks, peaking_jobs=peaking_jobs,
                                   unplanned_peaking_jobs=unplanned_peaking_jobs, unchain=unchain)
-    plan.planning_s = time.perf_counter() - t0   # the whole planner: its passes and the plan's unchained runs
-    steps = {}
-    with collections_paused():   # the rewrites too: a full collection walks every captured graph (seconds)
+        plan.planning_s = time.perf_counter() - t0   # the whole planner: its passes and the plan's unchained runs
+        steps = {}
         for c in captured:
             jp, mine = plan.jobs[c.job.name], (current or {}).get(c.job.name)
             if mine is not None and delta_scale == 1.0 and mine.job_plan.rewrites_like(jp):

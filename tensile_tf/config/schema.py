@@ -222,10 +222,8 @@ class PlanPeaks(str, Enum):
 
     @classmethod
     def for_pipeline(cls, pipeline: "PipelineKind") -> "PlanPeaks":
-        """The default peak model: the node-group pipeline staggers the jobs'
-        peaks (Note [Paired peaks]); free-running jobs keep no alignment, so
-        they are planned for the sum of their peaks (Note [Coincident peaks]
-        in tensile_tf/scheduler/peak_analysis.py)."""
+        """The default peak model: paired for the node-group pipeline, which staggers the jobs' peaks (Note [Paired
+        peaks]); else coincident: free-running jobs keep no alignment (Note [Coincident peaks])."""
         return cls.paired if pipeline == PipelineKind.nodegroup else cls.coincident
 
 
@@ -264,9 +262,11 @@ class RunSpec(_Strict):
     replan: StrictBool = Field(
         True, description="planner: re-plan the running jobs together while they run, when a job ends "
         "or its op latencies drift (Note [Re-planning on events]); false keeps each job's first plan")
-    replan_switch: Literal["ready", "next_step"] = Field(
-        "ready", description="planner: a re-planned job takes its new step once it is instantiated ('ready'; "
-        "it trains on its old plan meanwhile) or at its next step boundary, waiting there ('next_step')")
+    replan_switch: Literal["ready", "next_step"] = Field("ready", description="planner: a re-planned job takes its "
+        "new step once instantiated ('ready'; on its old plan meanwhile) or at its next step, waiting there")
+    plan_steps: Literal["rewrite", "table"] = Field("rewrite", description="planner: 'table' runs plans that only "
+        "swap on a step rewritten once per job that reads its plan from a table (a re-plan is a table write; "
+        "Note [Plans read at run time] in tf_plugin/swap/plan_table.h); 'rewrite' rewrites every plan")
     replan_threshold: StrictFloat = Field(
         0.2, gt=0, description="planner: re-plan when a job's EWMA-corrected op latencies summed differ from "
         "those of its plan by more than this share (seed 000 §IV-E's change rate)")

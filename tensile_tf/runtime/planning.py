@@ -104,6 +104,7 @@ class PlanningSettings:
     plan_budget: int | None = None        # most bytes the start's joint plan may use
     saved_plan: SavedPlan | None = None
     plan_order: PlanOrder = PlanOrder.plan   # Note [Free-order plans] in tensile_tf.scheduler.peak_analysis
+    plan_steps: str = "rewrite"   # run.plan_steps (Note [Plans read at run time] in tf_plugin/swap/plan_table.h)
     #: Note [Links named for a device]: the device link's name; swap_bandwidth is
     #: None until the first plan resolves it from the captured jobs
     device_link: str | None = None
@@ -227,7 +228,7 @@ class JobPlanning:
                              peaking_jobs=PAIRED_PEAKING_JOBS if paired else None,
                              unplanned_peaking_jobs=UNPLANNED_PAIRED_PEAKING_JOBS if paired else None,
                              step_order=self.settings.plan_order.value, current=current, rewrite_unchanged=False,
-                             on_step_made=on_step_made)
+                             on_step_made=on_step_made, plan_steps=self.settings.plan_steps)
 
     def plan(self, states: list[JobState], budget: int, *, saved_plan_allowed: bool = False) -> Plan | None:
         """TENSILE over ``states`` for ``budget`` pool bytes; each job's step

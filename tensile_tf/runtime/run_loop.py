@@ -118,7 +118,7 @@ class JobHost:
         if self.planner == PlannerKind.tensile:
             self.planning = JobPlanning(self.capacity, PlanningSettings(
                 self.plan_peaks, self.swap_bandwidth, spec.plan_budget or None, saved_plan, spec.plan_order,
-                device_link=self.device_link))
+                plan_steps=spec.plan_steps, device_link=self.device_link))
         self.replanner = None
         self.replan_threshold = spec.replan_threshold
         if self.planning is not None and spec.replan and saved_plan is None:   # --plan runs exactly that plan

@@ -48,6 +48,7 @@ FAMILIES = {
         "vdnn": [*MODELS["mlp"], *STEPS, *PLANNED, "--strategy", "vdnn"],
         "capuchin": [*MODELS["mlp"], *STEPS, *PLANNED, "--strategy", "capuchin"],
         "free": [*MODELS["mlp"], *STEPS, *PLANNED, "--step-order", "free"],
+        "table_free": [*MODELS["mlp"], *STEPS, *PLANNED, "--step-order", "free", "--plan-steps", "table"],
         "checkpointed": [*MODELS["mlp"], *STEPS, "--recompute-segments", "0"],
     },
     "small_cnn": {
@@ -66,6 +67,11 @@ FAMILIES = {
         "b16_tight": [*TRANSFORMER_B16, "--steps", "3", "--planned", "--budget-frac", "0.4"],
         "pair_vanilla": [*TRANSFORMER_PAIR, *STEPS],
         "pair_planned": [*TRANSFORMER_PAIR, *STEPS, "--planned", "--budget-frac", "0.5"],
+        # Note [Plans read at run time] (tf_plugin/swap/plan_table.h): one step per job, plans in its table
+        "table": [*MODELS["transformer_encoder"], *STEPS, *PLANNED, "--plan-steps", "table"],
+        "table_replan": [*MODELS["transformer_encoder"], *STEPS, *PLANNED, "--plan-steps", "table",
+                         "--replan-budget-frac", "0.45"],
+        "pair_table": [*TRANSFORMER_PAIR, *STEPS, "--planned", "--budget-frac", "0.5", "--plan-steps", "table"],
     },
 }
 
@@ -257,6 +263,57 @@ def test_two_concurrent_planned_jobs_train_bit_for_bit_below_vanilla(transformer
         _same_training(planned["jobs"][job], vanilla["jobs"][job])
     # the steps after the first swap out into host buffers the first one left behind
     assert planned["swap"]["host"]["cache_hits"] > planned["swap"]["host"]["cache_misses"]
+
+
+# -- plan tables: one rewrite per job, each plan written into its table -----------------------
+
+
+def test_a_plan_table_step_trains_bit_for_bit_and_its_slots_swap_what_the_plan_says(transformer):
+    table, vanilla = transformer["table"], transformer["vanilla"]
+    job = table["jobs"]["job0"]
+    report, runs = job["report"], table["plan_table"]["job0"]
+    assert report["plan_table"] == "table", report
+    _same_training(job, vanilla["jobs"]["job0"])
+    steps = len(table["step_s"])
+    assert runs["steps"] == steps and runs["last_step_generation"] == runs["generation"] == 1, runs
+    ins = report["activation_swap_ins"] + report["variable_swap_ins"]
+    outs = report["activation_swap_outs"] + report["variable_swap_outs"]
+    assert ins > 0 and report["activation_swap_ins"] > 0 and report["variable_swap_ins"] > 0, report
+    # every active slot ran in every step, as the plan's swaps; every other slot passed its tensor on
+    assert runs["swap_ins"] == steps * ins, (runs, report)
+    assert runs["swap_outs"] == steps * outs, (runs, report)
+    assert runs["host_reuses"] == steps * (report["activation_swap_ins"] - report["activation_swap_outs"]), runs
+    assert runs["passed"] > 0 and runs["cancelled"] == 0, runs
+    assert max(table["peaks"][1:]) < min(vanilla["peaks"]), (table["peaks"], vanilla["peaks"])
+    assert table["swap"]["host"]["current"] == 0
+
+
+def test_a_replan_on_a_plan_table_is_a_table_write_and_training_stays_bit_for_bit(transformer):
+    replanned, vanilla = transformer["table_replan"], transformer["vanilla"]
+    after = replanned["replan"]["job0"]
+    assert after["plan_table"] == "table" and after["same_function"], after
+    runs = replanned["plan_table"]["job0"]
+    # the steps after the re-plan read the second plan from the same step's table
+    assert runs["generation"] == runs["last_step_generation"] == 2 and runs["steps"] == 4, runs
+    _same_training(replanned["jobs"]["job0"], vanilla["jobs"]["job0"])
+    # the second plan, for a lower budget, swaps more
+    assert runs["swap_ins"] > 4 * (replanned["jobs"]["job0"]["report"]["activation_swap_ins"]
+                                   + replanned["jobs"]["job0"]["report"]["variable_swap_ins"]), (runs, after)
+
+
+def test_two_jobs_on_their_own_plan_tables_train_bit_for_bit(transformer):
+    vanilla, table = transformer["pair_vanilla"], transformer["pair_table"]
+    for job in ("job0", "job1"):
+        assert table["jobs"][job]["report"]["plan_table"] == "table"
+        assert table["plan_table"][job]["steps"] == 4
+        _same_training(table["jobs"][job], vanilla["jobs"][job])
+
+
+def test_a_plan_the_table_cannot_carry_is_rewritten_and_says_why(mlp):
+    run = mlp["table_free"]
+    assert run["jobs"]["job0"]["report"]["plan_table"].startswith("rewritten: a free-order plan"), run["jobs"]
+    assert run["plan_table"] == {}
+    _same_training(run["jobs"]["job0"], mlp["vanilla"]["jobs"]["job0"])
 
 
 # -- measured against predicted (timing-dependent: --run-slow) -------------------------------
