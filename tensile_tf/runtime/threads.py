@@ -41,7 +41,12 @@ T5 instantiation workers, ``tensile-instantiate_N`` (at most four, a
    instantiates a re-plan's new step without running it, inside the job's
    stream scope, and writes only that PlannedStep's ``instantiate_s`` /
    ``instantiate_error`` (Note [Instantiated off the job's thread]; read
-   after its Future is done, H3).
+   after its Future is done, H3). A plan-table step (``run.plan_steps:
+   table``) is one function for all its plans: a lock lets one worker
+   instantiate it and the others wait (``PlanTableStep.instantiate``); the
+   table itself is written by the job's own thread before each call of a
+   plan's step (``_TableCall``), and its next step reads it (Note [Plans
+   read at run time] in tf_plugin/swap/plan_table.h, policy 1).
 Not started by the runtime, but sharing its data: TensorFlow's inter-op and
 intra-op threads run each step's ops (a job's allocations are attributed to
 its stream by the step's graph and, for eager work, by a thread-local stream

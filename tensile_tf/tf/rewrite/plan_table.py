@@ -191,6 +191,7 @@ class PlanTableStep:
         devices = [getattr(x, "device", "") for x in tf.nest.flatten(example_args, expand_composites=True)]
         self.fn = _ImportedStep(self.graph_def, builder.edit.nodes, cf, f"{name}_table", devices)
         self.by_gap = {(s.kind, s.tensor, s.serves): s for s in self.slots}
+        self._first_access = {s.tensor: s.serves for s in self.slots if s.kind == "variable_early"}
         self._cf = cf
         self._generations = itertools.count(1)
         self._written = 0
@@ -265,8 +266,7 @@ class PlanTableStep:
     def _put_variable(self, tensor: str, out_ev: SwapEvent | None, ev: SwapEvent, q: int, tick, put,
                       report: RewriteReport, restore: list[str]) -> str | None:
         """variable_swaps' three cases: within the step, early, late."""
-        acc = [s.serves for s in self.slots if s.tensor == tensor and s.kind == "variable_early"]
-        first = acc[0] if acc else q
+        first = self._first_access.get(tensor, q)
         cross = ev.cross_iteration or q <= first
         trig_out = out_ev.trigger_op if out_ev else None
         early = cross and (trig_out is None or self.pos.get(trig_out, 1 << 30) < q)
