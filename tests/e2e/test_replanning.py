@@ -162,22 +162,26 @@ def slower(step_fn, args, graph):   # the real profiled step, its ops reported 3
 job_thread.profiled_step = slower
 
 cfg = load_config(sys.argv[1])
-host = JobHost.from_config(cfg.pool, cfg.run)
+host = JobHost.from_config(cfg.pool, cfg.run.model_copy(update=json.loads(sys.argv[3])))
 host.submit(Job.from_spec(next(s for s in cfg.jobs if s.name == "long").model_copy(update={"steps": STEPS})))
 r = host.run()
 (s,) = r.jobs
 print(json.dumps({"status": s.status.value, "error": s.error, "swap_outs": s.plan.swap_outs if s.plan else None,
                   "step_order": s.plan.step_order if s.plan else None,
+                  "plan_table": s.plan.rewrite.get("plan_table") if s.plan else None,
                   "checks": [(c.step, round(c.change_rate, 3), c.replan_requested, c.step_order_changed)
                              for c in r.planner.drift_checks],
                   "replans": [{"reason": x.reason, "error": x.error,
-                               "switched": [j.switched_at_step for j in x.jobs]} for x in r.planner.replans]}))
+                               "switched": [j.switched_at_step for j in x.jobs],
+                               "instantiated": [j.instantiate_s for j in x.jobs]} for x in r.planner.replans]}))
 """
 
 
-def drifting(tmp_path, slower_from: int) -> dict:
+def drifting(tmp_path, slower_from: int, **run) -> dict:
+    """`long` alone, its drift injected (DRIFTING); ``run``: settings over the config's run section."""
     cfg = write(tmp_path, TWO_MLPS.format(replan=""))
-    return last_json_line(run_python(f"import sys; sys.argv = ['x', {str(cfg)!r}, '{slower_from}']\n" + DRIFTING))
+    argv = ["x", str(cfg), str(slower_from), json.dumps(run)]
+    return last_json_line(run_python(f"import sys; sys.argv = {argv!r}\n" + DRIFTING))
 
 
 def test_a_latency_drift_past_the_threshold_replans_the_job(tmp_path):
@@ -196,6 +200,17 @@ def test_a_latency_drift_past_the_threshold_replans_the_job(tmp_path):
     assert replan["reason"].startswith("latency drift of long") and replan["error"] is None, out
     (switched,) = replan["switched"]
     assert switched is not None and step < switched < 40, out   # the next step boundary after the re-plan
+
+
+def test_on_a_plan_table_a_drift_replan_is_a_table_write(tmp_path):
+    # run.plan_steps: table (Note [Plans read at run time] in tf_plugin/swap/plan_table.h): `long`
+    # alone in a 38 MiB plan budget swaps, on its step rewritten once with swap slots; the drift's
+    # re-plan writes its table: no new step, nothing to instantiate
+    out = drifting(tmp_path, slower_from=2, plan_budget=38 * 2**20, plan_steps="table")
+    assert out["status"] == "finished" and out["swap_outs"] > 0 and out["plan_table"] == "table", out
+    replan, *_ = out["replans"]
+    assert replan["reason"].startswith("latency drift of long") and replan["error"] is None, out
+    assert replan["switched"][0] is not None and replan["instantiated"] == [None], out
 
 
 def test_a_job_whose_plan_leaves_its_step_as_it_is_is_not_replanned_for_the_chain_it_does_not_run(tmp_path):

@@ -340,7 +340,9 @@ class _TableCall:
 
     def __call__(self, *args):
         self.table_step.write(self.rows, self.generation)
-        return self.table_step.fn(*args)
+        out = self.table_step.fn(*args)
+        self.table_step._instantiated.set()   # noqa: SLF001 - a call instantiates it too
+        return out
 
 
 _TABLE_STEPS: "weakref.WeakKeyDictionary[Any, PlanTableStep]" = weakref.WeakKeyDictionary()
