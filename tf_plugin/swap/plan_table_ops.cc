@@ -475,13 +475,16 @@ class SwapSlotInOp : public SlotKernel {
   int64_t chain_ = 0;
 };
 
-class VarSlotOutOp : public SlotKernel {
+// A variable slot's two sides (kIn: the swap-in): the transfers of
+// TensileVarSwapOut (copy always) and TensileVarSwapIn, when active.
+template <bool kIn>
+class VarSlotOp : public SlotKernel {
  public:
   using SlotKernel::SlotKernel;
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     const SlotPlan e = Entry(ctx);
-    table_->Count(e.active, true, false);
+    table_->Count(e.active, true, kIn);
     if (!e.active) {
       done();
       return;
@@ -491,36 +494,18 @@ class VarSlotOutOp : public SlotKernel {
     OP_REQUIRES_OK_ASYNC(ctx, tensorflow::LookupResource(ctx, h, &ref), done);
     Var* var = ref.release();
     const std::string key = VarKey(h), label = label_;
-    const StreamId stream = StreamForStep(ctx->step_id());
-    AfterTick(ctx, e.out_tick, std::move(done), [ctx, var, key, label, stream, e](DoneCallback done) {
-      StartVarSwapOut(var, key, label, /*copy=*/true, stream, SwapChannel::NowNs() + e.out_delta_ns,
-                      Finish(ctx, std::move(done)));
-    });
-  }
-};
-
-class VarSlotInOp : public SlotKernel {
- public:
-  using SlotKernel::SlotKernel;
-
-  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    const SlotPlan e = Entry(ctx);
-    table_->Count(e.active, true, true);
-    if (!e.active) {
-      done();
-      return;
-    }
-    const tensorflow::ResourceHandle& h = tensorflow::HandleFromInput(ctx, 0);
-    tensorflow::core::RefCountPtr<Var> ref;
-    OP_REQUIRES_OK_ASYNC(ctx, tensorflow::LookupResource(ctx, h, &ref), done);
-    Var* var = ref.release();
-    const std::string key = VarKey(h);
     const std::string* op_name = &name();
     const StreamId stream = StreamForStep(ctx->step_id());
-    AfterTick(ctx, e.in_tick, std::move(done), [ctx, var, key, op_name, stream, e](DoneCallback done) {
-      StartVarSwapIn(ctx, var, key, /*keep_host=*/false, op_name, stream, SwapChannel::NowNs() + e.in_delta_ns,
-                     Finish(ctx, std::move(done)));
-    });
+    AfterTick(ctx, kIn ? e.in_tick : e.out_tick, std::move(done),
+              [ctx, var, key, label, op_name, stream, e](DoneCallback done) {
+                if (kIn) {
+                  StartVarSwapIn(ctx, var, key, /*keep_host=*/false, op_name, stream,
+                                 SwapChannel::NowNs() + e.in_delta_ns, Finish(ctx, std::move(done)));
+                } else {
+                  StartVarSwapOut(var, key, label, /*copy=*/true, stream, SwapChannel::NowNs() + e.out_delta_ns,
+                                  Finish(ctx, std::move(done)));
+                }
+              });
   }
 };
 
@@ -537,7 +522,7 @@ int64_t DropPlanTableStep(const std::string& table) { return TableNamed(table)->
 REGISTER_KERNEL_BUILDER(Name("TensileOpTick").Device(tensorflow::DEVICE_CPU), OpTickOp);
 REGISTER_KERNEL_BUILDER(Name("TensileSwapSlotOut").Device(tensorflow::DEVICE_CPU), SwapSlotOutOp);
 REGISTER_KERNEL_BUILDER(Name("TensileSwapSlotIn").Device(tensorflow::DEVICE_CPU), SwapSlotInOp);
-REGISTER_KERNEL_BUILDER(Name("TensileVarSlotOut").Device(tensorflow::DEVICE_CPU), VarSlotOutOp);
-REGISTER_KERNEL_BUILDER(Name("TensileVarSlotIn").Device(tensorflow::DEVICE_CPU), VarSlotInOp);
+REGISTER_KERNEL_BUILDER(Name("TensileVarSlotOut").Device(tensorflow::DEVICE_CPU), VarSlotOp<false>);
+REGISTER_KERNEL_BUILDER(Name("TensileVarSlotIn").Device(tensorflow::DEVICE_CPU), VarSlotOp<true>);
 
 }  // namespace tensile

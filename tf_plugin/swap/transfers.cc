@@ -24,6 +24,18 @@ using tensorflow::Var;
 
 namespace {
 std::atomic<int64_t> g_next_handle{1};
+
+// Submits `work` (which sets *status on failure) to the channel; `done(status)` after it.
+void Submit(TransferKind kind, StreamId stream, int64_t not_before_ns, std::shared_ptr<absl::Status> status,
+            std::function<int64_t()> work, TransferDone done) {
+  SwapChannel::Transfer t;
+  t.kind = kind;
+  t.not_before_ns = not_before_ns;
+  t.stream = stream;
+  t.work = std::move(work);
+  t.done = [status, done = std::move(done)]() { done(*status); };
+  GetSwapChannel().Submit(std::move(t));
+}
 }  // namespace
 
 int64_t NewHostHandle() { return g_next_handle.fetch_add(1); }
@@ -33,11 +45,7 @@ std::string VarKey(const tensorflow::ResourceHandle& h) { return h.container() +
 void StartSwapOut(Tensor in, int64_t handle, int refs, const std::string& label, StreamId stream,
                   int64_t not_before_ns, TransferDone done) {
   auto status = std::make_shared<absl::Status>();
-  SwapChannel::Transfer t;
-  t.kind = TransferKind::kSwapOut;
-  t.not_before_ns = not_before_ns;
-  t.stream = stream;
-  t.work = [in, handle, stream, refs, label, status]() mutable -> int64_t {
+  auto work = [in, handle, stream, refs, label, status]() mutable -> int64_t {
     const size_t bytes = in.TotalBytes();
     std::string error;
     std::shared_ptr<HostEntry> e = GetHostStore().Reserve(bytes, label, &error);
@@ -55,19 +63,14 @@ void StartSwapOut(Tensor in, int64_t handle, int refs, const std::string& label,
     in = Tensor();  // our reference to the device copy goes now
     return static_cast<int64_t>(bytes);
   };
-  t.done = [status, done = std::move(done)]() { done(*status); };
-  GetSwapChannel().Submit(std::move(t));
+  Submit(TransferKind::kSwapOut, stream, not_before_ns, status, std::move(work), std::move(done));
 }
 
 void StartSwapIn(OpKernelContext* ctx, int64_t handle, DataType dtype, const std::string* op_name,
                  const std::string& label, int64_t not_before_ns, TransferDone done) {
   const int64_t step = ctx->step_id();
   auto status = std::make_shared<absl::Status>();
-  SwapChannel::Transfer t;
-  t.kind = TransferKind::kSwapIn;
-  t.not_before_ns = not_before_ns;
-  t.stream = StreamForStep(step);
-  t.work = [ctx, handle, step, op_name, dtype, label, status]() -> int64_t {
+  auto work = [ctx, handle, step, op_name, dtype, label, status]() -> int64_t {
     // Attribute the pool allocation to this op and step (the executor's
     // annotation lives on its own thread, not ours).
     tsl::profiler::ScopedMemoryDebugAnnotation annotation(*op_name, step);
@@ -93,18 +96,13 @@ void StartSwapIn(OpKernelContext* ctx, int64_t handle, DataType dtype, const std
     if (e->bytes > 0) std::memcpy(const_cast<char*>(out->tensor_data().data()), e->data.get(), e->bytes);
     return static_cast<int64_t>(e->bytes);
   };
-  t.done = [status, done = std::move(done)]() { done(*status); };
-  GetSwapChannel().Submit(std::move(t));
+  Submit(TransferKind::kSwapIn, StreamForStep(step), not_before_ns, status, std::move(work), std::move(done));
 }
 
 void StartVarSwapOut(Var* var, const std::string& key, const std::string& label, bool copy, StreamId stream,
                      int64_t not_before_ns, TransferDone done) {
   auto status = std::make_shared<absl::Status>();
-  SwapChannel::Transfer t;
-  t.kind = TransferKind::kSwapOut;
-  t.not_before_ns = not_before_ns;
-  t.stream = stream;
-  t.work = [var, key, label, copy, stream, status]() -> int64_t {
+  auto work = [var, key, label, copy, stream, status]() -> int64_t {
     int64_t moved = 0;
     Tensor old;  // freed after the lock is dropped
     {
@@ -137,19 +135,14 @@ void StartVarSwapOut(Var* var, const std::string& key, const std::string& label,
     var->Unref();
     return moved;
   };
-  t.done = [status, done = std::move(done)]() { done(*status); };
-  GetSwapChannel().Submit(std::move(t));
+  Submit(TransferKind::kSwapOut, stream, not_before_ns, status, std::move(work), std::move(done));
 }
 
 void StartVarSwapIn(OpKernelContext* ctx, Var* var, const std::string& key, bool keep_host,
                     const std::string* op_name, StreamId stream, int64_t not_before_ns, TransferDone done) {
   const int64_t step = ctx->step_id();
   auto status = std::make_shared<absl::Status>();
-  SwapChannel::Transfer t;
-  t.kind = TransferKind::kSwapIn;
-  t.not_before_ns = not_before_ns;
-  t.stream = stream;
-  t.work = [ctx, var, key, keep_host, step, op_name, status]() -> int64_t {
+  auto work = [ctx, var, key, keep_host, step, op_name, status]() -> int64_t {
     tsl::profiler::ScopedMemoryDebugAnnotation annotation(*op_name, step);
     int64_t moved = 0;
     {
@@ -178,8 +171,7 @@ void StartVarSwapIn(OpKernelContext* ctx, Var* var, const std::string& key, bool
     var->Unref();
     return moved;
   };
-  t.done = [status, done = std::move(done)]() { done(*status); };
-  GetSwapChannel().Submit(std::move(t));
+  Submit(TransferKind::kSwapIn, stream, not_before_ns, status, std::move(work), std::move(done));
 }
 
 }  // namespace tensile

@@ -39,7 +39,7 @@ from tf_plugin import swap as _swap
 # this many: the planner swaps the largest first (every swap in four
 # ResNet50 jobs' plans: >= 4 MiB); a plan that swaps a smaller one is
 # rewritten instead. Small models get a slot at every gap.
-MAX_SLOTS = 2048
+MAX_SLOTS = 4096
 
 _UNSWAPPABLE = (tf.string, tf.resource, tf.variant)
 
