@@ -251,8 +251,9 @@ def _made_step(c: CapturedJob, jp, delta_scale: float, plan_steps: str) -> Plann
     the table carries the plan, else rewritten."""
     why = ""
     if plan_steps == "table" and delta_scale == 1.0:
-        table, _ = table_step_for(c.job.step_fn, c.job.example_args, c.graph, c.job.name)
-        encoded = table.encode(jp)
+        latencies = c.planner_job.latencies
+        table, _ = table_step_for(c.job.step_fn, c.job.example_args, c.graph, c.job.name, latencies)
+        encoded = table.encode(jp, latencies)
         if not isinstance(encoded, str):
             encoded.report.plan_table = "table"
             return table.planned_step(jp, encoded)

@@ -9,7 +9,9 @@
 // no thread can hide on two cores. A plan-table step is rewritten once per
 // job, chained in plan order (Note [Plan order] in
 // tensile_tf/tf/rewrite/rewriter.py), with
-//   * a tick after every op: TensileOpTick(index k) runs once op k is done;
+//   * ticks: TensileOpTick(index k) runs once op k is done, after the ops
+//     that take longest (Note [Fewer ticks] in plan_table.py: a trigger
+//     between two ticks waits for the one before, with a longer delta t);
 //   * a swap slot at every gap of every activation the planner may swap:
 //     TensileSwapSlotOut(version) -> handle and TensileSwapSlotIn(handle) ->
 //     version, the consumers after the gap rewired to the slot's output;

@@ -3,11 +3,12 @@ read their plan at run time, so that a re-plan which only moves swaps is a
 table write (Note [Plans read at run time] in tf_plugin/swap/plan_table.h,
 the spec of the slots and ticks; ``run.plan_steps: table``).
 
-``PlanTableStep.build`` places the slots and ticks: the step chained in
-plan order (every op: a table step has no unchained runs, Note [Unchained
-runs]), a tick after every op, activation slots at every gap of every
-activation of at least ``min_slot_bytes`` the planner may swap, variable
-slots at every gap of every such variable and its two across iterations.
+``_SlotBuilder`` places the slots and ticks: the step chained in plan
+order (every op: a table step has no unchained runs, Note [Unchained
+runs]), ticks after the longest ops (Note [Fewer ticks]), activation slots
+at every gap of the largest tensors the planner may swap (``MAX_SLOTS``),
+variable slots at every gap of such variables and at their two across
+iterations.
 ``encode`` turns a ``JobPlan`` into the table's rows, with the rewrite's
 own rules (the pairing of swap-ins with the swap-out whose host copy they
 read, the early and late variable swaps, anchors that would close a cycle
@@ -16,6 +17,7 @@ rewritten as before (``pipeline.plan_captured``).
 """
 from __future__ import annotations
 
+import bisect
 import itertools
 import threading
 import weakref
@@ -27,7 +29,7 @@ import tensorflow as tf
 
 from tensile_tf.scheduler.access_sequence import TensorAccessSequence
 from tensile_tf.scheduler.job_graph import VARIABLE_PREFIX, JobGraph
-from tensile_tf.scheduler.latency import UniformLatency
+from tensile_tf.scheduler.latency import LatencyModel, UniformLatency
 from tensile_tf.scheduler.plan import JobPlan, SwapEvent
 from tensile_tf.tf.rewrite.activation_swaps import ActivationSwaps
 from tensile_tf.tf.rewrite.graph_edit import RewriteReport, _attr, _split_input, _tname
@@ -40,6 +42,11 @@ from tf_plugin import swap as _swap
 # ResNet50 jobs' plans: >= 4 MiB); a plan that swaps a smaller one is
 # rewritten instead. Small models get a slot at every gap.
 MAX_SLOTS = 4096
+
+# Ticks go after the ops that take longest, this many (and the first op):
+# a plan's trigger op between two ticks becomes the tick before it, its
+# delta t lengthened by the predicted time in between (Note [Fewer ticks]).
+MAX_TICKS = 1024
 
 _UNSWAPPABLE = (tf.string, tf.resource, tf.variant)
 
@@ -63,18 +70,19 @@ class Slot:
 class _SlotBuilder(_Rewriter):
     """Places ticks and slots into the step chained in plan order."""
 
-    def __init__(self, cf, graph: JobGraph, name: str, table: str, max_slots: int):
+    def __init__(self, cf, graph: JobGraph, name: str, table: str, max_slots: int, ticked: list[int]):
         super().__init__(cf, graph, JobPlan(name, step_order="plan"), 1.0, False, enforce_order=True)
         self.table = table
         self.max_slots = max_slots
+        self.ticked = ticked
         self.slots: list[Slot] = []
         self._chains = itertools.count()
 
     def build(self) -> tf.compat.v1.GraphDef:
-        for k, op in enumerate(self.graph.ops):
-            if op.name in self.edit.nodes:
-                self.edit.add_node(self._name("tick", str(k)), "TensileOpTick", [f"^{op.name}"],
-                                   _attr(table=self.table, index=k))
+        for k in self.ticked:
+            op = self.graph.ops[k]
+            self.edit.add_node(self._name("tick", str(k)), "TensileOpTick", [f"^{op.name}"],
+                               _attr(table=self.table, index=k))
         tas = TensorAccessSequence(self.graph, UniformLatency())
         largest = sorted((i for i in range(len(tas.tensor_names)) if tas.swappable[i]),
                          key=lambda i: (-int(tas.size[i]), tas.tensor_names[i]))
@@ -178,10 +186,12 @@ class PlanTableStep:
 
     _made = itertools.count()
 
-    def __init__(self, step_fn, example_args, graph: JobGraph, name: str, *, max_slots: int = MAX_SLOTS):
+    def __init__(self, step_fn, example_args, graph: JobGraph, name: str, latencies: LatencyModel, *,
+                 max_slots: int = MAX_SLOTS, max_ticks: int = MAX_TICKS):
         cf = step_fn.get_concrete_function(*example_args)
         self.table = f"{name}#{next(self._made)}"
-        builder = _SlotBuilder(cf, graph, name, self.table, max_slots)
+        self.ticked = ticked_ops(graph, latencies, max_ticks)
+        builder = _SlotBuilder(cf, graph, name, self.table, max_slots, self.ticked)
         self.graph_def = builder.build()
         self.base_report = builder.report
         self.slots = builder.slots
@@ -200,8 +210,10 @@ class PlanTableStep:
         self._instantiate_lock = threading.Lock()
 
     # -- encoding ----------------------------------------------------------------
-    def encode(self, job_plan: JobPlan) -> TableRows | str:
-        """The plan as table rows, or why the table cannot carry it."""
+    def encode(self, job_plan: JobPlan, latencies: LatencyModel) -> TableRows | str:
+        """The plan as table rows, or why the table cannot carry it;
+        ``latencies``: the job's now, which time a trigger between two
+        ticks (Note [Fewer ticks])."""
         if job_plan.step_order != "plan":
             return "a free-order plan (the table step runs in plan order)"
         if job_plan.recomputes:
@@ -216,13 +228,17 @@ class PlanTableStep:
         for e in job_plan.swap_ins:
             ins[e.tensor].append(e)
 
-        def tick(op: str | None, before: int | None) -> int:
+        ends = list(itertools.accumulate(latencies.latency_s(o) for o in self.graph.ops))
+
+        def tick(op: str | None, before: int | None) -> tuple[int, float]:
+            """The tick a trigger op maps to, and the seconds from its end to the op's end."""
             k = self.pos.get(op) if op is not None else None
             if k is None or (before is not None and k >= before):
                 if op is not None:
                     report.dropped_anchors += 1   # as the rewrite drops an anchor that would close a cycle
-                return -1
-            return k
+                return -1, 0.0
+            t = self.ticked[bisect.bisect_right(self.ticked, k) - 1]
+            return t, ends[k] - ends[t]
 
         def put(slot: Slot | None, row: tuple, what: str) -> str | None:
             if slot is None:
@@ -253,9 +269,9 @@ class PlanTableStep:
     def _put_activation(self, tensor: str, out_ev: SwapEvent, ev: SwapEvent, q: int, k: int, reads: int,
                         tick, put, report: RewriteReport) -> str | None:
         first = k == 0
-        row = (True, first, reads if first else 0,
-               tick(out_ev.trigger_op, q) if first else -1, max(0.0, out_ev.delta_s) if first else 0.0,
-               tick(ev.trigger_op, q), max(0.0, ev.delta_s))
+        (out_tick, out_after), (in_tick, in_after) = tick(out_ev.trigger_op if first else None, q), tick(ev.trigger_op, q)
+        row = (True, first, reads if first else 0, out_tick, out_after + max(0.0, out_ev.delta_s) if first else 0.0,
+               in_tick, in_after + max(0.0, ev.delta_s))
         why = put(self.by_gap.get(("activation", tensor, q)), row, f"swap of {tensor} before {ev.serves_op}")
         if why is None:
             report.activation_swap_outs += int(first)
@@ -272,13 +288,14 @@ class PlanTableStep:
         early = cross and (trig_out is None or self.pos.get(trig_out, 1 << 30) < q)
         delta_out = max(0.0, out_ev.delta_s) if out_ev else 0.0
         if not cross:
-            kind, out_tick = "variable", tick(trig_out, q)
+            kind, (out_tick, out_after) = "variable", tick(trig_out, q)
         elif early:
-            kind, out_tick = "variable_early", tick(trig_out, q)
+            kind, (out_tick, out_after) = "variable_early", tick(trig_out, q)
         else:
-            kind, out_tick = "variable_late", tick(trig_out, None)
+            kind, (out_tick, out_after) = "variable_late", tick(trig_out, None)
             restore.append(tensor)
-        row = (True, True, 1, out_tick, delta_out, tick(ev.trigger_op, q), max(0.0, ev.delta_s))
+        in_tick, in_after = tick(ev.trigger_op, q)
+        row = (True, True, 1, out_tick, out_after + delta_out, in_tick, in_after + max(0.0, ev.delta_s))
         why = put(self.by_gap.get((kind, tensor, q if kind == "variable" else first)), row,
                   f"swap of {tensor} before {ev.serves_op}")
         if why is None:
@@ -345,16 +362,33 @@ class _TableCall:
         return out
 
 
+def ticked_ops(graph: JobGraph, latencies: LatencyModel, max_ticks: int = MAX_TICKS) -> list[int]:
+    """Note [Fewer ticks]: the plan positions a tick follows, the first op
+    and the ``max_ticks`` ops that take longest.
+
+    Note [Fewer ticks]
+    A tick after every op (9,881 on a ResNet50 step) made most of the
+    table step's extra nodes. A plan's trigger op k that has no tick of its
+    own maps to the tick before it, t, and its delta t grows by the ops'
+    predicted time from t's end to k's end: the plan times its transfers by
+    the same predictions (seed 000 §III-C's trigger plus delta). The ops
+    between are the step's shortest, so little of the time is guessed."""
+    lat = [latencies.latency_s(o) for o in graph.ops]
+    longest = sorted(range(len(lat)), key=lambda k: (-lat[k], k))[:max_ticks]
+    return sorted(set(longest) | ({0} if lat else set()))
+
+
 _TABLE_STEPS: "weakref.WeakKeyDictionary[Any, PlanTableStep]" = weakref.WeakKeyDictionary()
 
 
-def table_step_for(step_fn, example_args, graph: JobGraph, name: str) -> tuple[PlanTableStep, bool]:
+def table_step_for(step_fn, example_args, graph: JobGraph, name: str,
+                   latencies: LatencyModel) -> tuple[PlanTableStep, bool]:
     """The job's plan-table step for this traced step and graph, built on
     first use (kept beside the step function, weakly). Returns it and
     whether it was built now."""
     found = _TABLE_STEPS.get(step_fn)
     if found is not None and found.graph is graph:
         return found, False
-    made = PlanTableStep(step_fn, example_args, graph, name)
+    made = PlanTableStep(step_fn, example_args, graph, name, latencies)
     _TABLE_STEPS[step_fn] = made
     return made, True
