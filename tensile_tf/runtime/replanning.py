@@ -110,10 +110,10 @@ threads.
   at run time] in tf_plugin/swap/plan_table.h); a new plan that only swaps
   is a table write the job's next step reads: nothing rewritten, no new
   function, nothing to instantiate. Four ResNet50 jobs, 10 re-plans (new
-  plans and reused): every job can switch after 0.72-0.90 s (median 0.78
+  plans and reused): every job can switch after 0.62-0.80 s (median 0.73
   s), the planner's time. A job's first plan that swaps builds its table
-  step once (four jobs: 27.5 s, rewrites 7.8 s), and the table step costs
-  4-8% of each step against the same plan rewritten (its ticks and slots).
+  step once (four jobs: 19.6 s, rewrites 5.0 s), and the table step costs
+  about 5% of each step against the same plan rewritten (its slots' nodes).
 * Garbage collection: what a re-plan that builds steps allocates makes a
   full collection due (1.7 s over everything the run holds), which then
   fell inside the next re-plan, however fast. Such a re-plan now collects

@@ -154,18 +154,25 @@ class PlanTable {
   }
 
   void SetHost(int64_t step_id, int64_t chain, int64_t handle) {
-    std::lock_guard<std::mutex> lock(mu_);
     std::vector<Waiter> cancelled;
-    StepLocked(step_id, &cancelled)->host[chain] = handle;
-    // A step id cannot change while one of its slots runs: nothing cancelled.
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      StepLocked(step_id, &cancelled)->host[chain] = handle;
+    }
+    Cancel(cancelled);
   }
 
   int64_t Host(int64_t step_id, int64_t chain) {
-    std::lock_guard<std::mutex> lock(mu_);
     std::vector<Waiter> cancelled;
-    StepState* s = StepLocked(step_id, &cancelled);
-    auto it = s->host.find(chain);
-    return it == s->host.end() ? -1 : it->second;
+    int64_t handle = -1;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      StepState* s = StepLocked(step_id, &cancelled);
+      auto it = s->host.find(chain);
+      if (it != s->host.end()) handle = it->second;
+    }
+    Cancel(cancelled);
+    return handle;
   }
 
   // Tick `index` of step `step_id` ran: fires the waiters due.
