@@ -329,7 +329,8 @@ def run(args: argparse.Namespace, tag: str = "") -> dict:
     swap.set_swap_bandwidth(args.bandwidth)
     held_before = pool.stats()["current"]   # Note [Runs that share a process]
     jobs = [build(args, f"job{j}", j, f"{tag}job{j}") for j in range(args.jobs)]
-    out = {"model": args.model, "planned": args.planned, "jobs": {}}
+    # the plan tables an earlier run in this process left (none: each goes with its step)
+    out = {"model": args.model, "planned": args.planned, "jobs": {}, "plan_tables_known": swap.plan_tables_known()}
     if args.planned:
         plan_jobs(args, jobs, out)
     else:

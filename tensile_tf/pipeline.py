@@ -51,7 +51,7 @@ from tensile_tf.scheduler.latency_predictor import cold_start_latency
 from tensile_tf.scheduler.planner import plan_in_step_order
 from tensile_tf.tf.capture import capture_job_graph, measure_op_latencies
 from tensile_tf.tf.rewrite import REWRITE_PREFIX, PlannedStep, RewriteReport, apply_plan, chain_in_plan_order
-from tensile_tf.tf.rewrite.plan_table import table_step_for
+from tensile_tf.tf.rewrite.plan_table import TableCall, table_step_for
 from tensile_tf.tf.step_memory import (MIN_TRACED_STEPS, StepMemory, apply_step_memory, executor_order,
                                        measure_step_memory)
 
@@ -234,7 +234,9 @@ def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
         steps = {}
         for c in captured:
             jp, mine = plan.jobs[c.job.name], (current or {}).get(c.job.name)
-            if mine is not None and delta_scale == 1.0 and mine.job_plan.rewrites_like(jp):
+            # a table step's rows are timed by the latencies now: encoded again, not reused
+            if (mine is not None and delta_scale == 1.0 and mine.job_plan.rewrites_like(jp)
+                    and not isinstance(mine.fn, TableCall)):
                 steps[c.job.name] = replace(mine, job_plan=jp,       # the same rewrite: reused, not redone
                                             instantiate_s=None, instantiate_error=None)   # nor instantiated
             elif not jp.changes_step and not rewrite_unchanged:
@@ -252,8 +254,11 @@ def _made_step(c: CapturedJob, jp, delta_scale: float, plan_steps: str) -> Plann
     why = ""
     if plan_steps == "table" and delta_scale == 1.0:
         latencies = c.planner_job.latencies
-        table, _ = table_step_for(c.job.step_fn, c.job.example_args, c.graph, c.job.name, latencies)
-        encoded = table.encode(jp, latencies)
+        try:
+            table, _ = table_step_for(c.job.step_fn, c.job.example_args, c.graph, c.job.name, latencies)
+            encoded = table.encode(jp, latencies)
+        except Exception as e:  # noqa: BLE001 - the plan is rewritten instead, and says why
+            encoded = f"the plan-table step failed ({type(e).__name__}: {e})"
         if not isinstance(encoded, str):
             encoded.report.plan_table = "table"
             return table.planned_step(jp, encoded)

@@ -91,6 +91,17 @@ def drop_plan_table_step(table: str) -> int:
     return _plugin.drop_plan_table_step(table)
 
 
+def forget_plan_table(table: str) -> bool:
+    """Forgets the table's name (its plan-table step is gone); the table is
+    freed once no kernel of that step holds it. False if it was unknown."""
+    return _plugin.forget_plan_table(table)
+
+
+def plan_tables_known() -> int:
+    """How many plan tables the process knows by name."""
+    return _plugin.plan_tables_known()
+
+
 def swap_stats() -> dict[str, Any]:
     """Both: {"channel": ..., "host": ...}."""
     return {"channel": swap_channel_stats(), "host": host_store_stats()}

@@ -292,6 +292,8 @@ class JobLifecycle:
         with state.job_stream.eager_scope():
             for v in job.step_fn.get_concrete_function(*job.example_args).graph.variables:
                 swap.ops.tensile_var_swap_in(v.handle)   # a variable not swapped out is left as it is
+            if state.planned_step is not None:
+                state.planned_step.restore()   # and what the plan's own step holds (a plan table's step)
             swap.drain_swap_channel()
         swap.release_stream_host_copies(state.job_stream.stream)
         restore()

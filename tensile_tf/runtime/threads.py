@@ -45,7 +45,7 @@ T5 instantiation workers, ``tensile-instantiate_N`` (at most four, a
    table``) is one function for all its plans: a lock lets one worker
    instantiate it and the others wait (``PlanTableStep.instantiate``); the
    table itself is written by the job's own thread before each call of a
-   plan's step (``_TableCall``), and its next step reads it (Note [Plans
+   plan's step (``TableCall``), and its next step reads it (Note [Plans
    read at run time] in tf_plugin/swap/plan_table.h, policy 1).
 Not started by the runtime, but sharing its data: TensorFlow's inter-op and
 intra-op threads run each step's ops (a job's allocations are attributed to

@@ -303,6 +303,8 @@ def test_a_replan_on_a_plan_table_is_a_table_write_and_training_stays_bit_for_bi
 
 def test_two_jobs_on_their_own_plan_tables_train_bit_for_bit(transformer):
     vanilla, table = transformer["pair_vanilla"], transformer["pair_table"]
+    # the earlier runs' table steps are gone, and their C++ tables with them
+    assert transformer["table_replan"]["plan_tables_known"] == 0 and table["plan_tables_known"] == 0
     for job in ("job0", "job1"):
         assert table["jobs"][job]["report"]["plan_table"] == "table"
         assert table["plan_table"][job]["steps"] == 4

@@ -86,6 +86,11 @@ void SetPlanTable(const std::string& table, std::vector<SlotPlan> slots, int64_t
 PlanTableStats GetPlanTableStats(const std::string& table);
 // Drops what the table's last step holds (policy 4); returns the held tensors dropped.
 int64_t DropPlanTableStep(const std::string& table);
+// Forgets the table's name (false if unknown): the table goes once no
+// kernel of its step holds it. A later use of the name makes a new table.
+bool ForgetPlanTable(const std::string& table);
+// How many table names are known (tests: a forgotten step leaves none).
+int64_t PlanTablesKnown();
 
 }  // namespace tensile
 

@@ -109,6 +109,16 @@ struct Waiter {
   Fire fire;
 };
 
+struct StepState;
+
+// What a new step retires (policy 4): the old step's waiters, fired
+// cancelled, and its state, whose held tensors are freed; both after the
+// table's lock is released (a freed buffer goes back to the pool).
+struct Retired {
+  std::vector<Waiter> waiters;
+  std::unique_ptr<StepState> state;
+};
+
 // What one step of a table holds (policy 1, 2, 3).
 struct StepState {
   int64_t step_id = 0;
@@ -122,26 +132,32 @@ struct StepState {
 class PlanTable {
  public:
   // The plan slot `slot` follows in step `step_id` (inactive beyond the plan).
-  SlotPlan Entry(int64_t step_id, int64_t slot, std::vector<Waiter>* cancelled) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return EntryLocked(StepLocked(step_id, cancelled), slot);
+  SlotPlan Entry(int64_t step_id, int64_t slot) {
+    Retired retired;
+    SlotPlan e;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      e = EntryLocked(StepLocked(step_id, &retired), slot);
+    }
+    Cancel(retired);
+    return e;
   }
 
   void Hold(int64_t step_id, int64_t slot, const Tensor& t) {
-    std::vector<Waiter> cancelled;
+    Retired retired;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      StepLocked(step_id, &cancelled)->held[slot] = t;
+      StepLocked(step_id, &retired)->held[slot] = t;
     }
-    Cancel(cancelled);
+    Cancel(retired);
   }
 
   bool Take(int64_t step_id, int64_t slot, Tensor* out) {
-    std::vector<Waiter> cancelled;
+    Retired retired;
     bool found = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      StepState* s = StepLocked(step_id, &cancelled);
+      StepState* s = StepLocked(step_id, &retired);
       auto it = s->held.find(slot);
       if (it != s->held.end()) {
         *out = std::move(it->second);
@@ -149,44 +165,45 @@ class PlanTable {
         found = true;
       }
     }
-    Cancel(cancelled);
+    Cancel(retired);
     return found;
   }
 
   void SetHost(int64_t step_id, int64_t chain, int64_t handle) {
-    std::vector<Waiter> cancelled;
+    Retired retired;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      StepLocked(step_id, &cancelled)->host[chain] = handle;
+      StepLocked(step_id, &retired)->host[chain] = handle;
     }
-    Cancel(cancelled);
+    Cancel(retired);
   }
 
   int64_t Host(int64_t step_id, int64_t chain) {
-    std::vector<Waiter> cancelled;
+    Retired retired;
     int64_t handle = -1;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      StepState* s = StepLocked(step_id, &cancelled);
+      StepState* s = StepLocked(step_id, &retired);
       auto it = s->host.find(chain);
       if (it != s->host.end()) handle = it->second;
     }
-    Cancel(cancelled);
+    Cancel(retired);
     return handle;
   }
 
   // Tick `index` of step `step_id` ran: fires the waiters due.
   void Tick(int64_t step_id, int64_t index) {
-    std::vector<Waiter> cancelled, due;
+    Retired retired;
+    std::vector<Waiter> due;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      StepState* s = StepLocked(step_id, &cancelled);
+      StepState* s = StepLocked(step_id, &retired);
       if (index > s->reached) s->reached = index;
       auto end = s->waiters.upper_bound(index);
       for (auto it = s->waiters.begin(); it != end; ++it) due.push_back(std::move(it->second));
       s->waiters.erase(s->waiters.begin(), end);
     }
-    Cancel(cancelled);
+    Cancel(retired);
     for (Waiter& w : due) w.fire(true);
   }
 
@@ -217,11 +234,11 @@ class PlanTable {
         return;
       }
     }
-    std::vector<Waiter> cancelled;
+    Retired retired;
     bool now = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      StepState* s = StepLocked(step_id, &cancelled);
+      StepState* s = StepLocked(step_id, &retired);
       if (s->reached >= index) {
         now = true;
       } else {
@@ -229,11 +246,14 @@ class PlanTable {
         ++stats_.waits;
       }
     }
-    Cancel(cancelled);
+    Cancel(retired);
     if (now) {
       wrapped(true);
-    } else if (cm != nullptr && cm->IsCancelled()) {
-      CancelWaiter(step_id, id);  // the callback may have run before the waiter was parked
+    } else if (cm != nullptr && (cm->IsCancelling() || cm->IsCancelled())) {
+      // The callback may have run before the waiter was parked. StartCancel
+      // sets "cancelled" only after every callback ran, and "cancelling"
+      // before: tested in this order, one of the two is seen.
+      CancelWaiter(step_id, id);
     }
   }
 
@@ -269,10 +289,12 @@ class PlanTable {
       gone = std::move(step_);
     }
     if (gone == nullptr) return 0;
-    std::vector<Waiter> cancelled;
-    for (auto& [tick, w] : gone->waiters) cancelled.push_back(std::move(w));
-    Cancel(cancelled);
-    return static_cast<int64_t>(gone->held.size());
+    const int64_t held = static_cast<int64_t>(gone->held.size());
+    Retired retired;
+    for (auto& [tick, w] : gone->waiters) retired.waiters.push_back(std::move(w));
+    retired.state = std::move(gone);
+    Cancel(retired);
+    return held;
   }
 
  private:
@@ -293,21 +315,26 @@ class PlanTable {
     if (fire) fire(false);
   }
 
-  void Cancel(std::vector<Waiter>& cancelled) {
-    if (cancelled.empty()) return;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stats_.cancelled += static_cast<int64_t>(cancelled.size());
+  // Outside the lock: fires the retired waiters cancelled and frees the retired state.
+  void Cancel(Retired& retired) {
+    if (!retired.waiters.empty()) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        stats_.cancelled += static_cast<int64_t>(retired.waiters.size());
+      }
+      for (Waiter& w : retired.waiters) w.fire(false);
+      retired.waiters.clear();
     }
-    for (Waiter& w : cancelled) w.fire(false);
+    retired.state.reset();
   }
 
   // Policy 1 and 4: the state of `step_id`, a new one (with the current
-  // plan) if another step's is there; that step's waiters go to `cancelled`.
-  StepState* StepLocked(int64_t step_id, std::vector<Waiter>* cancelled) {
+  // plan) if another step's is there; that step goes to `retired`.
+  StepState* StepLocked(int64_t step_id, Retired* retired) {
     if (step_ != nullptr && step_->step_id == step_id) return step_.get();
     if (step_ != nullptr) {
-      for (auto& [tick, w] : step_->waiters) cancelled->push_back(std::move(w));
+      for (auto& [tick, w] : step_->waiters) retired->waiters.push_back(std::move(w));
+      retired->state = std::move(step_);
     }
     step_ = std::make_unique<StepState>();
     step_->step_id = step_id;
@@ -330,17 +357,18 @@ class PlanTable {
 };
 
 std::mutex g_tables_mu;
-std::map<std::string, std::unique_ptr<PlanTable>>& Tables() {
-  static auto* tables = new std::map<std::string, std::unique_ptr<PlanTable>>();
+std::map<std::string, std::shared_ptr<PlanTable>>& Tables() {
+  static auto* tables = new std::map<std::string, std::shared_ptr<PlanTable>>();
   return *tables;
 }
 
-// Tables live as long as the process (a kernel keeps a pointer to its own).
-PlanTable* TableNamed(const std::string& name) {
+// A table lives while its name is known (ForgetPlanTable drops the name)
+// or a kernel of its step holds it.
+std::shared_ptr<PlanTable> TableNamed(const std::string& name) {
   std::lock_guard<std::mutex> lock(g_tables_mu);
   auto& slot = Tables()[name];
-  if (slot == nullptr) slot = std::make_unique<PlanTable>();
-  return slot.get();
+  if (slot == nullptr) slot = std::make_shared<PlanTable>();
+  return slot;
 }
 
 class SlotKernel : public AsyncOpKernel {
@@ -356,12 +384,7 @@ class SlotKernel : public AsyncOpKernel {
   bool IsExpensive() override { return false; }  // Note [Swap ops run inline]
 
  protected:
-  SlotPlan Entry(OpKernelContext* ctx) {
-    std::vector<Waiter> cancelled;
-    SlotPlan e = table_->Entry(ctx->step_id(), slot_, &cancelled);
-    for (Waiter& w : cancelled) w.fire(false);
-    return e;
-  }
+  SlotPlan Entry(OpKernelContext* ctx) { return table_->Entry(ctx->step_id(), slot_); }
 
   static TransferDone Finish(OpKernelContext* ctx, DoneCallback done) {
     return [ctx, done = std::move(done)](const absl::Status& s) {
@@ -383,7 +406,7 @@ class SlotKernel : public AsyncOpKernel {
     });
   }
 
-  PlanTable* table_ = nullptr;
+  std::shared_ptr<PlanTable> table_;
   int64_t slot_ = 0;
   std::string label_;
 };
@@ -400,7 +423,7 @@ class OpTickOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override { table_->Tick(ctx->step_id(), index_); }
 
  private:
-  PlanTable* table_ = nullptr;
+  std::shared_ptr<PlanTable> table_;
   int64_t index_ = 0;
 };
 
@@ -416,6 +439,11 @@ class SwapSlotOutOp : public SlotKernel {
     OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, TensorShape({}), &handle_out), done);
     handle_out->scalar<int64_t>()() = slot_;
     const SlotPlan e = Entry(ctx);
+    OP_REQUIRES_ASYNC(ctx, !e.active || !e.copy_out || tensorflow::DataTypeCanUseMemcpy(in.dtype()),
+                      absl::InvalidArgumentError("swap slot '" + label_ + "': dtype " +
+                                                 tensorflow::DataTypeString(in.dtype()) +
+                                                 " cannot be copied byte for byte"),
+                      done);
     table_->Count(e.active, e.copy_out, false);
     if (!e.active) {
       table_->Hold(ctx->step_id(), slot_, in);  // policy 2
@@ -426,11 +454,6 @@ class SwapSlotOutOp : public SlotKernel {
       done();
       return;
     }
-    OP_REQUIRES_ASYNC(ctx, tensorflow::DataTypeCanUseMemcpy(in.dtype()),
-                      absl::InvalidArgumentError("swap slot '" + label_ + "': dtype " +
-                                                 tensorflow::DataTypeString(in.dtype()) +
-                                                 " cannot be copied byte for byte"),
-                      done);
     const int64_t handle = NewHostHandle();
     table_->SetHost(ctx->step_id(), chain_, handle);
     const std::string label = label_;
@@ -525,6 +548,21 @@ void SetPlanTable(const std::string& table, std::vector<SlotPlan> slots, int64_t
 PlanTableStats GetPlanTableStats(const std::string& table) { return TableNamed(table)->Stats(); }
 
 int64_t DropPlanTableStep(const std::string& table) { return TableNamed(table)->DropStep(); }
+
+bool ForgetPlanTable(const std::string& table) {
+  std::shared_ptr<PlanTable> gone;  // freed outside the lock, if no kernel holds it
+  std::lock_guard<std::mutex> lock(g_tables_mu);
+  auto it = Tables().find(table);
+  if (it == Tables().end()) return false;
+  gone = std::move(it->second);
+  Tables().erase(it);
+  return true;
+}
+
+int64_t PlanTablesKnown() {
+  std::lock_guard<std::mutex> lock(g_tables_mu);
+  return static_cast<int64_t>(Tables().size());
+}
 
 REGISTER_KERNEL_BUILDER(Name("TensileOpTick").Device(tensorflow::DEVICE_CPU), OpTickOp);
 REGISTER_KERNEL_BUILDER(Name("TensileSwapSlotOut").Device(tensorflow::DEVICE_CPU), SwapSlotOutOp);

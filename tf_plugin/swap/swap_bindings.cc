@@ -149,6 +149,14 @@ void RegisterSwapBindings(py::module_& m) {
   m.def(
       "drop_plan_table_step", [](const std::string& table) { return DropPlanTableStep(table); }, py::arg("table"),
       "Drops what the table's last step holds; returns the tensors dropped.");
+  m.def(
+      "forget_plan_table",
+      [](const std::string& table) {
+        py::gil_scoped_release release;  // frees the table's last step, if no kernel holds it
+        return ForgetPlanTable(table);
+      },
+      py::arg("table"), "Forgets the table's name; it goes once no kernel of its step holds it.");
+  m.def("plan_tables_known", []() { return PlanTablesKnown(); });
 }
 
 }  // namespace tensile

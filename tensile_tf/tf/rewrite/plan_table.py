@@ -74,7 +74,8 @@ class _SlotBuilder(_Rewriter):
         super().__init__(cf, graph, JobPlan(name, step_order="plan"), 1.0, False, enforce_order=True)
         self.table = table
         self.max_slots = max_slots
-        self.ticked = ticked
+        # only ops of the step's own graph (not those inlined from a call's body) can be ticked
+        self.ticked = [k for k in ticked if graph.ops[k].name in self.edit.nodes]
         self.slots: list[Slot] = []
         self._chains = itertools.count()
 
@@ -190,9 +191,9 @@ class PlanTableStep:
                  max_slots: int = MAX_SLOTS, max_ticks: int = MAX_TICKS):
         cf = step_fn.get_concrete_function(*example_args)
         self.table = f"{name}#{next(self._made)}"
-        self.ticked = ticked_ops(graph, latencies, max_ticks)
-        builder = _SlotBuilder(cf, graph, name, self.table, max_slots, self.ticked)
+        builder = _SlotBuilder(cf, graph, name, self.table, max_slots, ticked_ops(graph, latencies, max_ticks))
         self.graph_def = builder.build()
+        self.ticked = builder.ticked
         self.base_report = builder.report
         self.slots = builder.slots
         self.pos = builder.pos
@@ -208,6 +209,7 @@ class PlanTableStep:
         self._write_lock = threading.Lock()
         self._instantiated = threading.Event()
         self._instantiate_lock = threading.Lock()
+        weakref.finalize(self, _swap.forget_plan_table, self.table)   # the C++ table goes with its step
 
     # -- encoding ----------------------------------------------------------------
     def encode(self, job_plan: JobPlan, latencies: LatencyModel) -> TableRows | str:
@@ -237,7 +239,10 @@ class PlanTableStep:
                 if op is not None:
                     report.dropped_anchors += 1   # as the rewrite drops an anchor that would close a cycle
                 return -1, 0.0
-            t = self.ticked[bisect.bisect_right(self.ticked, k) - 1]
+            j = bisect.bisect_right(self.ticked, k) - 1
+            if j < 0:   # no tick at or before it: from the slot's own start, delayed by the time until k ends
+                return -1, ends[k]
+            t = self.ticked[j]
             return t, ends[k] - ends[t]
 
         def put(slot: Slot | None, row: tuple, what: str) -> str | None:
@@ -281,20 +286,24 @@ class PlanTableStep:
 
     def _put_variable(self, tensor: str, out_ev: SwapEvent | None, ev: SwapEvent, q: int, tick, put,
                       report: RewriteReport, restore: list[str]) -> str | None:
-        """variable_swaps' three cases: within the step, early, late."""
+        """variable_swaps' three cases: within the step, early, late. The
+        two across iterations sit before the step's first access: their
+        ticks must come before it (a later tick waits on the reads that wait
+        on the slot), whatever access the plan's swap-in names."""
         first = self._first_access.get(tensor, q)
         cross = ev.cross_iteration or q <= first
+        bound = first if cross else q
         trig_out = out_ev.trigger_op if out_ev else None
-        early = cross and (trig_out is None or self.pos.get(trig_out, 1 << 30) < q)
+        early = cross and (trig_out is None or self.pos.get(trig_out, 1 << 30) < bound)
         delta_out = max(0.0, out_ev.delta_s) if out_ev else 0.0
         if not cross:
             kind, (out_tick, out_after) = "variable", tick(trig_out, q)
         elif early:
-            kind, (out_tick, out_after) = "variable_early", tick(trig_out, q)
+            kind, (out_tick, out_after) = "variable_early", tick(trig_out, bound)
         else:
             kind, (out_tick, out_after) = "variable_late", tick(trig_out, None)
             restore.append(tensor)
-        in_tick, in_after = tick(ev.trigger_op, q)
+        in_tick, in_after = tick(ev.trigger_op, bound)
         row = (True, True, 1, out_tick, out_after + delta_out, in_tick, in_after + max(0.0, ev.delta_s))
         why = put(self.by_gap.get((kind, tensor, q if kind == "variable" else first)), row,
                   f"swap of {tensor} before {ev.serves_op}")
@@ -322,7 +331,7 @@ class PlanTableStep:
                 _swap.ops.tensile_var_swap_in(h)
             _swap.drop_plan_table_step(self.table)
 
-        call = _TableCall(self, encoded.rows, next(self._generations))
+        call = TableCall(self, encoded.rows, next(self._generations))
         return PlannedStep(call, job_plan, encoded.report, self.graph_def, restore, evict if handles else None)
 
     def write(self, rows: list[tuple], generation: int) -> None:
@@ -341,7 +350,7 @@ class PlanTableStep:
         return _swap.plan_table_stats(self.table)
 
 
-class _TableCall:
+class TableCall:
     """A plan's call of the shared table step: writes its rows into the
     table first, if the table holds another plan."""
 
