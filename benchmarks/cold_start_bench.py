@@ -12,7 +12,8 @@ measured, and a change past run.replan_threshold re-plans it (Note
 unplanned in a pool large enough, and planned cold in a pool its unplanned
 step does not fit.
 
-    PYTHONPATH=. python benchmarks/cold_start_bench.py [--out runs/cold_start] [--steps 30]
+    PYTHONPATH=. python benchmarks/cold_start_bench.py [--out runs/cold_start] [--steps 30] \
+        [--allocation-wait-ms 0] [--cold-pools cnn=112MiB]
 
 Ratios, each against the same job's unplanned run (EOR = time with the plan
 / time without):
@@ -39,9 +40,11 @@ JOBS = {
 }
 
 
-def run(out: Path, name: str, spec: dict, pool: str, planner: str, steps: int) -> dict:
-    return run_config({"pool": pool, "run": {"out_dir": str(out), "planner": planner, "admission": "none"},
-                       "jobs": [dict(spec, name=name, steps=steps, seed=1)]}, out)
+def run(out: Path, name: str, spec: dict, pool: str, planner: str, steps: int, wait_ms: int | None) -> dict:
+    settings = {"out_dir": str(out), "planner": planner, "admission": "none"}
+    if wait_ms is not None:
+        settings["allocation_wait_ms"] = wait_ms
+    return run_config({"pool": pool, "run": settings, "jobs": [dict(spec, name=name, steps=steps, seed=1)]}, out)
 
 
 def main() -> None:
@@ -50,6 +53,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--jobs", default=",".join(JOBS))
     ap.add_argument("--cold-pools", default="", help="JOB=POOL,... : other pools for the cold runs (e.g. cnn=96MiB)")
+    ap.add_argument("--allocation-wait-ms", type=int, default=None,
+                    help="run.allocation_wait_ms for both runs (0: an allocation that does not fit fails at once, "
+                         "as on a device without the pool's waits; Note [Waiting for frees])")
     args = ap.parse_args()
     cold_pools = dict(item.split("=") for item in args.cold_pools.split(",") if item)
     from tensile_tf.tf.calibration import predictor_path
@@ -62,8 +68,8 @@ def main() -> None:
     for name in args.jobs.split(","):
         spec, roomy, small = JOBS[name]
         small = cold_pools.get(name, small)
-        vanilla = run(Path(args.out) / name / "unplanned", name, spec, roomy, "none", args.steps)
-        cold = run(Path(args.out) / name / "cold", name, spec, small, "tensile", args.steps)
+        vanilla = run(Path(args.out) / name / "unplanned", name, spec, roomy, "none", args.steps, args.allocation_wait_ms)
+        cold = run(Path(args.out) / name / "cold", name, spec, small, "tensile", args.steps, args.allocation_wait_ms)
         (v,), (c,) = vanilla["jobs"], cold["jobs"]
         if v["status"] != "finished" or c["status"] != "finished":
             print(f"| {name} | {roomy} / {small} | unplanned {v['status']}, cold {c['status']}: "

@@ -81,7 +81,7 @@ def run_mode(mode: str, pool: str, jobs: int, n_trials: int, cap_batch: int | No
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     params = trial_params(n_trials)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     requeued = 0
     extra: dict = {}
     if mode in ("packed", "packed-salus", "packed-nocores", "sequential"):
@@ -137,7 +137,7 @@ def run_mode(mode: str, pool: str, jobs: int, n_trials: int, cap_batch: int | No
 
         study.optimize(objective, n_trials=len(params), n_jobs=jobs, catch=(Exception,))
         extra = {"time_breakdown": {k: round(v, 6) for k, v in phases.items()}}
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     stats = tensile_tf.pool_stats()
     trials = study.get_trials()
     done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
@@ -146,6 +146,9 @@ def run_mode(mode: str, pool: str, jobs: int, n_trials: int, cap_batch: int | No
     out = {"mode": mode, "pool": pool, "jobs": jobs, "trials": len(trials), "complete": len(done),
            "failed": sum(t.state == optuna.trial.TrialState.FAIL for t in trials),
            "wall_s": wall, "trials_per_hour": len(done) / wall * 3600, "pool_peak": stats["peak"],
+           # every thread's CPU time: the share of the usable cores kept busy, and what a finished trial cost
+           "cpu_s": cpu, "cores_busy": cpu / wall / len(os.sched_getaffinity(0)),
+           "cpu_s_per_trial": cpu / max(1, len(done)),
            "pool_ooms": stats.get("num_ooms"), "requeued": requeued,
            "batches_run": sorted({t.params.get("batch_size") for t in done}), **extra}
     if mode.startswith("optuna"):
@@ -224,14 +227,14 @@ def main() -> None:
     print(f"\npool {args.pool}, {args.trials} trials of {BASE_JOB['name']} (steps {BASE_JOB['steps']}), "
           f"jobs {args.jobs}; P+T by batch: " + ", ".join(f"{b}: {v / 2**20:.0f} MiB" for b, v in peaks.items()))
     print(f"{'mode':<12} {'complete':>8} {'failed':>6} {'wall s':>8} {'trials/h':>9} {'pool peak':>10} {'OOMs':>5} "
-          f"{'re-queued':>9}")
+          f"{'re-queued':>9} {'cores busy':>10} {'CPU s/trial':>11}")
     for r in results["modes"]:
         if r.get("crashed"):
             print(f"{str(r['mode']):<12} crashed rc={r['rc']}: {r['stderr'][-300:]}")
             continue
         print(f"{r['mode']:<12} {r['complete']:>8} {r['failed']:>6} {r['wall_s']:>8.1f} "
               f"{r['trials_per_hour']:>9.0f} {r['pool_peak'] / 2**20:>7.0f} MiB {r['pool_ooms']!s:>5} "
-              f"{r.get('requeued', 0):>9}")
+              f"{r.get('requeued', 0):>9} {r['cores_busy']:>10.0%} {r['cpu_s_per_trial']:>11.2f}")
     print("\nwhere the trials' time went (seconds summed over trials; Note [Where a trial's time goes]):")
     for r in results["modes"]:
         if r.get("time_breakdown"):

@@ -31,7 +31,14 @@ back (the failed step may have updated some), captures the traced graph
 without running it (static sizes, no scratch bytes, op latencies from
 ``ColdStartLatency``: seed 000 §IV-A's cold start) and plans it alone for the
 pool's free bytes less a headroom (and at most ``plan_budget``; Note
-[Cold-start headroom]). The planned step is then the probe: P and T are
+[Cold-start headroom]). A cold capture sees no scratch bytes nor what the
+executor's threads hold beside each op, so its predicted unplanned peak can
+fit a pool its unplanned step just ran out of: the job is planned with
+``PlannerJob.unplanned_step_ran_out``, and its plan runs in plan order even
+with no swaps (``order_only``; Note [Free-running steps]). The small CNN of
+cold_start_bench.py, with allocations that fail at once (``run.
+allocation_wait_ms: 0``), was refused for a plan "with no swaps" before.
+The planned step is then the probe: P and T are
 measured on it, and admission uses them as they are. The start's joint plan
 includes such jobs and leaves COLD_START_HEADROOM free when any of its jobs
 was captured cold. A capture whose profiling steps run out of memory falls
@@ -182,6 +189,8 @@ class JobPlanning:
             budget = min(budget, self.settings.plan_budget)
         if not self.capture_cold(state):
             return False
+        # its unplanned step just ran out of memory here: it runs in plan order at least (Note [Cold-start planning])
+        state.captured.planner_job.unplanned_step_ran_out = True
         state.cold_planned = True
         if self.plan([state], budget) is None or state.planned_step is None:
             state.cold_planned = False

@@ -70,7 +70,9 @@ plans on it. ``JobFootprint.free_running`` adds each op's
 tensile_tf/tf/step_memory.py) and is the vanilla footprint: the predicted vanilla
 peak, MSR's reference, and what a job whose plan changes nothing holds. A
 plan with no events still runs its job in plan order when that lowers the
-job's peak (``JobPlan.order_only``): on the node-group CNN the free-running
+job's peak, or when its unplanned step was seen to run out of memory where
+it is planned (``PlannerJob.unplanned_step_ran_out``, a cold start: the cold
+capture cannot see the concurrency) (``JobPlan.order_only``): on the node-group CNN the free-running
 step peaks at 89 MiB in some steps and the ordered one at 60. The planner's
 loop judges the budget on every job's ordered footprint, so when letting
 its event-free jobs run free would put the pool back above a budget the loop

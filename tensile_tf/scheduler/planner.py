@@ -89,6 +89,9 @@ class PlannerJob:
     latencies: LatencyModel
     start_offset_s: float = 0.0
     max_swapping_rate: float = 1.0
+    # its unplanned step ran out of memory where it is planned (a cold start): a measurement above the
+    # prediction, so it runs in plan order even where its predicted unplanned peak fits (Note [Free-running steps])
+    unplanned_step_ran_out: bool = False
 
 
 class Planner(PlannerPasses):
@@ -288,7 +291,8 @@ class Planner(PlannerPasses):
         history: list[int] = []
         it = 0
         self.stop_reason = "no swap or recomputation succeeded"
-        if budget is not None and self.stop_at_budget and self._unplanned_pool_peak <= budget:
+        if budget is not None and self.stop_at_budget and self._unplanned_pool_peak <= budget \
+                and not any(pj.unplanned_step_ran_out for pj in self.specs):
             self.stop_reason = UNPLANNED_FITS   # Note [Free-running steps]: nothing to plan
             swap_ok = rec_ok = False
         while swap_ok or rec_ok:
@@ -345,12 +349,13 @@ class Planner(PlannerPasses):
     def _runs_its_plan(self, js) -> bool:
         """Whether the job's planned footprint ``fp.F`` is what it will hold
         (else its free-running vanilla one). Note [Free-running steps]: a job
-        runs in plan order if its plan has events, or if order alone lowers its
-        peak and the unplanned steps do not fit the budget. A free-order plan's
+        runs in plan order if its plan has events, if its unplanned step ran
+        out of memory (a cold start), or if order alone lowers its peak and the
+        unplanned steps do not fit the budget. A free-order plan's
         ``F`` is free-running already (Note [Free-order plans] in peak_analysis)."""
         if self.step_order == "free":
             return True
-        if js.decisions or js.recomputes:
+        if js.decisions or js.recomputes or self.specs[js.j].unplanned_step_ran_out:
             return True
         return self.stop_reason != UNPLANNED_FITS and js.fp.peak < js.vanilla_peak
 

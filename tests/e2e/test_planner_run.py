@@ -121,12 +121,20 @@ if sys.argv[3:] == ["fail-first-cold-probe"]:
             state.steps_done -= 1
             raise probing._OutOfMemory()
     probing.JobLifecycle._run_probe_step = failing
+JOB = dict(model={"builder": "tensile_tf.jobs.zoo:mlp", "args": {"hidden": [256] * 12}}, input_shape=[64],
+           batch_size=8192, steps=4, seed=3, optimizer={"name": "adam", "learning_rate": 0.001})
+WAITS, NAME = {}, "deep"
+if sys.argv[3:] == ["cnn"]:
+    # Note [Cold-start planning]: the small CNN's unplanned step fits 112 MiB only while allocations wait for
+    # frees; with waits off (run.allocation_wait_ms: 0) it runs out, and its cold plan is plan order alone
+    JOB = dict(JOB, model={"builder": "tensile_tf.jobs.zoo:small_cnn", "args": {"filters": [32, 64]}},
+               input_shape=[32, 32, 3], batch_size=256)
+    WAITS, NAME = {"tensile": 0}, "cnn"
 out = {}
 for planner in sys.argv[2].split(","):   # one host after another in this pool, each job its own stream
-    host = JobHost(sys.argv[1], planner=planner, admission="none", record_weights=True)
-    host.submit(Job.from_spec(JobSpec.model_validate(dict(
-        name=f"deep-{planner}", model={"builder": "tensile_tf.jobs.zoo:mlp", "args": {"hidden": [256] * 12}},
-        input_shape=[64], batch_size=8192, steps=4, seed=3, optimizer={"name": "adam", "learning_rate": 0.001}))))
+    host = JobHost(sys.argv[1], planner=planner, admission="none", record_weights=True,
+                   **({"allocation_wait_ms": WAITS[planner]} if planner in WAITS else {}))
+    host.submit(Job.from_spec(JobSpec.model_validate(dict(JOB, name=f"{NAME}-{planner}"))))
     r = host.run()
     s = r.jobs[0]
     out[planner] = {"status": s.status.value, "error": s.error, "losses": [rec.loss for rec in s.records],
@@ -166,3 +174,18 @@ def test_cold_start_plan_runs_a_job_whose_vanilla_step_does_not_fit():
     assert retried["status"] == "finished" and retried["plan"]["headroom"] == 0.25, retried
     assert retried["losses"] == roomy["losses"] and retried["weights"] == roomy["weights"]
     assert retried["leaked"] == 0 and retried["host_current"] == 0
+
+
+def test_a_cold_start_runs_in_plan_order_where_its_unplanned_step_ran_out_beyond_the_prediction():
+    """Note [Cold-start planning]: the small CNN (batch 256) in 112 MiB. Its
+    unplanned step fits while allocations wait for frees, and runs out when
+    they fail at once; the cold capture's predicted peak fits, so its cold
+    plan has no swaps, and it runs in plan order (it was refused before)."""
+    runs = _cold_start_runs("112MiB", "none,tensile", "cnn")
+    vanilla, cold = runs["none"], runs["tensile"]
+    assert vanilla["status"] == "finished", vanilla
+    assert cold["status"] == "finished", cold
+    assert cold["plan"]["cold_start"] and cold["plan"]["order_only"], cold["plan"]
+    assert cold["plan"]["swap_outs"] == 0 and cold["plan"]["recomputes"] == 0
+    assert cold["losses"] == vanilla["losses"] and cold["weights"] == vanilla["weights"]
+    assert cold["leaked"] == 0 and cold["host_current"] == 0

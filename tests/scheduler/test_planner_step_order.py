@@ -82,3 +82,17 @@ def test_auto_step_order_keeps_plan_order_for_a_plan_that_recomputes():
     assert free.budget_met and free.jobs["rc"].recomputes
     auto = plan_in_step_order(Planner, [PlannerJob(recompute_graph(), UNIT)], "auto", **kwargs)
     assert auto.jobs["rc"].step_order == "plan" and auto.budget_met and auto.jobs["rc"].recomputes
+
+
+def test_a_job_whose_unplanned_step_ran_out_runs_in_plan_order_where_its_prediction_fits():
+    """Note [Cold-start planning]: a cold capture sees no concurrency, so its
+    predicted unplanned peak (510 B) fits a 600 B pool its unplanned step just
+    ran out of; the planner then still runs it in plan order, with no swaps."""
+    def planned(ran_out):
+        return Planner([PlannerJob(fig1_graph(), UNIT, unplanned_step_ran_out=ran_out)],
+                       bandwidth_bytes_per_s=100.0, pool_bytes=600, enable_recompute=False).plan().jobs["job"]
+
+    free, ordered = planned(False), planned(True)
+    assert not free.changes_step and not free.order_only
+    assert ordered.order_only and ordered.changes_step and ordered.step_order == "plan"
+    assert not (ordered.swap_outs or ordered.swap_ins or ordered.recomputes)
