@@ -158,6 +158,7 @@ class Planner(PlannerPasses):
         self.stop_reason = ""
         self._vanilla_pool_peak = 0
         self._unplanned_pool_peak = 0
+        self._unplanned_fits = False   # the unplanned steps' predicted pool peak meets the budget
         self._sum_job_peaks = 0
 
     # -- state -----------------------------------------------------------------
@@ -291,8 +292,9 @@ class Planner(PlannerPasses):
         history: list[int] = []
         it = 0
         self.stop_reason = "no swap or recomputation succeeded"
-        if budget is not None and self.stop_at_budget and self._unplanned_pool_peak <= budget \
-                and not any(pj.unplanned_step_ran_out for pj in self.specs):
+        # as predicted; a job whose unplanned step ran out still gets a plan (the others run free)
+        self._unplanned_fits = budget is not None and self.stop_at_budget and self._unplanned_pool_peak <= budget
+        if self._unplanned_fits and not any(pj.unplanned_step_ran_out for pj in self.specs):
             self.stop_reason = UNPLANNED_FITS   # Note [Free-running steps]: nothing to plan
             swap_ok = rec_ok = False
         while swap_ok or rec_ok:
@@ -357,7 +359,7 @@ class Planner(PlannerPasses):
             return True
         if js.decisions or js.recomputes or self.specs[js.j].unplanned_step_ran_out:
             return True
-        return self.stop_reason != UNPLANNED_FITS and js.fp.peak < js.vanilla_peak
+        return self.stop_reason != UNPLANNED_FITS and not self._unplanned_fits and js.fp.peak < js.vanilla_peak
 
     def _make_plan(self, seconds: float) -> Plan:
         ordered = {js.j: self._runs_its_plan(js) for js in self.jobs}

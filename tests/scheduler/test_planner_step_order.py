@@ -96,3 +96,9 @@ def test_a_job_whose_unplanned_step_ran_out_runs_in_plan_order_where_its_predict
     assert not free.changes_step and not free.order_only
     assert ordered.order_only and ordered.changes_step and ordered.step_order == "plan"
     assert not (ordered.swap_outs or ordered.swap_ins or ordered.recomputes)
+    # planned beside it, a job whose own unplanned step fits keeps running free
+    b = fig1_graph("b")
+    next(o for o in b.ops if o.name == "u2").concurrent_bytes = 100   # its plan order would lower its peak
+    both = Planner([PlannerJob(fig1_graph(), UNIT, unplanned_step_ran_out=True), PlannerJob(b, UNIT)],
+                   bandwidth_bytes_per_s=100.0, pool_bytes=2000, enable_recompute=False).plan().jobs
+    assert both["job"].order_only and not both["b"].changes_step, both
