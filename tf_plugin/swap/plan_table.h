@@ -46,7 +46,16 @@
 //     never deadlocks a step. A waiting slot honours the step's
 //     cancellation; a new step of the same table cancels the waiters and
 //     drops what an unfinished step (a failed one) held, as does
-//     DropPlanTableStep (the job's teardown).
+//     DropPlanTableStep (the job's teardown). What a step retires (its
+//     waiters, its held tensors) is released after the table's lock: a
+//     freed buffer goes back to the pool, which may wake other jobs.
+//     Ticks follow only ops of the step's own GraphDef (an op inlined
+//     from a call's body has no node there), and an across-iteration
+//     variable slot waits only for ticks before the variable's first
+//     access: its reads wait on it, so a later tick would never run.
+//  5. A table lives while its name is known or a kernel of its step holds
+//     it: the Python step forgets the name when it is collected
+//     (ForgetPlanTable), and the kernels go with the step's function.
 //
 // No TensorFlow in this header.
 #ifndef TF_PLUGIN_SWAP_PLAN_TABLE_H_
