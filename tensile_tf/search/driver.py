@@ -168,7 +168,7 @@ class SearchDriver:
             return alone.job
         if self.max_concurrent is not None and len(self.in_flight) >= self.max_concurrent:
             return None
-        if self.cores is not None and not self.cores.allows(running=any(r.issued for r in self.in_flight)):
+        if self.cores is not None and not self.cores.allows(running=sum(1 for r in self.in_flight if r.issued)):
             return None
         self._recover()
         while True:
@@ -208,7 +208,7 @@ class SearchDriver:
     def _started(self, run: TrialRun) -> None:
         """The host started the trial's job (a progress update saw it running)."""
         if not run.started and self.cores is not None:
-            self.cores.started()
+            self.cores.started(running=sum(1 for r in self.in_flight if r.started and r is not run))
         run.started = True
 
     def _job_name(self, number: int) -> str:

@@ -89,3 +89,33 @@ def test_core_admission_off_packs_whatever_the_cores_do():
     driver._started(driver.runs[0])
     clocks.advance(1.0, busy_cores=2.0)
     assert driver.job_source() is not None
+
+
+def test_while_the_window_is_young_the_share_is_predicted_from_the_last_share_per_trial():
+    """Note [Starts not held by the window]: trials that leave the cores idle
+    start one after another without waiting for a window each; trials that
+    keep them busy still wait."""
+    clocks = Clocks()
+    driver = _driver(clocks)
+    assert driver.job_source() is not None
+    driver._started(driver.runs[0])
+    assert driver.job_source() is None            # one trial's share is not known yet: waits for a window
+    clocks.advance(1.0, busy_cores=0.2)           # 0.1 of the cores, one trial
+    assert driver.job_source() is not None
+    driver._started(driver.runs[1])               # the share per trial: 0.1
+    for k in (2, 3):                              # no time passes: predicted 0.2, then 0.3
+        assert driver.job_source() is not None, k
+        driver._started(driver.runs[k])
+    assert driver.cores.predicted_starts == 2 and driver.cores.waits == 0
+    # trials that keep the cores busy: two predicted at 2 x 0.8 of the cores wait for a measured window
+    busy = _driver(Clocks())
+    busy.cores.meter = (clocks := Clocks()).meter()
+    assert busy.job_source() is not None
+    busy._started(busy.runs[0])
+    clocks.advance(1.0, busy_cores=1.6)
+    assert busy.cores.meter.busy_share() == pytest.approx(0.8)
+    assert busy.job_source() is not None           # 0.8 measured: below SATURATED
+    busy._started(busy.runs[1])
+    assert busy.job_source() is None and busy.cores.waits == 1 and busy.cores.predicted_starts == 0
+    clocks.advance(1.0, busy_cores=1.0)            # measured again: half the cores idle
+    assert busy.job_source() is not None
