@@ -52,7 +52,7 @@ from tensile_tf.scheduler.job_graph import JobGraph
 from tensile_tf.scheduler.latency import LatencyModel
 from tensile_tf.scheduler.peak_analysis import JobFootprint, PoolTimeline, gpu_memory_peak_analysis
 from tensile_tf.scheduler.plan import JobPlan, Plan, ReleaseEvent, SwapEvent
-from tensile_tf.scheduler.planner_passes import UNPLANNED_FITS, PlannerPasses
+from tensile_tf.scheduler.planner_passes import FITS_UNPLANNED, UNPLANNED_FITS, UNPLANNED_FITS_IN_ORDER, PlannerPasses
 from tensile_tf.scheduler.recompute import recomputation_scheduling
 from tensile_tf.scheduler.state import JobState, SwapDecision
 from tensile_tf.scheduler.swap_scheduling import SwapChannel, scheduling_swap, swap_scheduling
@@ -76,7 +76,9 @@ def plan_in_step_order(planner_cls: type["Planner"], jobs: Sequence["PlannerJob"
     if step_order not in (*STEP_ORDERS, "auto"):
         raise ValueError(f"step_order {step_order!r}: choose one of {', '.join(STEP_ORDERS)}, auto")
     plan = planner_cls(jobs, step_order="free" if step_order == "auto" else step_order, **kwargs).plan()
-    if step_order == "auto" and (not plan.budget_met or any(jp.recomputes for jp in plan.jobs.values())):
+    if step_order == "auto" and (not plan.budget_met or any(jp.recomputes for jp in plan.jobs.values())
+                                 or any(pj.unplanned_step_ran_out and not plan.jobs[pj.graph.name].changes_step
+                                        for pj in jobs)):   # a free plan with no events leaves it as it ran out
         plan = planner_cls(jobs, step_order="plan", **kwargs).plan()
     return plan
 
@@ -158,7 +160,6 @@ class Planner(PlannerPasses):
         self.stop_reason = ""
         self._vanilla_pool_peak = 0
         self._unplanned_pool_peak = 0
-        self._unplanned_fits = False   # the unplanned steps' predicted pool peak meets the budget
         self._sum_job_peaks = 0
 
     # -- state -----------------------------------------------------------------
@@ -292,10 +293,10 @@ class Planner(PlannerPasses):
         history: list[int] = []
         it = 0
         self.stop_reason = "no swap or recomputation succeeded"
-        # as predicted; a job whose unplanned step ran out still gets a plan (the others run free)
-        self._unplanned_fits = budget is not None and self.stop_at_budget and self._unplanned_pool_peak <= budget
-        if self._unplanned_fits and not any(pj.unplanned_step_ran_out for pj in self.specs):
-            self.stop_reason = UNPLANNED_FITS   # Note [Free-running steps]: nothing to plan
+        if budget is not None and self.stop_at_budget and self._unplanned_pool_peak <= budget:
+            # Note [Free-running steps]: nothing to plan; a job whose unplanned step ran out runs in plan order
+            ran_out = any(pj.unplanned_step_ran_out for pj in self.specs)
+            self.stop_reason = UNPLANNED_FITS_IN_ORDER if ran_out else UNPLANNED_FITS
             swap_ok = rec_ok = False
         while swap_ok or rec_ok:
             pa = gpu_memory_peak_analysis([js.fp for js in self.jobs], self.timeline)
@@ -359,12 +360,12 @@ class Planner(PlannerPasses):
             return True
         if js.decisions or js.recomputes or self.specs[js.j].unplanned_step_ran_out:
             return True
-        return self.stop_reason != UNPLANNED_FITS and not self._unplanned_fits and js.fp.peak < js.vanilla_peak
+        return self.stop_reason not in FITS_UNPLANNED and js.fp.peak < js.vanilla_peak
 
     def _make_plan(self, seconds: float) -> Plan:
         ordered = {js.j: self._runs_its_plan(js) for js in self.jobs}
         pool_peak = self.timeline.pool_peak([js.fp.F if ordered[js.j] else js.fp.free_running for js in self.jobs])
-        if self.pool_bytes is not None and pool_peak > self.pool_bytes and self.stop_reason != UNPLANNED_FITS \
+        if self.pool_bytes is not None and pool_peak > self.pool_bytes and self.stop_reason not in FITS_UNPLANNED \
                 and not all(ordered.values()):
             # Note [Free-running steps]: the loop met the budget with every step in plan order.
             all_ordered = self._pool_peak()
@@ -416,7 +417,7 @@ class Planner(PlannerPasses):
             for js, r in zip(self.jobs, runs or ()):
                 jobs[js.name].unchained_runs = r
         vanilla_peak = self._vanilla_pool_peak
-        if self.stop_reason == UNPLANNED_FITS:   # Note [Paired peaks]: judged, and predicted, with the unplanned k
+        if self.stop_reason in FITS_UNPLANNED:   # Note [Paired peaks]: judged, and predicted, with the unplanned k
             vanilla_peak = pool_peak = self._unplanned_pool_peak
         return Plan(jobs=jobs, pool_vanilla_peak_bytes=vanilla_peak, pool_planned_peak_bytes=pool_peak,
                     pool_bytes=self.pool_bytes, bandwidth_bytes_per_s=self.bandwidth,

@@ -67,8 +67,11 @@ from __future__ import annotations
 from tensile_tf.scheduler.peak_analysis import PeakAnalysis, gpu_memory_peak_analysis
 from tensile_tf.scheduler.swap_scheduling import swap_scheduling
 
-# Plan.stop_reason when the unplanned (free-running) steps fit the budget already.
+# Plan.stop_reason when the unplanned (free-running) steps fit the budget already; the second when they do
+# as predicted and a job whose unplanned step ran out runs in plan order (Note [Cold-start planning]).
 UNPLANNED_FITS = "budget met by the unplanned steps"
+UNPLANNED_FITS_IN_ORDER = "budget met by the unplanned steps, those that ran out in plan order"
+FITS_UNPLANNED = (UNPLANNED_FITS, UNPLANNED_FITS_IN_ORDER)
 
 
 class PlannerPasses:
@@ -113,7 +116,7 @@ class PlannerPasses:
         self._loop()
         best, best_peak = [], self._pool_peak()
         for _ in range(self.bottleneck_restarts):
-            if self.pool_bytes is None or best_peak <= self.pool_bytes or self.stop_reason == UNPLANNED_FITS:
+            if self.pool_bytes is None or best_peak <= self.pool_bytes or self.stop_reason in FITS_UNPLANNED:
                 break
             steps = gpu_memory_peak_analysis([js.fp for js in self.jobs], self.timeline, with_tensors=False).job_steps
             if steps in self.bottlenecks:

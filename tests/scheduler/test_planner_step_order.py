@@ -4,7 +4,7 @@ peak_analysis, ``plan_in_step_order``)."""
 import pytest
 
 from tensile_tf.scheduler import Plan, Planner, PlannerJob, UniformLatency
-from tensile_tf.scheduler.planner import plan_in_step_order
+from tensile_tf.scheduler.planner import UNPLANNED_FITS_IN_ORDER, plan_in_step_order
 from tests.scheduler.graphs import fig1_graph, recompute_graph
 
 UNIT = UniformLatency(1.0)
@@ -100,5 +100,10 @@ def test_a_job_whose_unplanned_step_ran_out_runs_in_plan_order_where_its_predict
     b = fig1_graph("b")
     next(o for o in b.ops if o.name == "u2").concurrent_bytes = 100   # its plan order would lower its peak
     both = Planner([PlannerJob(fig1_graph(), UNIT, unplanned_step_ran_out=True), PlannerJob(b, UNIT)],
-                   bandwidth_bytes_per_s=100.0, pool_bytes=2000, enable_recompute=False).plan().jobs
-    assert both["job"].order_only and not both["b"].changes_step, both
+                   bandwidth_bytes_per_s=100.0, pool_bytes=2000, enable_recompute=False).plan()
+    assert both.jobs["job"].order_only and not both.jobs["b"].changes_step, both.jobs
+    assert both.stop_reason == UNPLANNED_FITS_IN_ORDER   # the loop planned nothing: no swaps for either
+    # "auto" takes the free-order plan only if it changes the step of a job that ran out
+    auto = plan_in_step_order(Planner, [PlannerJob(fig1_graph(), UNIT, unplanned_step_ran_out=True)], "auto",
+                              bandwidth_bytes_per_s=100.0, pool_bytes=600, enable_recompute=False)
+    assert auto.jobs["job"].order_only and auto.jobs["job"].step_order == "plan"

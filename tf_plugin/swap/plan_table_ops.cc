@@ -545,9 +545,22 @@ void SetPlanTable(const std::string& table, std::vector<SlotPlan> slots, int64_t
   TableNamed(table)->Set(std::move(slots), generation);
 }
 
-PlanTableStats GetPlanTableStats(const std::string& table) { return TableNamed(table)->Stats(); }
+// The table of that name, or null: a lookup that makes no table (a name forgotten stays forgotten).
+std::shared_ptr<PlanTable> FindTable(const std::string& name) {
+  std::lock_guard<std::mutex> lock(g_tables_mu);
+  auto it = Tables().find(name);
+  return it == Tables().end() ? nullptr : it->second;
+}
 
-int64_t DropPlanTableStep(const std::string& table) { return TableNamed(table)->DropStep(); }
+PlanTableStats GetPlanTableStats(const std::string& table) {
+  const std::shared_ptr<PlanTable> t = FindTable(table);
+  return t == nullptr ? PlanTableStats() : t->Stats();
+}
+
+int64_t DropPlanTableStep(const std::string& table) {
+  const std::shared_ptr<PlanTable> t = FindTable(table);
+  return t == nullptr ? 0 : t->DropStep();
+}
 
 bool ForgetPlanTable(const std::string& table) {
   std::shared_ptr<PlanTable> gone;  // freed outside the lock, if no kernel holds it

@@ -147,7 +147,12 @@ void RegisterSwapBindings(py::module_& m) {
       },
       py::arg("table"));
   m.def(
-      "drop_plan_table_step", [](const std::string& table) { return DropPlanTableStep(table); }, py::arg("table"),
+      "drop_plan_table_step",
+      [](const std::string& table) {
+        py::gil_scoped_release release;  // frees held tensors and fires cancelled waiters
+        return DropPlanTableStep(table);
+      },
+      py::arg("table"),
       "Drops what the table's last step holds; returns the tensors dropped.");
   m.def(
       "forget_plan_table",

@@ -240,8 +240,8 @@ class PlanTableStep:
                     report.dropped_anchors += 1   # as the rewrite drops an anchor that would close a cycle
                 return -1, 0.0
             j = bisect.bisect_right(self.ticked, k) - 1
-            if j < 0:   # no tick at or before it: from the slot's own start, delayed by the time until k ends
-                return -1, ends[k]
+            if j < 0:   # no tick at or before it: at the slot's own start (it runs after its input exists)
+                return -1, 0.0
             t = self.ticked[j]
             return t, ends[k] - ends[t]
 
