@@ -35,7 +35,9 @@ pool's free bytes less a headroom (and at most ``plan_budget``; Note
 executor's threads hold beside each op, so its predicted unplanned peak can
 fit a pool its unplanned step just ran out of: the job is planned with
 ``PlannerJob.unplanned_step_ran_out``, and its plan runs in plan order even
-with no swaps (``order_only``; Note [Free-running steps]). The small CNN of
+with no swaps (``order_only``; Note [Free-running steps]); the flag stays
+with the job, so its re-plans keep it in plan order too (its free-running
+peak was never measured to fit). The small CNN of
 cold_start_bench.py, with allocations that fail at once (``run.
 allocation_wait_ms: 0``), was refused for a plan "with no swaps" before.
 The planned step is then the probe: P and T are
