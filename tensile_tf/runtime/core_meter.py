@@ -126,18 +126,20 @@ class CoreAdmission:
         if not running:
             self._waiting = False
             return True
-        share, how = self.meter.busy_share(), "used over the last {:.2f} s or more".format(self.meter.min_window_s)
-        if share is None:   # the newest trial joined too recently to tell: Note [Starts not held by the window]
-            share, how = self.meter.predicted_share(running), "predicted from the share per trial measured last"
+        share = self.meter.busy_share()
+        predicted = share is None   # the newest trial joined too recently to tell: Note [Starts not held by the window]
+        if predicted:
+            share = self.meter.predicted_share(running)
         busy = share is None or share >= SATURATED   # None: nothing measured yet
         if busy and share is not None and not self._waiting:
             self.waits += 1
             if self.log is not None:
+                how = ("predicted from the share per trial measured last" if predicted
+                       else f"used over the last {self.meter.min_window_s:.2f} s or more")
                 self.log(f"the next trial waits: the cores are busy ({share * self.meter.cores:.1f} of "
                          f"{self.meter.cores} {how})")
         self._waiting = busy and share is not None
-        if not busy and how.startswith("predicted"):
-            self.predicted_starts += 1
+        self.predicted_starts += int(predicted and not busy)
         return not busy
 
     def started(self, running: int = 0) -> None:
