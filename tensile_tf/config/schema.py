@@ -12,9 +12,7 @@ A configuration names the pool, the run settings and the jobs::
         classes: 10
         batch_size: 64
         optimizer: {name: adam, learning_rate: 0.001}
-        loss: sparse_categorical_crossentropy
         steps: 40
-        seed: 1
 
 Unknown keys are rejected. ``load_config(path)`` raises ``ConfigError`` whose
 message lists every problem as ``file:line:column: jobs[0].batch_size: ...``.
@@ -279,6 +277,8 @@ class RunSpec(_Strict):
                                      "CounterBarrier before the step fails")
     allocation_wait_ms: StrictInt = Field(1000, ge=0, description="how long an op's allocation that does not fit "
                                           "waits for other jobs' frees before it is an OOM (0: never)")
+    reuse_traced_steps: StrictBool = Field(True, description="no planner or pipeline: a job like an ended one but for "
+        "name, seed, length, learning rate trains its traced step (Note [Reusing a finished job's traced step])")
 
     @field_validator("split_size", mode="before")
     @classmethod

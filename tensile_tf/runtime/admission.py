@@ -19,7 +19,7 @@ measured ones once a job is planned.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from tensile_tf.config.schema import Admission
 from tensile_tf.runtime.records import JobState
@@ -61,6 +61,9 @@ class AdmissionControl:
         self.policy = policy
         self.concurrency = concurrency
         self._measured_by_signature: dict[str, tuple[int, int, int]] = {}
+        # Frees what the host keeps only while no job needs it (parked steps: Note [Reusing a
+        # finished job's traced step] in traced_step_reuse.py); returns the bytes freed.
+        self.make_room: Callable[[], int] | None = None
 
     def has_room(self, running: int) -> bool:
         return self.concurrency is None or running < self.concurrency
@@ -73,10 +76,11 @@ class AdmissionControl:
         if self.policy == Admission.none:
             return True
         needs = [self.predict(s) or (0, 0) for s in group]
-        room = shared_room(self.capacity, held_outside_jobs, len(group))
-        if self.policy == Admission.salus:
-            return salus_safety_condition(needs, room)
-        return sum_condition(needs, room)
+        condition = salus_safety_condition if self.policy == Admission.salus else sum_condition
+        if condition(needs, shared_room(self.capacity, held_outside_jobs, len(group))):
+            return True
+        freed = self.make_room() if self.make_room is not None else 0
+        return freed > 0 and condition(needs, shared_room(self.capacity, held_outside_jobs - freed, len(group)))
 
     def never_fits(self, state: JobState) -> bool:
         return (state.persistent_bytes or 0) + (state.temporary_bytes or 0) > self.capacity

@@ -26,14 +26,18 @@ from tensile_tf.runtime.records import (
     TraceCoverage,
 )
 from tensile_tf.tf.pool import pool_stats
+from tensile_tf.runtime.traced_step_reuse import PARKED_PREFIX
 
 if TYPE_CHECKING:
     from tensile_tf.runtime.run_loop import JobHost
 
 
 def held_outside_jobs() -> int:
-    """Pool bytes held outside every job (eager tensors, stray state)."""
-    return pool_stats()["jobs"].get("default", {}).get("current", 0)
+    """Pool bytes held outside every job: eager tensors, stray state, and the
+    steps parked for the next job of their graph (Note [Reusing a finished
+    job's traced step] in traced_step_reuse.py)."""
+    return sum(j.get("current", 0) for name, j in pool_stats()["jobs"].items()
+               if name == "default" or name.startswith(PARKED_PREFIX))
 
 
 @dataclass

@@ -54,6 +54,7 @@ from tensile_tf.runtime.job_thread import RunClock, run_step
 from tensile_tf.runtime.nodegroup import SPLIT_PROBE_RUNS, NodeGroupCoordinator
 from tensile_tf.runtime.planning import COLD_START_HEADROOMS, JobPlanning
 from tensile_tf.runtime.records import FINAL_STATUSES, JobState, JobStatus
+from tensile_tf.runtime.traced_step_reuse import TracedStepShelf
 from tf_plugin.tf_internals import custom_gradient_names, forget_custom_gradients
 
 
@@ -71,8 +72,9 @@ class _OutOfMemory(Exception):
 class JobLifecycle:
     def __init__(self, states: list[JobState], clock: RunClock, admission: AdmissionControl,
                  held_outside_jobs: Callable[[], int], *, pipeline: NodeGroupCoordinator | None,
-                 planning: JobPlanning | None):
+                 planning: JobPlanning | None, shelf: TracedStepShelf | None = None):
         self.states = states
+        self.shelf = shelf   # Note [Reusing a finished job's traced step] (traced_step_reuse.py)
         self.clock = clock
         self.admission = admission
         self.held_outside_jobs = held_outside_jobs
@@ -91,8 +93,12 @@ class JobLifecycle:
         """Builds and traces the job under its own stream. False if it failed
         (then queued, if others hold the memory it lacked, else failed or rejected)."""
         state.attempts += 1
-        state.job_stream = JobStream(state.name)
+        parked = self.shelf.take(state) if self.shelf is not None else None
+        state.job_stream = parked.stream if parked is not None else JobStream(state.name)
+        taken = [parked] if parked is not None else []   # the only reference, handed to _take_over
+        del parked
         state.stream = state.job_stream.stream
+        state.traced_step_from = None
         state.records.clear()
         state.validation.clear()
         state.steps_done = 0
@@ -109,16 +115,19 @@ class JobLifecycle:
                     state.train = state.job.build()
                     state.first_batch = state.train.next_batch()
                 with state.times.timed("trace"):
-                    transform = self.pipeline.graph_transform(state.name, state.stream) if self.pipeline else None
-                    state.step_fn = state.job_stream.step_function(state.train.step_fn, graph_transform=transform)
-                    state.step_fn.get_concrete_function(*state.first_batch)  # trace once, here, serially
+                    if taken:
+                        self._take_over(state, taken.pop())
+                    if state.traced_step_from is None:
+                        transform = self.pipeline.graph_transform(state.name, state.stream) if self.pipeline else None
+                        state.step_fn = state.job_stream.step_function(state.train.step_fn, graph_transform=transform)
+                        state.step_fn.get_concrete_function(*state.first_batch)  # trace once, here, serially
                 if fell_back():
                     raise tf.errors.ResourceExhaustedError(
                         None, None, f"out of memory while building job {state.name!r}: {fell_back()} "
                         "allocation(s) the pool could not serve (served from host memory, then given back)")
         except tf.errors.ResourceExhaustedError as e:
             # Building (variables, optimizer slots) ran out of pool memory.
-            if beside_others:
+            if beside_others or self._evict_parked():
                 state.status = JobStatus.queued  # others hold memory: try again later
             else:
                 self.fail(state, e, status=JobStatus.rejected)
@@ -129,12 +138,26 @@ class JobLifecycle:
         except Exception as e:  # noqa: BLE001 - a bad job must not stop the host
             self.fail(state, e)
             failed = True
+        taken.clear()   # a step taken and not trained (the build failed) goes with the job's stream
         # See Note [Custom gradients keep traced jobs alive] in tf_plugin.tf_internals.
         state.custom_gradients |= custom_gradient_names() - registered_before
         if failed:
             # Outside the except block: its traceback would keep the job's objects alive.
             self.teardown(state)
         return not failed
+
+    def _take_over(self, state: JobState, parked) -> None:
+        """Note [Reusing a finished job's traced step]: the job's own values into
+        the parked step's variables; its own model and optimizer dropped."""
+        adopted = self.shelf.adopt(parked, state.train)
+        if adopted is not None:
+            state.train, state.step_fn, state.traced_step_from = adopted, parked.step_fn, parked.owner
+        del adopted, parked
+        gc.collect()   # the job's own model (or the parked one, not taken) leaves the pool now, before P is measured
+
+    def _evict_parked(self) -> bool:
+        """Parked steps dropped to make room; True if they held pool bytes."""
+        return self.shelf is not None and self.shelf.evict() > 0
 
     # ------------------------------------------------------------ probe
 
@@ -309,7 +332,7 @@ class JobLifecycle:
         except tf.errors.ResourceExhaustedError as e:
             if raise_oom:
                 raise _OutOfMemory() from None
-            if self._others_built(state):
+            if self._others_built(state) or self._evict_parked():
                 raise _ProbeEnded(JobStatus.queued) from None  # try again when the pool is emptier
             self.fail(state, e, status=JobStatus.rejected)
             raise _ProbeEnded(JobStatus.rejected) from None
@@ -355,6 +378,10 @@ class JobLifecycle:
             if stream is not None:
                 swap.release_stream_host_copies(stream.stream)  # activation copies a failed step left
             del planned
+        if stream is not None and self.shelf is not None and state.status in (JobStatus.finished, JobStatus.stopped):
+            state.peak_bytes = max(state.peak_bytes, stream.stats().get("peak", 0))
+            if self.shelf.park(state):   # Note [Reusing a finished job's traced step]: kept for the next of its graph
+                stream = state.job_stream = None
         state.train = None
         state.step_fn = None
         state.first_batch = None

@@ -127,6 +127,7 @@ class JobState:
     arrived_at_s: float | None = None   # when the job arrived (``arrive_at_s``; 0: at the start)
     waits: list[dict] = field(default_factory=list)   # why it was not started yet: {"at_s", "why"}, each change once
     weights_digest: str | None = None    # sha256 of the final variables (record_weights=True)
+    traced_step_from: str | None = None  # the ended job whose traced step it took over (traced_step_reuse.py)
     times: JobTimes = field(default_factory=JobTimes)   # Note [Where a trial's time goes] (job_times.py)
     end_notified: bool = field(default=False, repr=False)  # on_end called
     # Runtime objects, dropped at teardown.
@@ -245,6 +246,7 @@ class JobRecord:
     plan_error: str | None
     times: dict[str, float] = field(default_factory=dict)   # seconds per phase (Note [Where a trial's time goes])
     plan_segments: list[PlanSegment] = field(default_factory=list)   # its steps, plan by plan (Note [Plan segments])
+    traced_step_from: str | None = None   # the ended job whose traced step it trained (None: its own trace)
 
     @classmethod
     def of(cls, s: JobState) -> "JobRecord":
@@ -261,7 +263,7 @@ class JobRecord:
             arrived_at_s=s.arrived_at_s, waits=list(s.waits), admitted_at_s=s.admitted_at_s, ended_at_s=s.ended_at_s, weights_digest=s.weights_digest,
             validation=list(s.validation), model_path=s.model_path,
             checkpoints=list(s.checkpoints), plan=s.plan, plan_error=s.plan_error, times=s.times.to_dict(),
-            plan_segments=plan_segments(s.records, s.plan_history))
+            plan_segments=plan_segments(s.records, s.plan_history), traced_step_from=s.traced_step_from)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

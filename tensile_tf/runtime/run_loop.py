@@ -53,6 +53,7 @@ from tensile_tf.runtime.outcome import MemorySampler, RunWindow, held_outside_jo
 from tensile_tf.runtime.planning import JobPlanning, PlanningSettings, SavedPlan
 from tensile_tf.runtime.probing import JobLifecycle, ProbeOutcome, objects_before_the_run_frozen
 from tensile_tf.runtime.replanning import LatencyMonitor, Replanner, ReplanRequest
+from tensile_tf.runtime.traced_step_reuse import TracedStepShelf
 from tensile_tf.runtime.records import FINAL_STATUSES, JobState, JobStatus, RunResult
 from tensile_tf.runtime.threads import RunLoopInbox, StepGate, StopRequest
 
@@ -132,8 +133,11 @@ class JobHost:
             # (Note [Graph-dependent Grappler rewrites] in tensile_tf.tf.determinism).
             disable_graph_dependent_rewrites()
         self.clock = RunClock()
+        # Note [Reusing a finished job's traced step]: planned and pipelined steps are per job
+        self.shelf = TracedStepShelf(spec.reuse_traced_steps and self.planning is None and self.pipeline is None)
+        self.admission.make_room = self.shelf.evict
         self.lifecycle = JobLifecycle(self.states, self.clock, self.admission, held_outside_jobs,
-                                      pipeline=self.pipeline, planning=self.planning)
+                                      pipeline=self.pipeline, planning=self.planning, shelf=self.shelf)
         self.arrivals = Arrivals(self)
         # Between the threads (Note [Threads and hand-offs] in threads.py):
         self.inbox = RunLoopInbox()      # job threads -> run loop: ended jobs, re-plan requests
@@ -234,6 +238,7 @@ class JobHost:
                 else:
                     self._job_ended(message)
         finally:
+            self.shelf.evict()   # the parked steps' bytes back before the run's end is read
             samples = sampler.stop()
         self._end_the_unstarted()
         return run_result(self, window, samples)

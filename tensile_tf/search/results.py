@@ -70,6 +70,7 @@ class TrialFacts:
     started_at: float | None = None    # Unix time of admission
     ended_at: float | None = None
     times: dict[str, float] | None = None   # seconds per phase (Note [Where a trial's time goes])
+    traced_step_from: str | None = None   # the ended trial's job whose traced step it trained (traced_step_reuse.py)
 
     @classmethod
     def of(cls, record: JobRecord, *, started_at: float | None, ended_at: float | None) -> "TrialFacts":
@@ -82,7 +83,7 @@ class TrialFacts:
                    validation=[v if isinstance(v, dict) else asdict(v) for v in record.validation],
                    error=record.error, error_type=record.error_type,
                    traceback_path=record.traceback_path, started_at=started_at, ended_at=ended_at,
-                   times=record.times)
+                   times=record.times, traced_step_from=record.traced_step_from)
 
     @classmethod
     def from_attrs(cls, attrs: dict[str, Any] | None) -> "TrialFacts":

@@ -224,6 +224,12 @@ class JobStream:
         """Starts this job's peak afresh from its current bytes (others' untouched)."""
         self._pool.reset_stream_peak(self.stream)
 
+    def rename(self, name: str) -> None:
+        """The stream's bytes and counters from now on reported under ``name``
+        (Note [Reusing a finished job's traced step] in tensile_tf/runtime/traced_step_reuse.py)."""
+        self._pool.rename_stream(self.stream, name)
+        self.name = name
+
     def release(self) -> None:
         """Forgets the stream; its freed chunks become available to every job."""
         if not self._released:

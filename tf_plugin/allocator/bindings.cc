@@ -150,6 +150,8 @@ Streams are jobs; allocate() returns an arena offset.)doc")
            py::arg("name"))
       .def("release_stream", &StreamAwarePool::ReleaseStream,
            py::arg("stream"))
+      .def("rename_stream", &StreamAwarePool::RenameStream,
+           py::arg("stream"), py::arg("name"))
       .def("stats", &StatsDict)
       .def("reset_peak", &StreamAwarePool::ResetPeak)
       .def("reset_stream_peak", &StreamAwarePool::ResetStreamPeak, py::arg("stream"))

@@ -646,6 +646,16 @@ void StreamAwarePool::ReleaseStream(StreamId stream) {
   stream_names_[stream].clear();
 }
 
+void StreamAwarePool::RenameStream(StreamId stream, const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stream <= kDefaultStream ||
+      stream >= static_cast<StreamId>(stream_names_.size()) ||
+      stream_names_[stream].empty() || name.empty()) {
+    return;
+  }
+  stream_names_[stream] = name;
+}
+
 bool StreamAwarePool::Owns(const void* ptr) const {
   const char* p = static_cast<const char*>(ptr);
   return (p >= base_ && p < base_ + capacity_) || InWindow(p);

@@ -217,6 +217,11 @@ class StreamAwarePool {
   // Forgets a stream's name; its live chunks stay attributed to it. Its
   // unsynced free chunks become synced (the job is gone, nothing can race).
   void ReleaseStream(StreamId stream);
+  // Gives a registered stream another name (its chunks and counters stay):
+  // a job's stream taken over by the next job of the same graph (Note
+  // [Reusing a finished job's traced step] in
+  // tensile_tf/runtime/traced_step_reuse.py). No-op for a released id.
+  void RenameStream(StreamId stream, const std::string& name);
 
   // In the arena or in the stitch window.
   bool Owns(const void* ptr) const;

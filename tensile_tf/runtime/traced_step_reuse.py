@@ -1,0 +1,205 @@
+"""A finished job's traced step, kept for the next job of the same graph.
+
+Note [Reusing a finished job's traced step]
+Tracing a job's step (Python running the model, the tape and the optimizer
+into a graph) and instantiating it is the largest cost the run loop pays
+per job: on the MLP search of 12 trials it was about half of the run
+loop's busy time, done serially while the other trials train (issue 43).
+Search trials often differ only in what the step reads from variables (the
+learning rate, the initial weights) and not in its graph. So when a job
+ends (finished, or stopped by its search's pruner), its traced step, model,
+optimizer and pool stream are parked on the host's shelf
+(``TracedStepShelf``) instead of dropped; a later job whose spec has the
+same ``reuse_key`` (everything but its name, seed, length, and learning
+rate) takes them over:
+
+1. its own model, optimizer and data are built as always (the same
+   ``build_train_step``, the same seed), and its optimizer's variables made
+   (``optimizer.build``);
+2. every value is copied into the parked variables: model variables (the
+   seed generators' states included) and optimizer variables (iteration,
+   learning rate, slots), pairwise, after checking that names, shapes and
+   dtypes match; its own model and optimizer are then dropped;
+3. it trains the parked step on its own batches, under the parked stream
+   renamed to its name (``JobStream.rename``).
+
+Its step therefore starts from the very values its own build made and
+computes what its own trace would (bit for bit, tests/e2e/
+test_traced_step_reuse.py). A step is parked only if its traced graph reads
+no variable other than the model's and the optimizer's (a step that captured
+anything else would carry it over), and only from a plain host: no planner,
+no node-group pipeline (their steps are rewritten per job), no custom
+no ``keras_file`` or ``train_step_factory`` (what such a step
+captures is the user's). The learning rate leaves the key because Keras
+keeps it in a variable the step reads; every other optimizer argument is a
+constant in the graph and stays in it.
+
+A parked step holds its variables' pool bytes: the pool reports them under
+``parked:<n>`` and ``held_outside_jobs`` counts them, so admission never
+places a job in memory a parked step holds. When admission finds that a
+job does not fit, the shelf is emptied first (``TracedStepShelf.evict``,
+via ``AdmissionControl.make_room``) and the job asked again. The shelf
+keeps at most ``MAX_PARKED`` steps, the newest, and is emptied when the run
+ends. ``run.reuse_traced_steps: false`` turns it off; a job's record says
+whose step it took (``traced_step_from``).
+"""
+from __future__ import annotations
+
+import gc
+import itertools
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tensile_tf.jobs.job import TrainStep
+from tf_plugin.tf_internals import forget_custom_gradients
+
+if TYPE_CHECKING:
+    from tensile_tf.config.schema import JobSpec
+    from tensile_tf.runtime.records import JobState
+    from tensile_tf.tf.pool import JobStream
+
+MAX_PARKED = 4   # steps kept at most (a search runs a few graph shapes at once)
+PARKED_PREFIX = "parked:"   # pool stream names of parked steps (job names cannot hold a colon)
+
+# Fields that do not change a YAML job's traced step: who it is, how long it
+# trains, when it arrives, its initial values (seed) and its learning rate
+# (a variable the step reads).
+_NOT_IN_THE_GRAPH = {"name", "seed", "steps", "epochs", "steps_per_epoch", "stop_on_nan", "arrive_at_s"}
+
+
+def reuse_key(spec: "JobSpec | None") -> str | None:
+    """What two jobs must share for one to take over the other's traced
+    step; None: the job's step is never parked or taken over."""
+    if spec is None or spec.model.keras_file or spec.model.train_step_factory:
+        return None
+    return (spec.model_dump_json(exclude=_NOT_IN_THE_GRAPH | {"optimizer"})
+            + spec.optimizer.model_dump_json(exclude={"learning_rate"}))
+
+
+@dataclass
+class ParkedStep:
+    key: str
+    owner: str              # the job that traced it (the first one; handed on with the step)
+    stream: "JobStream"
+    train: TrainStep        # the parked model, optimizer and variables (its batches dropped)
+    step_fn: Any            # the traced, attributed tf.function
+    custom_gradients: set[str]   # registered by its trace (Note [Custom gradients keep traced jobs alive])
+
+
+def _values(obj: Any) -> list:
+    """The tf.Variables behind Keras variables (or tf.Variables)."""
+    return [getattr(v, "value", v) for v in obj]
+
+
+def _model_and_optimizer_variables(train: TrainStep) -> list:
+    return [*train.model.variables, *train.optimizer.variables]
+
+
+def _same_layout(mine: list, theirs: list) -> bool:
+    """Pairwise the same shapes and dtypes (names differ: Keras numbers each build's layers)."""
+    return len(mine) == len(theirs) and all(a.shape == b.shape and a.dtype == b.dtype for a, b in zip(mine, theirs))
+
+
+class TracedStepShelf:
+    """The host's parked steps, newest last (Note [Reusing a finished job's traced step])."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self._parked: OrderedDict[int, ParkedStep] = OrderedDict()   # by stream id
+        self._numbers = itertools.count()
+        self.taken = 0    # jobs that took over a parked step
+        self.evicted = 0  # parked steps dropped unused
+
+    def __len__(self) -> int:
+        return len(self._parked)
+
+    def park(self, state: "JobState") -> bool:
+        """Keeps an ended job's step (its stream, model, optimizer) if it may
+        be taken over; True: parked, and ``state`` no longer holds them."""
+        key = reuse_key(state.job.spec) if self.enabled else None
+        train, step_fn, stream = state.train, state.step_fn, state.job_stream
+        if (key is None or train is None or step_fn is None or stream is None or train.model is None
+                or train.optimizer is None or state.plan_history or state.example_args is None):
+            return False
+        try:   # the step reads nothing but the model's and the optimizer's variables
+            graph_vars = step_fn.get_concrete_function(*state.example_args).graph.variables
+        except Exception:  # noqa: BLE001 - a step that cannot say what it reads is not kept
+            return False
+        known = {id(v) for v in _values(_model_and_optimizer_variables(train))}
+        if any(id(v) not in known for v in graph_vars):
+            return False
+        train.batches, train.validator, train._iterator = (), None, None
+        stream.rename(f"{PARKED_PREFIX}{next(self._numbers)}")
+        self._parked[stream.stream] = ParkedStep(key, state.name, stream, train, step_fn, state.custom_gradients)
+        state.custom_gradients = set()   # the parked step's now: forgotten when it is dropped
+        while len(self._parked) > MAX_PARKED:
+            self._drop_oldest()
+        return True
+
+    def take(self, state: "JobState") -> ParkedStep | None:
+        """The newest parked step ``state``'s job may take over (off the shelf), or None."""
+        key = reuse_key(state.job.spec) if self.enabled else None
+        for sid, parked in reversed(self._parked.items()):
+            if parked.key == key:
+                del self._parked[sid]
+                state.custom_gradients |= parked.custom_gradients   # forgotten at the job's teardown
+                parked.stream.rename(state.name)
+                parked.stream.reset_peak()
+                return parked
+        return None
+
+    def adopt(self, parked: ParkedStep, fresh: TrainStep) -> TrainStep | None:
+        """Step 2 of the Note: ``fresh``'s values into the parked variables, and
+        ``fresh`` made to train the parked model with its own batches; None if
+        their variables differ (then ``fresh`` is trained, traced anew)."""
+        if fresh.model is None or fresh.optimizer is None or type(fresh.optimizer) is not type(parked.train.optimizer):
+            return None
+        fresh.optimizer.build(fresh.model.trainable_variables)
+        mine, theirs = _model_and_optimizer_variables(fresh), _model_and_optimizer_variables(parked.train)
+        if not _same_layout(mine, theirs):
+            return None
+        for source, target in zip(mine, theirs):
+            target.assign(source)
+        parked_train = parked.train
+        if fresh.validator is not None:
+            fresh.validator.model = parked_train.model
+        # the parked model and step; the job's own batches (and where its iterator stands)
+        fresh.step_fn, fresh.variables = parked_train.step_fn, parked_train.variables
+        fresh.model, fresh.optimizer = parked_train.model, parked_train.optimizer
+        self.taken += 1
+        return fresh
+
+    def held_bytes(self) -> int:
+        return sum(p.stream.stats().get("current", 0) for p in self._parked.values())
+
+    def evict(self) -> int:
+        """Drops every parked step; the pool bytes they held (now free)."""
+        if not self._parked:
+            return 0
+        held = self.held_bytes()
+        streams = [p.stream for p in self._parked.values()]
+        forget_custom_gradients(set().union(*(p.custom_gradients for p in self._parked.values())))
+        self.evicted += len(self._parked)
+        self._parked.clear()
+        _release_once_collected(streams)
+        return held
+
+    def _drop_oldest(self) -> None:
+        _, parked = self._parked.popitem(last=False)
+        forget_custom_gradients(parked.custom_gradients)
+        self.evicted += 1
+        streams = [parked.stream]
+        del parked
+        _release_once_collected(streams)
+
+
+def _release_once_collected(streams: list) -> None:
+    """The dropped steps' models and functions hold reference cycles: their
+    bytes return once collected; then their streams are released."""
+    gc.collect()
+    for stream in streams:
+        stream.release()
+
+
+__all__ = ["MAX_PARKED", "PARKED_PREFIX", "ParkedStep", "TracedStepShelf", "reuse_key"]

@@ -1,0 +1,99 @@
+"""Note [Reusing a finished job's traced step] (tensile_tf/runtime/traced_step_reuse.py):
+a job like an ended one (but for name, seed, length and learning rate) trains
+the ended job's traced step from its own initial values, bit for bit what its
+own trace trains; parked steps give their memory back when a job needs it."""
+import pytest
+
+import tensile_tf
+from tensile_tf.config.schema import JobSpec
+from tensile_tf.jobs.job import Job
+from tensile_tf.runtime import JobHost, JobRecord, JobStatus
+from tensile_tf.runtime.traced_step_reuse import PARKED_PREFIX, reuse_key
+from tests.conftest import last_json_line, run_python
+
+
+def spec(name, seed, lr, batch=64, **kw):
+    return JobSpec.model_validate(dict(
+        name=name, model={"builder": "tensile_tf.jobs.zoo:mlp", "args": {"hidden": [128, 64]}}, input_shape=[64],
+        batch_size=batch, optimizer={"name": "adam", "learning_rate": lr}, seed=seed, steps=kw.pop("steps", 6),
+        data={"kind": "digits", "validation_split": 0.2}, **kw))
+
+
+JOBS = [spec("a", 1, 1e-3), spec("b", 2, 3e-3), spec("c", 3, 1e-2, batch=32), spec("d", 4, 1e-2, steps=4)]
+
+
+def _run(reuse: bool):
+    host = JobHost(concurrency=1, record_weights=True, reuse_traced_steps=reuse)
+    states = [host.submit(Job.from_spec(s)) for s in JOBS]
+    host.run()
+    return host, {s.name: s for s in states}
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return _run(True), _run(False)
+
+
+def test_a_job_like_an_ended_one_trains_its_traced_step_bit_for_bit(runs):
+    (host, reused), (_, own) = runs
+    # b and d differ from the job before them in seed, learning rate and length only; c in its batch
+    assert [reused[n].traced_step_from for n in "abcd"] == [None, "a", None, "b"]
+    assert all(s.traced_step_from is None for s in own.values())
+    assert host.shelf.taken == 2
+    for name in "abcd":
+        mine, theirs = reused[name], own[name]
+        assert mine.status == theirs.status == JobStatus.finished, (name, mine.error)
+        assert [r.loss for r in mine.records] == [r.loss for r in theirs.records], name
+        assert mine.weights_digest == theirs.weights_digest, name
+        assert [v.loss for v in mine.validation] == [v.loss for v in theirs.validation], name   # the validator too
+        assert mine.leaked_bytes == 0
+    assert JobRecord.of(reused["b"]).traced_step_from == "a"   # results.json says whose step it trained
+    # the run's end dropped every parked step and gave its bytes back
+    assert not [n for n in tensile_tf.pool_stats()["jobs"] if n.startswith(PARKED_PREFIX)]
+
+
+def test_what_a_step_compiles_in_keeps_jobs_apart():
+    base = spec("x", 1, 1e-3)
+    same = [base.model_copy(update=u) for u in ({"name": "y"}, {"seed": 7}, {"steps": 3})]
+    assert all(reuse_key(s) == reuse_key(base) for s in same)
+    assert reuse_key(spec("y", 1, 5e-2)) == reuse_key(base)   # the learning rate is a variable the step reads
+    other = JobSpec.model_validate({**base.model_dump(), "optimizer": {"name": "adam", "args": {"beta_1": 0.5}}})
+    assert reuse_key(other) != reuse_key(base)   # beta_1 is a constant in the traced graph
+    assert reuse_key(spec("y", 1, 1e-3, batch=32)) != reuse_key(base)
+    factory = JobSpec.model_validate({"name": "f", "model": {"train_step_factory": "tests.job_factories:dense_regression"},
+                                      "steps": 2})
+    assert reuse_key(factory) is None   # what a user's own step captures is theirs
+
+
+MAKE_ROOM_SCRIPT = """
+    import json
+    import tensile_tf
+    tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
+    from tensile_tf.config.schema import JobSpec
+    from tensile_tf.jobs.job import Job
+    from tensile_tf.runtime import JobHost
+    def spec(name, hidden, steps):
+        return JobSpec.model_validate(dict(name=name, model={{"builder": "tensile_tf.jobs.zoo:mlp",
+            "args": {{"hidden": hidden}}}}, input_shape=[784], batch_size=64, steps=steps, seed=1))
+    host = JobHost(pool_bytes="{pool}", concurrency=1, admission="sum")
+    states = [host.submit(Job.from_spec(spec("small", [1024, 1024], 3))),
+              host.submit(Job.from_spec(spec("large", [1536, 1536], 3)))]
+    result = host.run()
+    print(json.dumps({{"jobs": [dict(name=s.name, status=s.status.value, error=s.error, P=s.persistent_bytes,
+                                    T=s.temporary_bytes, leaked=s.leaked_bytes) for s in states],
+                      "evicted": host.shelf.evicted, "ooms": result.pool.run_ooms, "current": result.pool.current}}))
+"""
+
+
+def test_a_parked_step_gives_its_memory_to_a_job_that_needs_it():
+    # "small" parks ~22 MiB when it ends; "large" (~44 MiB of variables and slots, and its
+    # activations) fits the 64 MiB pool only once the parked step is dropped.
+    proc = run_python(MAKE_ROOM_SCRIPT.format(pool="64MiB"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = last_json_line(proc)
+    jobs = {j["name"]: j for j in out["jobs"]}
+    assert jobs["small"]["status"] == jobs["large"]["status"] == "finished", out
+    small, large = jobs["small"], jobs["large"]
+    assert small["P"] + large["P"] + large["T"] > 64 * 2**20, out   # "large" never fits beside the parked step
+    # dropped once to make room for "large", once ("large"'s own) at the run's end
+    assert out["evicted"] == 2 and out["current"] == 0 and all(j["leaked"] == 0 for j in jobs.values()), out
