@@ -90,13 +90,15 @@ def run_mode(mode: str, pool: str, jobs: int, n_trials: int, cap_batch: int | No
 
         for p in params:
             study.enqueue_trial(p)
-        result = run_search(study, BASE_JOB, space(), n_trials=len(params),
-                            host=JobHost(admission="salus" if mode == "packed-salus" else "sum"),
+        host = JobHost(admission="salus" if mode == "packed-salus" else "sum")
+        result = run_search(study, BASE_JOB, space(), n_trials=len(params), host=host,
                             max_concurrent=1 if mode == "sequential" else jobs,
                             admit_by_cores=mode != "packed-nocores")
         requeued = len(result.requeued)
         extra = {"time_breakdown": result.time_breakdown, "core_waits": result.core_waits,
-                 "most_at_once": result.host_result.most_jobs_running}
+                 "most_at_once": result.host_result.most_jobs_running,
+                 # trials that trained an ended trial's traced step (Note [Reusing a finished job's traced step])
+                 "traced_steps_reused": sum(s.traced_step_from is not None for s in host.states)}
     else:
         import tensorflow as tf
 
@@ -239,7 +241,8 @@ def main() -> None:
     for r in results["modes"]:
         if r.get("time_breakdown"):
             parts = ", ".join(f"{k} {v:.1f}" for k, v in r["time_breakdown"].items() if v >= 0.05)
-            more = f"; most at once {r['most_at_once']}, core waits {r['core_waits']}" if "core_waits" in r else ""
+            more = (f"; most at once {r['most_at_once']}, core waits {r['core_waits']}, traced steps reused "
+                    f"{r.get('traced_steps_reused')}") if "core_waits" in r else ""
             print(f"  {r['mode']:<14} {parts}{more}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
