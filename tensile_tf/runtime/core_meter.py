@@ -37,16 +37,49 @@ running now (``predicted_share``). A prediction below SATURATED starts
 the next trial at once; one at or above it waits, as a measured share
 does. The first start beside one trial still waits for a window: nothing
 is known of a trial's share before one was measured.
+
+Note [Admitting by marginal throughput]
+The busy share cannot tell trials that saturate the cores with work from
+trials that keep them busy waiting: TensorFlow's pool threads spin
+between small ops, so 2 MLP trials of the search that is bound by per-op
+overhead keep 0.91 of 2 cores busy, as 1-2 compute-bound CNN trials do
+(0.94-0.98). Yet a third and fourth MLP trial add throughput (4 at once:
+1751 trials/hour against 1519-1633 held at 2-3), and a third CNN trial
+only contention (4 at once: 1081 against 1117 one at a time), issue 43.
+What tells them apart is how much a start slows the trials already
+running: when k trials train and one more starts, each of them takes
+rho times as long a step; k + 1 trials then do (k + 1) / (k rho) of the
+work k did (the newcomer taken to run like the others). Saturated cores
+give rho >= (k + 1) / k, no gain; cores kept busy by waits give less.
+``MarginalGain`` measures rho at every start beside running trials: for
+each trial that trained throughout, its median step time over its last
+``WINDOW_STEPS`` steps before the newcomer was handed to the host against
+its first ``WINDOW_STEPS`` once the newcomer trains (the newcomer's build,
+trace and probe left out; steps across another start or end left out;
+at least ``MIN_STEPS`` on each side). With the busy share at or above
+SATURATED, a start to k + 1 trials is then allowed when the median rho of
+earlier starts to k + 1 gives a gain of at least GAIN_MARGIN, refused when
+it or a start to fewer trials gave less (gains only shrink as trials are
+added), and, never measured, allowed once: no other start at a saturated
+share is explored until that one's rho is measured (or cannot be: another
+trial started or ended too soon). The decision reads the
+runtime's step records, never a timer: tests give it their own.
 """
 from __future__ import annotations
 
+import bisect
 import os
+import statistics
 import time
 from collections import deque
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 SATURATED = 0.9      # share of the cores above which no other trial is started beside running ones
 MIN_WINDOW_S = 0.15  # the shortest window a share is read over (the run loop asks every 0.1 s)
+GAIN_MARGIN = 0.03   # a start beside saturated cores must add this share of throughput (Note [Admitting by marginal throughput])
+WINDOW_STEPS = 8     # steps each side of a start whose median step time is compared
+MIN_STEPS = 2        # fewer steps on either side: that trial tells nothing of the start
 
 
 def usable_cores() -> int:
@@ -110,34 +143,122 @@ class CoreMeter:
         return None if share is None else share >= SATURATED
 
 
+@dataclass
+class TrialSteps:
+    """What ``MarginalGain`` reads of a trial (run-clock seconds): when it was
+    handed to the host, when it began training, when it ended, and its
+    steps as ``(start_s, duration_s)`` records in start order (StepRecord)."""
+
+    name: str
+    issued_at: float
+    admitted_at: float | None
+    ended_at: float | None
+    steps: Sequence   # objects with start_s and duration_s, oldest first
+
+
+def _window(steps: Sequence, start: float, end: float) -> list[float]:
+    """Durations of the steps that began at or after ``start`` and ended by ``end``."""
+    first = bisect.bisect_left(steps, start, key=lambda r: r.start_s)
+    out = []
+    for r in steps[first:]:
+        if r.start_s + r.duration_s > end:
+            break
+        out.append(r.duration_s)
+    return out
+
+
+class MarginalGain:
+    """Note [Admitting by marginal throughput]: the slowdown each start beside
+    running trials caused them, by the number of trials it made."""
+
+    def __init__(self, margin: float = GAIN_MARGIN):
+        self.margin = margin
+        self.slowdowns: dict[int, list[float]] = {}   # trials training after a start -> median rho, per start
+        self._settled: set[str] = set()   # newcomers measured, or that cannot be
+        self.pending = False              # a start's slowdown is still being measured
+
+    def update(self, trials: Sequence[TrialSteps]) -> None:
+        events = sorted(t for tr in trials for t in (tr.issued_at, tr.admitted_at, tr.ended_at) if t is not None)
+        self.pending = False
+        for new in trials:
+            if new.name in self._settled:
+                continue
+            if new.admitted_at is None:   # handed to the host, not training yet: its start is still to measure
+                self.pending = self.pending or new.ended_at is None
+                continue
+            others = [t for t in trials if t is not new and t.admitted_at is not None and t.admitted_at < new.issued_at
+                      and (t.ended_at is None or t.ended_at > new.admitted_at)]
+            last = max((e for e in events if e < new.issued_at), default=-float("inf"))
+            after = [e for e in events if e > new.admitted_at]
+            closes = min(after, default=float("inf"))
+            rhos, waiting = [], False
+            for other in others:
+                before = _window(other.steps, max(last, other.admitted_at), new.issued_at)[-WINDOW_STEPS:]
+                since = _window(other.steps, new.admitted_at, closes)[:WINDOW_STEPS]
+                if len(since) < WINDOW_STEPS and not after:
+                    waiting = True   # still training into its window
+                elif len(before) >= MIN_STEPS and len(since) >= MIN_STEPS:
+                    rhos.append(statistics.median(since) / statistics.median(before))
+            if waiting:
+                self.pending = True
+                continue
+            self._settled.add(new.name)
+            if rhos:
+                self.slowdowns.setdefault(len(others) + 1, []).append(statistics.median(rhos))
+
+    def gain(self, trials: int) -> float | None:
+        """Measured throughput of ``trials`` at once over one fewer (None: never measured)."""
+        rhos = self.slowdowns.get(trials)
+        return trials / ((trials - 1) * statistics.median(rhos)) if rhos else None
+
+    def allows(self, running: int) -> bool:
+        """May a start make ``running + 1`` trials beside saturated cores? Not
+        if a start to this many or fewer gained less than the margin (gains
+        only shrink as trials are added); never measured: one start explored."""
+        gains = [g for k in range(2, running + 2) if (g := self.gain(k)) is not None]
+        if any(g < 1 + self.margin for g in gains):
+            return False
+        return self.gain(running + 1) is not None or not self.pending
+
+
 class CoreAdmission:
     """The search driver's rule (Note [Admitting by the cores]): whether
     another trial may start now, and how often one was put off."""
 
     def __init__(self, meter: CoreMeter | None = None, log: Callable[[str], None] | None = None):
         self.meter = meter or CoreMeter()
+        self.gain = MarginalGain()
         self.log = log
         self.waits = 0           # times a start was put off because the cores were busy
         self.predicted_starts = 0   # starts allowed on a predicted share (Note [Starts not held by the window])
+        self.gain_starts = 0     # starts beside busy cores on their measured gain (Note [Admitting by marginal throughput])
         self._waiting = False
 
-    def allows(self, running: int) -> bool:
-        """``running``: how many trials of the driver run. False: put the next one off."""
+    def allows(self, running: int, trials: Sequence[TrialSteps] = ()) -> bool:
+        """``running``: how many trials of the driver run; ``trials``: theirs and
+        those that ended lately, for the gain. False: put the next one off."""
         if not running:
             self._waiting = False
             return True
+        self.gain.update(trials)
         share = self.meter.busy_share()
         predicted = share is None   # the newest trial joined too recently to tell: Note [Starts not held by the window]
         if predicted:
             share = self.meter.predicted_share(running)
         busy = share is None or share >= SATURATED   # None: nothing measured yet
+        if busy and share is not None and self.gain.allows(running):
+            busy = False   # Note [Admitting by marginal throughput]: starts to running + 1 gained, or are explored
+            self.gain_starts += 1
         if busy and share is not None and not self._waiting:
             self.waits += 1
             if self.log is not None:
                 how = ("predicted from the share per trial measured last" if predicted
                        else f"used over the last {self.meter.min_window_s:.2f} s or more")
+                gain = self.gain.gain(running + 1)
+                why = ("" if gain is None else
+                       f"; starts to {running + 1} trials gained {gain - 1:+.0%} throughput")
                 self.log(f"the next trial waits: the cores are busy ({share * self.meter.cores:.1f} of "
-                         f"{self.meter.cores} {how})")
+                         f"{self.meter.cores} {how}{why})")
         self._waiting = busy and share is not None
         self.predicted_starts += int(predicted and not busy)
         return not busy
@@ -147,4 +268,5 @@ class CoreAdmission:
         self.meter.admitted(running)
 
 
-__all__ = ["MIN_WINDOW_S", "SATURATED", "CoreAdmission", "CoreMeter", "usable_cores"]
+__all__ = ["GAIN_MARGIN", "MIN_WINDOW_S", "SATURATED", "CoreAdmission", "CoreMeter", "MarginalGain", "TrialSteps",
+           "usable_cores"]

@@ -62,7 +62,8 @@ from tensile_tf.search.config import trial_job_spec
 from tensile_tf.search.objective import metric_function
 from tensile_tf.search.reporter import Reporter
 from tensile_tf.search.results import TrialFacts
-from tensile_tf.search.trials import MAX_OOM_RETRIES, OOM_RETRIES_ATTR, SearchResult, TrialRun, normalize_space
+from tensile_tf.search.trials import (MAX_OOM_RETRIES, OOM_RETRIES_ATTR, SearchResult, TrialRun, normalize_space,
+                                      trial_steps)
 
 _ENDED = (JobStatus.finished, JobStatus.stopped, JobStatus.failed, JobStatus.rejected, JobStatus.interrupted)
 
@@ -103,8 +104,7 @@ class SearchDriver:
         self.exclusive_storage = exclusive_storage
         self.failures_dir = failures_dir   # where a failed trial's whole traceback is kept (None: nowhere)
         self.on_event = on_event
-        self._log_fn = log
-        self.me = st.this_worker()
+        self._log_fn, self.me = log, st.this_worker()
         self.runs: list[TrialRun] = []
         self._by_job: dict[str, TrialRun] = {}
         self._lock = threading.RLock()
@@ -164,11 +164,12 @@ class SearchDriver:
             # a packing-OOM retry: it starts when the others have ended, and runs alone
             if alone.issued or any(r is not alone for r in self.in_flight):
                 return None
-            alone.issued = True
+            alone.issue(self.host.clock.now())
             return alone.job
         if self.max_concurrent is not None and len(self.in_flight) >= self.max_concurrent:
             return None
-        if self.cores is not None and not self.cores.allows(running=sum(1 for r in self.in_flight if r.issued)):
+        issued = sum(1 for r in self.in_flight if r.issued)
+        if self.cores is not None and not self.cores.allows(issued, trial_steps(self.runs)):
             return None
         self._recover()
         while True:
@@ -202,7 +203,7 @@ class SearchDriver:
                 self._alone = run
                 if any(r is not run for r in self.in_flight):
                     return None   # held until the others end
-            run.issued = True
+            run.issue(self.host.clock.now())
             return run.job
 
     def _started(self, run: TrialRun) -> None:

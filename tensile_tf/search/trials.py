@@ -48,15 +48,31 @@ class TrialRun:
     told: TrialState | None = None
     value: float | None = None
     tell_s: float = 0.0               # the driver's bookkeeping when the trial ended (facts, tell)
+    issued_at: float | None = None    # run-clock seconds when its job was handed to the host
 
     @property
     def number(self) -> int:
         return self.trial.number
 
+    def issue(self, now: float) -> None:
+        self.issued, self.issued_at = True, now
+
     @property
     def prune_requested(self) -> bool:
         """The study's pruner asked to stop this trial (the reporter raised ``prune``)."""
         return self.prune.is_set()
+
+
+def trial_steps(runs: list[TrialRun], ended: int = 8) -> list:
+    """What Note [Admitting by marginal throughput] (tensile_tf/runtime/core_meter.py)
+    reads of a driver's trials: those in flight and the last ``ended`` that ended."""
+    from tensile_tf.runtime.core_meter import TrialSteps
+
+    issued = [r for r in runs if r.issued_at is not None]
+    chosen = [r for r in issued if r.told is not None][-ended:] + [r for r in issued if r.told is None]
+    return [TrialSteps(r.job.name, r.issued_at, r.state.admitted_at_s if r.state else None,
+                       r.state.ended_at_s if r.state else None, r.state.records if r.state else ())
+            for r in chosen]
 
 
 @dataclass

@@ -1,13 +1,14 @@
-"""Note [Admitting by the cores]: the meter and the search driver's rule,
-driven by the test's own clocks (nothing here depends on how fast this
-machine is or how busy it is)."""
+"""Note [Admitting by the cores] and Note [Admitting by marginal throughput]:
+the meter, the gain and the search driver's rule, driven by the test's own
+clocks and step records (nothing here depends on how fast this machine is or
+how busy it is)."""
 from types import SimpleNamespace
 
 import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution
 
-from tensile_tf.runtime.core_meter import MIN_WINDOW_S, SATURATED, CoreMeter
+from tensile_tf.runtime.core_meter import MIN_WINDOW_S, SATURATED, CoreMeter, MarginalGain, TrialSteps
 from tensile_tf.search.driver import SearchDriver
 
 DENSE = {"model": {"train_step_factory": "tests.job_factories:dense_regression", "args": {"width": 32}},
@@ -52,7 +53,8 @@ def test_the_share_is_read_over_a_sliding_window_that_starts_after_the_last_admi
 def _driver(clocks: Clocks, **kwargs) -> SearchDriver:
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     driver = SearchDriver(study, DENSE, {"batch_size": CategoricalDistribution([16, 32])}, n_trials=8,
-                          host=SimpleNamespace(states=[], progress=None), **kwargs)
+                          host=SimpleNamespace(states=[], progress=None, clock=SimpleNamespace(now=lambda: clocks.wall)),
+                          **kwargs)
     if driver.cores is not None:
         driver.cores.meter = clocks.meter()
     return driver
@@ -119,3 +121,78 @@ def test_while_the_window_is_young_the_share_is_predicted_from_the_last_share_pe
     assert busy.job_source() is None and busy.cores.waits == 1 and busy.cores.predicted_starts == 0
     clocks.advance(1.0, busy_cores=1.0)            # measured again: half the cores idle
     assert busy.job_source() is not None
+
+
+def _steps(start: float, end: float, step_s: float) -> list:
+    """Step records back to back from ``start`` until ``end``."""
+    out, t = [], start
+    while t + step_s <= end + 1e-9:
+        out.append(SimpleNamespace(start_s=t, duration_s=step_s))
+        t += step_s
+    return out
+
+
+def _start_beside_one(slowdown: float, *, newcomer_steps_until: float = 6.0) -> list[TrialSteps]:
+    """A trains alone (0.1 s steps); B is handed over at 2.0, trains from 2.5
+    (its build, trace and probe between), and A's steps then take ``slowdown`` x."""
+    a = _steps(0.0, 2.5, 0.1) + _steps(2.5, newcomer_steps_until, 0.1 * slowdown)
+    b = _steps(2.5, newcomer_steps_until, 0.1)
+    return [TrialSteps("a", 0.0, 0.0, None, a), TrialSteps("b", 2.0, 2.5, None, b)]
+
+
+def test_a_start_beside_saturated_cores_is_judged_by_how_much_it_slowed_the_running_trials():
+    """Note [Admitting by marginal throughput]: compute-bound, A's steps take 2x
+    beside B: two trials do what one did, no gain; waiting on overheads, 1.2x:
+    two do 1.67x what one did."""
+    compute = MarginalGain()
+    compute.update(_start_beside_one(2.0))
+    assert compute.gain(2) == pytest.approx(1.0) and not compute.allows(1)
+    overhead = MarginalGain()
+    overhead.update(_start_beside_one(1.2))
+    assert overhead.gain(2) == pytest.approx(2 / 1.2) and overhead.allows(1)
+    # never measured: one start is explored, and none other while its slowdown is measured
+    fresh = MarginalGain()
+    assert fresh.gain(2) is None and fresh.allows(1)
+    fresh.update(_start_beside_one(1.2, newcomer_steps_until=2.7))   # A has one step since B trains
+    assert fresh.pending and not fresh.allows(1) and not fresh.allows(2)
+    fresh.update(_start_beside_one(1.2))
+    assert not fresh.pending and fresh.gain(2) == pytest.approx(2 / 1.2)
+
+
+def test_a_start_cut_short_by_another_event_is_measured_on_what_ran_or_not_at_all():
+    trials = _start_beside_one(2.0)
+    c = TrialSteps("c", 2.95, None, None, [])   # handed over 0.45 s after B began: A ran 2 steps at 0.2 s
+    judge = MarginalGain()
+    judge.update([*trials, c])
+    assert judge.slowdowns == {2: [pytest.approx(2.0)]}
+    assert judge.pending   # C is handed over and not training yet: its own start is still to measure
+    too_soon = TrialSteps("c", 2.6, None, None, [])   # A ran no whole step since B began
+    judge = MarginalGain()
+    judge.update([*trials, too_soon])
+    assert judge.slowdowns == {} and "b" in judge._settled
+
+
+def test_beside_saturated_cores_the_driver_starts_where_starts_gained_and_waits_where_they_did_not():
+    clocks = Clocks()
+    driver = _driver(clocks)
+    assert driver.job_source() is not None
+    a = driver.runs[0]
+    a.state = SimpleNamespace(admitted_at_s=0.0, ended_at_s=None, records=_steps(0.0, 2.0, 0.1))
+    driver._started(a)
+    clocks.advance(2.0, busy_cores=1.9)           # A alone keeps 0.95 of the cores busy
+    assert driver.job_source() is not None        # a start to 2 never measured: explored
+    assert driver.cores.gain_starts == 1
+    b = driver.runs[1]
+    driver._started(b)
+    clocks.advance(0.5, busy_cores=2.0)
+    assert driver.job_source() is None            # B is not training yet: nothing explored beside it
+    b.state = SimpleNamespace(admitted_at_s=2.5, ended_at_s=None, records=_steps(2.5, 6.0, 0.2))
+    a.state.records[:] = _steps(0.0, 2.5, 0.1) + _steps(2.5, 6.0, 0.2)   # compute-bound: 2x as long
+    clocks.advance(3.5, busy_cores=2.0)
+    # two did what one did: no start to 2 or more beside busy cores from now on
+    assert driver.job_source() is None and driver.cores.gain.gain(2) == pytest.approx(1.0)
+    b.state.ended_at_s, b.told = 6.0, optuna.trial.TrialState.COMPLETE   # B ends: A alone again
+    clocks.advance(1.0, busy_cores=1.9)
+    assert driver.job_source() is None and driver.cores.gain_starts == 1
+    clocks.advance(1.0, busy_cores=1.0)           # cores idle again: the share alone lets it start
+    assert driver.job_source() is not None
