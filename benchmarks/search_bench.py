@@ -96,6 +96,7 @@ def run_mode(mode: str, pool: str, jobs: int, n_trials: int, cap_batch: int | No
                             admit_by_cores=mode != "packed-nocores")
         requeued = len(result.requeued)
         extra = {"time_breakdown": result.time_breakdown, "core_waits": result.core_waits,
+                 "core_gains": result.core_gains,
                  "most_at_once": result.host_result.most_jobs_running,
                  # trials that trained an ended trial's traced step (Note [Reusing a finished job's traced step])
                  "traced_steps_reused": sum(s.traced_step_from is not None for s in host.states)}
@@ -241,8 +242,8 @@ def main() -> None:
     for r in results["modes"]:
         if r.get("time_breakdown"):
             parts = ", ".join(f"{k} {v:.1f}" for k, v in r["time_breakdown"].items() if v >= 0.05)
-            more = (f"; most at once {r['most_at_once']}, core waits {r['core_waits']}, traced steps reused "
-                    f"{r.get('traced_steps_reused')}") if "core_waits" in r else ""
+            more = (f"; most at once {r['most_at_once']}, core waits {r['core_waits']}, gains by trials at once "
+                    f"{r.get('core_gains')}, traced steps reused {r.get('traced_steps_reused')}") if "core_waits" in r else ""
             print(f"  {r['mode']:<14} {parts}{more}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

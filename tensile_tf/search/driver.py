@@ -379,7 +379,7 @@ class SearchDriver:
             self.host.progress = previous
         return SearchResult(study=self.study, trials=list(self.runs), host_result=result,
                             wall_s=time.perf_counter() - t0, requeued=list(self.requeued),
-                            core_waits=self.cores.waits if self.cores is not None else 0)
+                            cores=self.cores)
 
     def _abandon(self, reason: str) -> None:
         """Fails and re-queues this driver's unfinished trials (Ctrl-C, a crash)."""

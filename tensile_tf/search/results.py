@@ -13,7 +13,9 @@ results.json schema::
      "worker": {"host", "pid", "wall_s", "trials_run", "trials_per_hour", "requeued",
                 "most_trials_running", "time_breakdown": seconds per phase summed over this
                 worker's trials (Note [Where a trial's time goes]) and "tell", "core_waits":
-                trial starts put off while the cores were busy (Note [Admitting by the cores])},
+                trial starts put off while the cores were busy (Note [Admitting by the cores]),
+                "core_gains": {trials at once: measured throughput over one fewer} (Note
+                [Admitting by marginal throughput])},
      "counts": {"COMPLETE": n, "PRUNED": n, "FAIL": n, ...},
      "packing_oom_retries": n (trials re-queued after a packing OOM, run alone),
      "best": {"number", "value", "params"} | null,
@@ -148,7 +150,8 @@ def results_dict(study: optuna.Study, *, storage_url: str, metric: str, n_trials
                       trials_per_hour=len(ended) / result.wall_s * 3600 if result.wall_s > 0 else None,
                       requeued=result.requeued,
                       most_trials_running=result.host_result.most_jobs_running if result.host_result else None,
-                      time_breakdown=result.time_breakdown, core_waits=result.core_waits)
+                      time_breakdown=result.time_breakdown, core_waits=result.core_waits,
+                      core_gains={str(k): v for k, v in result.core_gains.items()})
     return {
         "schema_version": SCHEMA_VERSION,
         "study": {"name": study.study_name, "storage": st.redact(storage_url),

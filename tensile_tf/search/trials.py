@@ -82,7 +82,19 @@ class SearchResult:
     host_result: "RunResult | None"
     wall_s: float
     requeued: list[int] = field(default_factory=list)  # interrupted trials found and re-queued
-    core_waits: int = 0   # trial starts put off because the cores were busy (Note [Admitting by the cores])
+    cores: Any = None     # the driver's core_meter.CoreAdmission (None: off)
+
+    @property
+    def core_waits(self) -> int:
+        """Trial starts put off because the cores were busy (Note [Admitting by the cores])."""
+        return self.cores.waits if self.cores is not None else 0
+
+    @property
+    def core_gains(self) -> dict[int, float]:
+        """Trials at once -> measured throughput over one fewer, from the starts
+        beside running trials (Note [Admitting by marginal throughput])."""
+        gain = self.cores.gain if self.cores is not None else None
+        return {} if gain is None else {k: round(gain.gain(k), 3) for k in sorted(gain.slowdowns)}
 
     @property
     def time_breakdown(self) -> dict[str, float]:
