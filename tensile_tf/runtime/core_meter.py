@@ -54,14 +54,16 @@ give rho >= (k + 1) / k, no gain; cores kept busy by waits give less.
 ``MarginalGain`` measures rho at every start beside running trials: for
 each trial that trained throughout, its median step time over its last
 ``WINDOW_STEPS`` steps before the newcomer was handed to the host against
-its first ``WINDOW_STEPS`` once the newcomer trains (the newcomer's build,
-trace and probe left out; steps across another start or end left out;
-at least ``MIN_STEPS`` on each side). With the busy share at or above
-SATURATED, a start to k + 1 trials is then allowed when the median rho of
-earlier starts to k + 1 gives a gain of at least GAIN_MARGIN, refused when
-it or a start to fewer trials gave less (gains only shrink as trials are
-added), and, never measured, allowed once: no other start at a saturated
-share is explored until that one's rho is measured (or cannot be: another
+the ``WINDOW_STEPS`` after its first ``SETTLE_STEPS`` once the newcomer
+trains (the newcomer's build, trace and probe left out; steps across
+another start or end left out; at least ``MIN_STEPS`` on each side). With
+the busy share at or above SATURATED, a start to k + 1 trials is refused
+once the median rho of at least REFUSE_AFTER earlier starts to k + 1, or
+to fewer trials, gives a gain below GAIN_MARGIN (gains only shrink as
+trials are added; one start's rho moved by up to 1.5x on the MLP search,
+so one measurement refuses nothing), allowed at once when as many gained,
+and otherwise allowed one start at a time: no other start at a saturated
+share is made until that one's rho is measured (or cannot be: another
 trial started or ended too soon). The decision reads the
 runtime's step records, never a timer: tests give it their own.
 """
@@ -80,6 +82,8 @@ MIN_WINDOW_S = 0.15  # the shortest window a share is read over (the run loop as
 GAIN_MARGIN = 0.03   # a start beside saturated cores must add this share of throughput (Note [Admitting by marginal throughput])
 WINDOW_STEPS = 8     # steps each side of a start whose median step time is compared
 MIN_STEPS = 2        # fewer steps on either side: that trial tells nothing of the start
+SETTLE_STEPS = 2     # steps after the newcomer began training left out (its first steps' transients)
+REFUSE_AFTER = 2     # starts to a level measured before a gain below the margin refuses it
 
 
 def usable_cores() -> int:
@@ -194,7 +198,7 @@ class MarginalGain:
             rhos, waiting = [], False
             for other in others:
                 before = _window(other.steps, max(last, other.admitted_at), new.issued_at)[-WINDOW_STEPS:]
-                since = _window(other.steps, new.admitted_at, closes)[:WINDOW_STEPS]
+                since = _window(other.steps, new.admitted_at, closes)[SETTLE_STEPS:SETTLE_STEPS + WINDOW_STEPS]
                 if len(since) < WINDOW_STEPS and not after:
                     waiting = True   # still training into its window
                 elif len(before) >= MIN_STEPS and len(since) >= MIN_STEPS:
@@ -211,14 +215,19 @@ class MarginalGain:
         rhos = self.slowdowns.get(trials)
         return trials / ((trials - 1) * statistics.median(rhos)) if rhos else None
 
+    def _refused(self, trials: int) -> bool:
+        gain = self.gain(trials)
+        return gain is not None and gain < 1 + self.margin and len(self.slowdowns[trials]) >= REFUSE_AFTER
+
     def allows(self, running: int) -> bool:
         """May a start make ``running + 1`` trials beside saturated cores? Not
-        if a start to this many or fewer gained less than the margin (gains
-        only shrink as trials are added); never measured: one start explored."""
-        gains = [g for k in range(2, running + 2) if (g := self.gain(k)) is not None]
-        if any(g < 1 + self.margin for g in gains):
+        if starts to this many or fewer gained less than the margin, measured
+        REFUSE_AFTER times or more (gains only shrink as trials are added);
+        yes if they gained as often; else one start at a time, each measured."""
+        if any(self._refused(k) for k in range(2, running + 2)):
             return False
-        return self.gain(running + 1) is not None or not self.pending
+        rhos = self.slowdowns.get(running + 1, [])
+        return not self.pending or (len(rhos) >= REFUSE_AFTER and self.gain(running + 1) >= 1 + self.margin)
 
 
 class CoreAdmission:

@@ -132,47 +132,54 @@ def _steps(start: float, end: float, step_s: float) -> list:
     return out
 
 
-def _start_beside_one(slowdown: float, *, newcomer_steps_until: float = 6.0) -> list[TrialSteps]:
-    """A trains alone (0.1 s steps); B is handed over at 2.0, trains from 2.5
-    (its build, trace and probe between), and A's steps then take ``slowdown`` x."""
-    a = _steps(0.0, 2.5, 0.1) + _steps(2.5, newcomer_steps_until, 0.1 * slowdown)
-    b = _steps(2.5, newcomer_steps_until, 0.1)
-    return [TrialSteps("a", 0.0, 0.0, None, a), TrialSteps("b", 2.0, 2.5, None, b)]
+def _start_beside_one(slowdown: float, *, newcomer_steps_until: float = 6.0, at: float = 0.0,
+                      names: str = "ab") -> list[TrialSteps]:
+    """A trains alone (0.1 s steps); B is handed over 2 s later, trains from
+    2.5 s (its build, trace and probe between), and A's steps then take ``slowdown`` x."""
+    a = _steps(at, at + 2.5, 0.1) + _steps(at + 2.5, at + newcomer_steps_until, 0.1 * slowdown)
+    b = _steps(at + 2.5, at + newcomer_steps_until, 0.1)
+    return [TrialSteps(names[0], at, at, None, a), TrialSteps(names[1], at + 2.0, at + 2.5, None, b)]
 
 
 def test_a_start_beside_saturated_cores_is_judged_by_how_much_it_slowed_the_running_trials():
     """Note [Admitting by marginal throughput]: compute-bound, A's steps take 2x
     beside B: two trials do what one did, no gain; waiting on overheads, 1.2x:
-    two do 1.67x what one did."""
+    two do 1.67x what one did. One measurement refuses nothing; two do."""
     compute = MarginalGain()
     compute.update(_start_beside_one(2.0))
-    assert compute.gain(2) == pytest.approx(1.0) and not compute.allows(1)
+    assert compute.gain(2) == pytest.approx(1.0) and compute.allows(1)
+    compute.update(_start_beside_one(2.0, at=10.0, names="cd"))
+    assert compute.slowdowns == {2: [pytest.approx(2.0)] * 2}
+    assert not compute.allows(1) and not compute.allows(2)   # nor any start to more trials
     overhead = MarginalGain()
     overhead.update(_start_beside_one(1.2))
+    overhead.update(_start_beside_one(1.2, at=10.0, names="cd"))
     assert overhead.gain(2) == pytest.approx(2 / 1.2) and overhead.allows(1)
-    # never measured: one start is explored, and none other while its slowdown is measured
+    # one start at a time while a start's slowdown is measured, unless its level gained already
     fresh = MarginalGain()
     assert fresh.gain(2) is None and fresh.allows(1)
-    fresh.update(_start_beside_one(1.2, newcomer_steps_until=2.7))   # A has one step since B trains
+    fresh.update(_start_beside_one(1.2, newcomer_steps_until=2.9))   # A has 3 steps since B trains
     assert fresh.pending and not fresh.allows(1) and not fresh.allows(2)
     fresh.update(_start_beside_one(1.2))
     assert not fresh.pending and fresh.gain(2) == pytest.approx(2 / 1.2)
+    overhead.update(_start_beside_one(1.2, newcomer_steps_until=2.9, at=20.0, names="ef"))
+    assert overhead.pending and overhead.allows(1) and not overhead.allows(2)
 
 
 def test_a_start_cut_short_by_another_event_is_measured_on_what_ran_or_not_at_all():
     trials = _start_beside_one(2.0)
-    c = TrialSteps("c", 2.95, None, None, [])   # handed over 0.45 s after B began: A ran 2 steps at 0.2 s
+    c = TrialSteps("c", 3.35, None, None, [])   # handed over 0.85 s after B began: A ran 2 steps past the 2 left out
     judge = MarginalGain()
     judge.update([*trials, c])
     assert judge.slowdowns == {2: [pytest.approx(2.0)]}
     assert judge.pending   # C is handed over and not training yet: its own start is still to measure
-    too_soon = TrialSteps("c", 2.6, None, None, [])   # A ran no whole step since B began
+    too_soon = TrialSteps("c", 3.0, None, None, [])   # A ran no whole step past the 2 left out
     judge = MarginalGain()
     judge.update([*trials, too_soon])
     assert judge.slowdowns == {} and "b" in judge._settled
 
 
-def test_beside_saturated_cores_the_driver_starts_where_starts_gained_and_waits_where_they_did_not():
+def test_beside_saturated_cores_the_driver_explores_starts_and_stops_where_they_did_not_gain():
     clocks = Clocks()
     driver = _driver(clocks)
     assert driver.job_source() is not None
@@ -180,19 +187,20 @@ def test_beside_saturated_cores_the_driver_starts_where_starts_gained_and_waits_
     a.state = SimpleNamespace(admitted_at_s=0.0, ended_at_s=None, records=_steps(0.0, 2.0, 0.1))
     driver._started(a)
     clocks.advance(2.0, busy_cores=1.9)           # A alone keeps 0.95 of the cores busy
-    assert driver.job_source() is not None        # a start to 2 never measured: explored
-    assert driver.cores.gain_starts == 1
-    b = driver.runs[1]
-    driver._started(b)
-    clocks.advance(0.5, busy_cores=2.0)
-    assert driver.job_source() is None            # B is not training yet: nothing explored beside it
-    b.state = SimpleNamespace(admitted_at_s=2.5, ended_at_s=None, records=_steps(2.5, 6.0, 0.2))
-    a.state.records[:] = _steps(0.0, 2.5, 0.1) + _steps(2.5, 6.0, 0.2)   # compute-bound: 2x as long
-    clocks.advance(3.5, busy_cores=2.0)
-    # two did what one did: no start to 2 or more beside busy cores from now on
-    assert driver.job_source() is None and driver.cores.gain.gain(2) == pytest.approx(1.0)
-    b.state.ended_at_s, b.told = 6.0, optuna.trial.TrialState.COMPLETE   # B ends: A alone again
-    clocks.advance(1.0, busy_cores=1.9)
-    assert driver.job_source() is None and driver.cores.gain_starts == 1
+    for n, t in enumerate((2.0, 10.0), start=1):  # twice: a start beside A, A's steps 2x as long after it
+        assert driver.job_source() is not None and driver.cores.gain_starts == n   # explored
+        new = driver.runs[n]
+        driver._started(new)
+        clocks.advance(0.5, busy_cores=2.0)
+        assert driver.job_source() is None        # not training yet: nothing else explored beside it
+        new.state = SimpleNamespace(admitted_at_s=t + 0.5, ended_at_s=None, records=_steps(t + 0.5, t + 4.0, 0.2))
+        a.state.records[:] = [r for r in a.state.records if r.start_s < t + 0.5] + _steps(t + 0.5, t + 4.0, 0.2)
+        clocks.advance(3.5, busy_cores=2.0)
+        new.state.ended_at_s, new.told = t + 4.0, optuna.trial.TrialState.COMPLETE   # it ends: A alone again
+        a.state.records += _steps(t + 4.0, t + 8.0, 0.1)
+        clocks.advance(4.0, busy_cores=1.9)
+    # two did what one did, twice: no start beside busy cores from now on
+    assert driver.job_source() is None and driver.cores.gain_starts == 2
+    assert driver.cores.gain.slowdowns == {2: [pytest.approx(2.0)] * 2}
     clocks.advance(1.0, busy_cores=1.0)           # cores idle again: the share alone lets it start
     assert driver.job_source() is not None
