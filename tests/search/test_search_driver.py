@@ -135,7 +135,8 @@ def test_a_packing_oom_retry_starts_after_the_others_and_runs_alone():
 
     study = optuna.create_study()
     space = {"batch_size": CategoricalDistribution([16, 32])}
-    driver = SearchDriver(study, DENSE, space, n_trials=4, host=SimpleNamespace(states=[], progress=None),
+    host = SimpleNamespace(states=[], progress=None, clock=SimpleNamespace(now=lambda: 0.0))
+    driver = SearchDriver(study, DENSE, space, n_trials=4, host=host,
                           admit_by_cores=False)   # the alone rule only (test_core_admission.py: the cores')
     other_trial = study.ask(driver.distributions)
     other = TrialRun(trial=other_trial, job=Job(name="other", build=lambda: None, steps=10),
