@@ -152,6 +152,9 @@ class JobLifecycle:
         adopted = self.shelf.adopt(parked, state.train)
         if adopted is not None:
             state.train, state.step_fn, state.traced_step_from = adopted, parked.step_fn, parked.owner
+        else:   # not taken: the registry must let go of the parked step now, not at the job's teardown
+            forget_custom_gradients(parked.custom_gradients)
+            state.custom_gradients -= parked.custom_gradients
         del adopted, parked
         gc.collect()   # the job's own model (or the parked one, not taken) leaves the pool now, before P is measured
 
