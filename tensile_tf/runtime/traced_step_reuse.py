@@ -18,13 +18,13 @@ rate) takes them over:
    (``optimizer.build``);
 2. every value is copied into the parked variables: model variables (the
    seed generators' states included) and optimizer variables (iteration,
-   learning rate, slots), pairwise, after checking that names, shapes and
+   learning rate, slots), pairwise, after checking that their shapes and
    dtypes match; its own model and optimizer are then dropped;
 3. it trains the parked step on its own batches, under the parked stream
    renamed to its name (``JobStream.rename``).
 
 Its step therefore starts from the very values its own build made and
-computes what its own trace would (bit for bit, tests/e2e/
+computes what its own trace would (bit for bit, tests/tf/
 test_traced_step_reuse.py). A step is parked only if its traced graph reads
 no variable other than the model's and the optimizer's (a step that captured
 anything else would carry it over), and only from a plain host: no planner,
@@ -80,7 +80,7 @@ def reuse_key(spec: "JobSpec | None") -> str | None:
 @dataclass
 class ParkedStep:
     key: str
-    owner: str              # the job that traced it (the first one; handed on with the step)
+    owner: str              # the ended job that parked it
     stream: "JobStream"
     train: TrainStep        # the parked model, optimizer and variables (its batches dropped)
     step_fn: Any            # the traced, attributed tf.function
