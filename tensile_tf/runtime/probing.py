@@ -381,10 +381,10 @@ class JobLifecycle:
             if stream is not None:
                 swap.release_stream_host_copies(stream.stream)  # activation copies a failed step left
             del planned
-        if stream is not None and self.shelf is not None and state.status in (JobStatus.finished, JobStatus.stopped):
-            state.peak_bytes = max(state.peak_bytes, stream.stats().get("peak", 0))
-            if self.shelf.park(state):   # Note [Reusing a finished job's traced step]: kept for the next of its graph
-                stream = state.job_stream = None
+        if (stream is not None and self.shelf is not None and state.status in (JobStatus.finished, JobStatus.stopped)
+                and self.shelf.park(state)):   # Note [Reusing a finished job's traced step]: kept for the next of its graph
+            state.peak_bytes = max(state.peak_bytes, stream.stats().get("peak", 0))   # renamed, its counters kept
+            stream = state.job_stream = None
         state.train = None
         state.step_fn = None
         state.first_batch = None

@@ -111,9 +111,6 @@ class TracedStepShelf:
         self.taken = 0    # jobs that took over a parked step
         self.evicted = 0  # parked steps dropped unused
 
-    def __len__(self) -> int:
-        return len(self._parked)
-
     def park(self, state: "JobState") -> bool:
         """Keeps an ended job's step (its stream, model, optimizer) if it may
         be taken over; True: parked, and ``state`` no longer holds them."""
