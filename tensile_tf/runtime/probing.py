@@ -54,7 +54,7 @@ from tensile_tf.runtime.job_thread import RunClock, run_step
 from tensile_tf.runtime.nodegroup import SPLIT_PROBE_RUNS, NodeGroupCoordinator
 from tensile_tf.runtime.planning import COLD_START_HEADROOMS, JobPlanning
 from tensile_tf.runtime.records import FINAL_STATUSES, JobState, JobStatus
-from tensile_tf.runtime.traced_step_reuse import TracedStepShelf
+from tensile_tf.runtime.traced_step_reuse import TracedStepShelf, trace_step
 from tf_plugin.tf_internals import custom_gradient_names, forget_custom_gradients
 
 
@@ -120,7 +120,8 @@ class JobLifecycle:
                     if state.traced_step_from is None:
                         transform = self.pipeline.graph_transform(state.name, state.stream) if self.pipeline else None
                         state.step_fn = state.job_stream.step_function(state.train.step_fn, graph_transform=transform)
-                        state.step_fn.get_concrete_function(*state.first_batch)  # trace once, here, serially
+                        trace_step(state.step_fn, state.first_batch,   # once, here, serially
+                                   any_batch=self.shelf is not None and self.shelf.may_park(state))
                 if fell_back():
                     raise tf.errors.ResourceExhaustedError(
                         None, None, f"out of memory while building job {state.name!r}: {fell_back()} "

@@ -25,7 +25,9 @@ rate) takes them over:
 
 Its step therefore starts from the very values its own build made and
 computes what its own trace would (bit for bit, tests/tf/
-test_traced_step_reuse.py). A step is parked only if its traced graph reads
+test_traced_step_reuse.py). A step that may be parked is traced for every
+batch size (Note [One trace for every batch size]), so the batch size is
+not in the key either. A step is parked only if its traced graph reads
 no variable other than the model's and the optimizer's (a step that captured
 anything else would carry it over), and only from a plain host: no planner,
 no node-group pipeline (their steps are rewritten per job), no custom
@@ -42,6 +44,28 @@ via ``AdmissionControl.make_room``) and the job asked again. The shelf
 keeps at most ``MAX_PARKED`` steps, the newest, and is emptied when the run
 ends. ``run.reuse_traced_steps: false`` turns it off; a job's record says
 whose step it took (``traced_step_from``).
+
+Note [One trace for every batch size]
+A search's trials mostly differ in batch size as well as in learning rate:
+on the MLP search (4 batch sizes, 12 trials, 4 at once) steps traced for
+their own batch size left 7 of 12 trials tracing, and packed trials spent
+more CPU per trial than Optuna's threads, that difference being the run
+loop's Python (issue 43). So a step that may be parked is traced once with
+its inputs' batch dimension left free (``batch_free_specs``: the first
+batch's TensorSpecs, dimension 0 None); a call with any batch size
+dispatches to that trace (tf.function picks the trace whose signature is a
+supertype of the call's), and any job of its key may take it over. Keras
+models carry no batch size (``keras.Input`` leaves it free), so their
+graphs differ only in the shapes TensorFlow infers: the same kernels run on
+the same values. Measured bit for bit against a trace of the batch's own
+shape, losses and weights after 5-20 steps, each at two or three batch
+sizes: the MLP, the small CNN, the residual net (batch norm), the
+Transformer encoder and MobileNetV2 (alpha 0.35), with step times within
+the run-to-run spread (the MLP at batch 32 and 128: 1.00-1.45 ms both
+ways, 300 steps, three rounds). A step whose code needs a static batch size
+(``x.shape[0]`` used as a number) fails that trace and is traced for its
+own batch; parked, it is taken over only by jobs of that batch size
+(``ParkedStep.batch_size``).
 """
 from __future__ import annotations
 
@@ -50,6 +74,8 @@ import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import tensorflow as tf
 
 from tensile_tf.jobs.job import TrainStep
 from tf_plugin.tf_internals import forget_custom_gradients
@@ -63,9 +89,11 @@ MAX_PARKED = 4   # steps kept at most (a search runs a few graph shapes at once)
 PARKED_PREFIX = "parked:"   # pool stream names of parked steps (job names cannot hold a colon)
 
 # Fields that do not change a YAML job's traced step: who it is, how long it
-# trains, when it arrives, its initial values (seed) and its learning rate
-# (a variable the step reads).
-_NOT_IN_THE_GRAPH = {"name", "seed", "steps", "epochs", "steps_per_epoch", "stop_on_nan", "arrive_at_s"}
+# trains, when it arrives, its initial values (seed), its learning rate (a
+# variable the step reads) and its batch size (checked by ``take``: Note
+# [One trace for every batch size]).
+_NOT_IN_THE_GRAPH = {"name", "seed", "steps", "epochs", "steps_per_epoch", "stop_on_nan", "arrive_at_s",
+                     "batch_size"}
 
 
 def reuse_key(spec: "JobSpec | None") -> str | None:
@@ -77,10 +105,43 @@ def reuse_key(spec: "JobSpec | None") -> str | None:
             + spec.optimizer.model_dump_json(exclude={"learning_rate"}))
 
 
+def batch_free_specs(batch: tuple) -> tuple | None:
+    """``batch``'s TensorSpecs with dimension 0 left free; None if an input
+    has no batch dimension (Note [One trace for every batch size])."""
+    specs = []
+    for x in batch:
+        shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
+        if shape is None or dtype is None or len(shape) == 0:
+            return None
+        specs.append(tf.TensorSpec([None, *shape[1:]], tf.as_dtype(dtype)))
+    return tuple(specs)
+
+
+def trace_step(step_fn: Any, first_batch: tuple, *, any_batch: bool) -> None:
+    """Traces ``step_fn`` once: for every batch size if ``any_batch`` and its
+    code allows it, else for ``first_batch``'s shapes."""
+    specs = batch_free_specs(first_batch) if any_batch else None
+    if specs is not None:
+        try:
+            step_fn.get_concrete_function(*specs)
+            return
+        except Exception:  # noqa: BLE001 - its code needs a static batch size: traced for its own below
+            pass
+    step_fn.get_concrete_function(*first_batch)
+
+
+def _batch_size_traced(concrete: Any) -> int | None:
+    """The batch size a trace takes; None: any (its inputs' dimension 0 free)."""
+    sizes = {spec.shape[0] if spec.shape.rank else -1 for spec in tf.nest.flatten(concrete.structured_input_signature)
+             if isinstance(spec, tf.TensorSpec)}
+    return None if sizes == {None} else (sizes.pop() if len(sizes) == 1 else -1)
+
+
 @dataclass
 class ParkedStep:
     key: str
     owner: str              # the ended job that parked it
+    batch_size: int | None  # the only batch size its trace takes; None: any (Note [One trace for every batch size])
     stream: "JobStream"
     train: TrainStep        # the parked model, optimizer and variables (its batches dropped)
     step_fn: Any            # the traced, attributed tf.function
@@ -120,15 +181,16 @@ class TracedStepShelf:
                 or train.optimizer is None or state.plan_history or state.example_args is None):
             return False
         try:   # the step reads nothing but the model's and the optimizer's variables
-            graph_vars = step_fn.get_concrete_function(*state.example_args).graph.variables
+            concrete = step_fn.get_concrete_function(*state.example_args)
         except Exception:  # noqa: BLE001 - a step that cannot say what it reads is not kept
             return False
         known = {id(v) for v in _values(_model_and_optimizer_variables(train))}
-        if any(id(v) not in known for v in graph_vars):
+        if any(id(v) not in known for v in concrete.graph.variables):
             return False
         train.batches, train.validator, train._iterator = (), None, None
         stream.rename(f"{PARKED_PREFIX}{next(self._numbers)}")
-        self._parked[stream.stream] = ParkedStep(key, state.name, stream, train, step_fn, state.custom_gradients)
+        self._parked[stream.stream] = ParkedStep(key, state.name, _batch_size_traced(concrete), stream, train, step_fn,
+                                                 state.custom_gradients)
         state.custom_gradients = set()   # the parked step's now: forgotten when it is dropped
         while len(self._parked) > MAX_PARKED:
             self._drop_oldest()
@@ -138,7 +200,7 @@ class TracedStepShelf:
         """The newest parked step ``state``'s job may take over (off the shelf), or None."""
         key = reuse_key(state.job.spec) if self.enabled else None
         for sid, parked in reversed(self._parked.items()):
-            if parked.key == key:
+            if parked.key == key and parked.batch_size in (None, state.job.spec.batch_size):
                 del self._parked[sid]
                 state.custom_gradients |= parked.custom_gradients   # forgotten at the job's teardown
                 parked.stream.rename(state.name)
@@ -166,6 +228,11 @@ class TracedStepShelf:
         fresh.model, fresh.optimizer = parked_train.model, parked_train.optimizer
         self.taken += 1
         return fresh
+
+    def may_park(self, state: "JobState") -> bool:
+        """Whether ``state``'s step may be parked when its job ends (then it is
+        traced for every batch size)."""
+        return self.enabled and reuse_key(state.job.spec) is not None
 
     def held_bytes(self) -> int:
         return sum(p.stream.stats().get("current", 0) for p in self._parked.values())
@@ -199,4 +266,4 @@ def _release_once_collected(streams: list) -> None:
         stream.release()
 
 
-__all__ = ["MAX_PARKED", "PARKED_PREFIX", "ParkedStep", "TracedStepShelf", "reuse_key"]
+__all__ = ["MAX_PARKED", "PARKED_PREFIX", "ParkedStep", "TracedStepShelf", "batch_free_specs", "reuse_key", "trace_step"]

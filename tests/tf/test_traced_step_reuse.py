@@ -2,13 +2,15 @@
 a job like an ended one (but for name, seed, length and learning rate) trains
 the ended job's traced step from its own initial values, bit for bit what its
 own trace trains; parked steps give their memory back when a job needs it."""
+import numpy as np
 import pytest
+import tensorflow as tf
 
 import tensile_tf
 from tensile_tf.config.schema import JobSpec
 from tensile_tf.jobs.job import Job
 from tensile_tf.runtime import JobHost, JobRecord, JobStatus
-from tensile_tf.runtime.traced_step_reuse import PARKED_PREFIX, reuse_key
+from tensile_tf.runtime.traced_step_reuse import PARKED_PREFIX, _batch_size_traced, reuse_key, trace_step
 from tests.conftest import last_json_line, run_python
 
 
@@ -36,10 +38,11 @@ def runs():
 
 def test_a_job_like_an_ended_one_trains_its_traced_step_bit_for_bit(runs):
     (host, reused), (_, own) = runs
-    # b and d differ from the job before them in seed, learning rate and length only; c in its batch
-    assert [reused[n].traced_step_from for n in "abcd"] == [None, "a", None, "b"]
-    assert all(s.traced_step_from is None for s in own.values())
-    assert host.shelf.taken == 2
+    # each differs from the job before it in seed, learning rate, length or batch size only
+    # (c at batch 32 trains the step traced for every batch size: Note [One trace for every batch size])
+    assert [reused[n].traced_step_from for n in "abcd"] == [None, "a", "b", "c"]
+    assert all(s.traced_step_from is None for s in own.values())   # each traced for its own batch's shapes
+    assert host.shelf.taken == 3
     for name in "abcd":
         mine, theirs = reused[name], own[name]
         assert mine.status == theirs.status == JobStatus.finished, (name, mine.error)
@@ -59,10 +62,31 @@ def test_what_a_step_compiles_in_keeps_jobs_apart():
     assert reuse_key(spec("y", 1, 5e-2)) == reuse_key(base)   # the learning rate is a variable the step reads
     other = JobSpec.model_validate({**base.model_dump(), "optimizer": {"name": "adam", "args": {"beta_1": 0.5}}})
     assert reuse_key(other) != reuse_key(base)   # beta_1 is a constant in the traced graph
-    assert reuse_key(spec("y", 1, 1e-3, batch=32)) != reuse_key(base)
+    assert reuse_key(spec("y", 1, 1e-3, batch=32)) == reuse_key(base)   # checked against the parked trace's
     factory = JobSpec.model_validate({"name": "f", "model": {"train_step_factory": "tests.job_factories:dense_regression"},
                                       "steps": 2})
     assert reuse_key(factory) is None   # what a user's own step captures is theirs
+
+
+def test_a_step_is_traced_once_for_every_batch_size_unless_its_code_needs_one():
+    w = tf.Variable(tf.ones([4, 2]))
+    free = tf.function(lambda x, y: tf.reduce_mean(tf.matmul(x, w)) + tf.reduce_mean(y))
+
+    def needs_a_size(x, y):   # Python arithmetic on the batch size: no trace without one
+        return tf.reduce_mean(tf.matmul(x, w)) * (x.shape[0] // 2) + tf.reduce_mean(y)
+
+    fixed = tf.function(needs_a_size)
+    batch = (np.ones([8, 4], np.float32), np.zeros([8], np.float32))
+    for step in (free, fixed):
+        trace_step(step, batch, any_batch=True)
+        step(np.ones([3, 4], np.float32), np.zeros([3], np.float32))
+    assert _batch_size_traced(free.get_concrete_function(*batch)) is None
+    assert free.experimental_get_tracing_count() == 1   # batch 3 ran the batch-free trace
+    assert _batch_size_traced(fixed.get_concrete_function(*batch)) == 8   # parked: taken only at batch 8
+    assert fixed.experimental_get_tracing_count() == 2   # batch 8, then batch 3: each its own trace
+    exact = tf.function(lambda x, y: tf.reduce_mean(x) + tf.reduce_mean(y))
+    trace_step(exact, batch, any_batch=False)
+    assert _batch_size_traced(exact.get_concrete_function(*batch)) == 8
 
 
 MAKE_ROOM_SCRIPT = """
