@@ -1,7 +1,9 @@
 """Note [Reusing a finished job's traced step] (tensile_tf/runtime/traced_step_reuse.py):
-a job like an ended one (but for name, seed, length and learning rate) trains
-the ended job's traced step from its own initial values, bit for bit what its
-own trace trains; parked steps give their memory back when a job needs it."""
+a job like an ended one (but for name, seed, length, learning rate and batch
+size) trains the ended job's traced step from its own initial values, bit for
+bit what its own trace trains; a step is traced once for every batch size
+unless its code needs one (Note [One trace for every batch size]); parked
+steps give their memory back when a job needs it."""
 import numpy as np
 import pytest
 import tensorflow as tf
