@@ -12,6 +12,11 @@ tensile_tf.install()
 import tensorflow as tf
 
 MiB = 1 << 20
+rng = np.random.default_rng(0)
+a, b = rng.standard_normal((1536, 8), dtype=np.float32), rng.standard_normal((8, 1024), dtype=np.float32)
+# what this machine's kernel computes in one piece, before the pool is fragmented (numpy's BLAS
+# may sum in another order: the comparison is the kernel's output against itself)
+expected = tf.matmul(tf.constant(a), tf.constant(b)).numpy()
 held = []
 try:   # fill the 64 MiB pool with 2 MiB tensors, each a different value
     while True:
@@ -21,13 +26,11 @@ except tf.errors.ResourceExhaustedError:
 for i in range(0, len(held), 2):   # every other one freed: 2 MiB holes between live tensors
     held[i] = None
 s = tensile_tf.pool_stats()
-rng = np.random.default_rng(0)
-a, b = rng.standard_normal((1536, 8), dtype=np.float32), rng.standard_normal((8, 1024), dtype=np.float32)
 out = {"free": s["capacity"] - s["current"], "largest": s["largest_free_chunk"]}
 try:
     y = tf.matmul(tf.constant(a), tf.constant(b))       # 6 MiB
     z = y * 2.0 + 1.0
-    out["matmul_exact"] = bool(np.array_equal(y.numpy(), np.matmul(a, b)))
+    out["matmul_exact"] = bool(np.array_equal(y.numpy(), expected))
     out["follow_up_exact"] = bool(np.array_equal(z.numpy(), y.numpy() * 2.0 + 1.0))
     stitched = [e for e in tensile_tf.pool_trace() if e["kind"] == "alloc" and e["offset"] >= s["capacity"]]
     out["stitched_ops"] = sorted({e["op"] for e in stitched})
