@@ -132,7 +132,9 @@ def trace_step(step_fn: Any, first_batch: tuple, *, any_batch: bool) -> None:
 
 
 def _batch_size_traced(concrete: Any) -> int | None:
-    """The batch size a trace takes; None: any (its inputs' dimension 0 free)."""
+    """The one batch size a trace takes; None: any (its inputs' dimension 0
+    free); -1: no single one (an input without a batch dimension, or two
+    sizes), so no other job's."""
     sizes = {spec.shape[0] if spec.shape.rank else -1 for spec in tf.nest.flatten(concrete.structured_input_signature)
              if isinstance(spec, tf.TensorSpec)}
     return None if sizes == {None} else (sizes.pop() if len(sizes) == 1 else -1)
