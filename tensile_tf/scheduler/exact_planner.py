@@ -1,0 +1,451 @@
+"""The exact planner: the yardstick the greedy TENSILE planner is measured
+against. Pure like the rest of ``tensile_tf.scheduler``; it needs OR-Tools
+(``pip install -e ".[exact]"``), and nothing that runs a job imports it.
+
+Note [The exact planner]
+The same footprint model (Note [op-granular footprint] in peak_analysis),
+the same link (its bandwidth; one lane, or a lane per direction) and the
+same candidate events as the greedy planner (Note [The exact model's
+candidates] in scheduler.exact_candidates), solved by OR-Tools' CP-SAT:
+
+* each host copy and each swap-in is an optional interval on its lane; a
+  lane is a ``NoOverlap`` on the circle of one iteration (each interval is
+  placed at its start modulo the period and again one period later, so two
+  transfers that overlap across the iteration boundary are caught), which
+  is what the greedy channel checks over its horizon for jobs of one
+  period;
+* a Boolean per (gap, step) says the tensor is away while the step runs;
+  it holds only if the copy ended before the step started and the swap-in
+  starts after it ended;
+* per job, the peak is at least every step's footprint less what is away;
+  only steps that can be above the job's floor (every candidate taken) are
+  constrained;
+* minimise: the pool peak (one job: its peak; several: the sum of their
+  peaks, the runtime's rule for jobs running free, Note [Coincident peaks]
+  in peak_analysis); then, at that peak, the least recomputation time.
+  With a budget: the pool peak at most the budget, the least recomputation
+  time, then the fewest bytes moved.
+
+Times are integers: one iteration is ``resolution`` ticks. Every rounding
+favours the model (durations down; a transfer's deadlines up, its
+earliest starts down), so every greedy plan is a point of the model up to
+its exclusions, and the solver's bound is a bound on every greedy plan.
+Within its time limit CP-SAT returns its best plan and a proven lower bound;
+``ExactResult.status`` says which (``optimal``: the two meet).
+
+Its plans are ordinary ``Plan`` objects made by the greedy planner's own
+``_make_plan`` from the chosen events, so the runtime runs them like any
+plan; ``ExactResult.plan_peak_bytes`` is that plan's predicted peak on the
+greedy planner's footprint, and equals ``peak_bytes`` unless a
+recomputation moved a transfer (Note [The exact model's candidates]).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from tensile_tf.scheduler.exact_candidates import ExactCandidates, collect_candidates
+from tensile_tf.scheduler.plan import Plan, RecomputeEvent
+from tensile_tf.scheduler.planner import DEFAULT_BANDWIDTH_BYTES_PER_S, Planner, PlannerJob
+from tensile_tf.scheduler.state import SwapDecision
+
+INSTALL_HINT = 'the exact planner needs OR-Tools: pip install -e ".[exact]"'
+
+
+def _cp_model():
+    try:
+        from ortools.sat.python import cp_model
+    except ImportError as e:   # pragma: no cover - the test extra installs it
+        raise ImportError(INSTALL_HINT) from e
+    return cp_model
+
+
+@dataclass
+class ExactResult:
+    status: str                   # "optimal", "feasible", "infeasible" (budget proven unreachable), "unknown"
+    plan: Plan | None             # the best plan found, as the runtime runs it
+    peak_bytes: int | None        # its pool peak in the exact model
+    plan_peak_bytes: int | None   # the same plan's predicted pool peak on the greedy planner's footprint
+    bound_bytes: int              # proven: no plan in the model peaks lower
+    recompute_s: float            # time the plan's recomputations add to the steps
+    swapped_bytes: int            # bytes moved per iteration (outs + ins)
+    solve_s: float
+    variables: int
+
+    @property
+    def optimal(self) -> bool:
+        return self.status == "optimal"
+
+
+class ExactPlanner:
+    """CP-SAT over the greedy planner's candidate events (Note [The exact planner]).
+
+    ``lanes``: 1 (the seed's single link) or 2 (a copy engine per direction:
+    swap-outs and swap-ins on their own lanes, each at ``bandwidth``)."""
+
+    def __init__(self, jobs: Sequence[PlannerJob], *, pool_bytes: int | None = None,
+                 bandwidth_bytes_per_s: float = DEFAULT_BANDWIDTH_BYTES_PER_S, lanes: int = 1,
+                 coincident_peaks: bool | None = None, recompute: bool = True, max_chain: int = 4,
+                 time_limit_s: float = 10.0, workers: int = 2, resolution: int = 1_000_000):
+        if lanes not in (1, 2):
+            raise ValueError(f"exact planner: lanes must be 1 or 2, got {lanes!r}")
+        coincident = len(jobs) > 1 if coincident_peaks is None else coincident_peaks
+        if len(jobs) > 1 and not coincident:
+            raise ValueError("exact planner: several jobs are planned for the sum of their peaks "
+                             "(coincident_peaks=True, the runtime's rule for jobs running free)")
+        self.lanes = lanes
+        self.pool_bytes = pool_bytes
+        self.bandwidth = float(bandwidth_bytes_per_s)
+        self.recompute = recompute
+        self.max_chain = max_chain
+        self.time_limit_s = float(time_limit_s)
+        self.workers = workers
+        self.resolution = int(resolution)
+        # the greedy planner's own state: sequences, footprints, timeline and _make_plan
+        self.planner = Planner(jobs, pool_bytes=pool_bytes, bandwidth_bytes_per_s=bandwidth_bytes_per_s,
+                               coincident_peaks=coincident, max_chain=max_chain, unchain=False)
+        self.planner._init_state()
+        periods = [js.tas.period_s for js in self.planner.jobs]
+        if max(periods) - min(periods) > 1e-9 * max(periods):
+            raise ValueError("exact planner: jobs of one iteration time only (the lanes are one circle); "
+                             f"got periods {[round(p, 6) for p in periods]}")
+        self.period_s = max(periods)
+        self.cands: ExactCandidates = collect_candidates(self.planner.jobs, self.bandwidth, recompute=recompute,
+                                                         max_chain=max_chain)
+
+    # -- ticks ---------------------------------------------------------------------
+    def _down(self, t: float) -> int:
+        return math.floor(t / self.period_s * self.resolution + 1e-9)
+
+    def _up(self, t: float) -> int:
+        return math.ceil(t / self.period_s * self.resolution - 1e-9)
+
+    # -- model -----------------------------------------------------------------------
+    def _build(self):
+        cp_model = _cp_model()
+        m = cp_model.CpModel()
+        R = self.resolution
+        jobs = self.planner.jobs
+        cands = self.cands
+        lanes: dict[str, list] = {"out": [], "in": []}
+
+        def circle(start, dur: int, present, off: int, lane: str) -> None:
+            pos = m.new_int_var(0, R - 1, "")
+            m.add_modulo_equality(pos, start + (R + off), R)
+            lanes[lane].append(m.new_optional_fixed_size_interval_var(pos, dur, present, ""))
+            lanes[lane].append(m.new_optional_fixed_size_interval_var(pos + R, dur, present, ""))
+
+        self.copy_vars = []
+        for c in cands.copies:
+            d = self._down(c.dur_s)
+            lo, hi = self._down(c.lo_s), self._up(c.hi_s) - d
+            if hi < lo:
+                self.copy_vars.append(None)
+                continue
+            o = m.new_bool_var("")
+            s = m.new_int_var(lo, hi, "")
+            circle(s, d, o, self._down(jobs[c.j].offset_s), "out")
+            self.copy_vars.append((o, s, d, lo))
+        self.gap_vars = []
+        self.absent: dict[int, list[tuple[int, object, int]]] = {}   # job -> (local step, var, bytes)
+        floors = cands.floors
+        for g in cands.gaps:
+            cv = self.copy_vars[g.copy]
+            js = jobs[g.j]
+            tas = js.tas
+            d = self._down(g.dur_s)
+            hi = self._up(tas.start_u(g.q)) - d
+            steps = [u for u in range(g.p + 1, g.q)
+                     if g.freed[u % tas.n] and js.fp.base[u % tas.n] > floors[g.j]]
+            if cv is None or not steps or hi < cv[3]:
+                self.gap_vars.append(None)
+                continue
+            o, s, dc, lo = cv
+            x = m.new_bool_var("")
+            t = m.new_int_var(lo, hi, "")
+            m.add_implication(x, o)
+            m.add(t >= s + dc).only_enforce_if(x)
+            circle(t, d, x, self._down(js.offset_s), "in" if self.lanes == 2 else "out")
+            avars = []
+            for u in steps:
+                a = m.new_bool_var("")
+                m.add_implication(a, x)
+                m.add(s + dc <= self._up(tas.start_u(u))).only_enforce_if(a)
+                m.add(t >= self._down(tas.end_u(u))).only_enforce_if(a)
+                avars.append((u, a))
+                self.absent.setdefault(g.j, []).append((u % tas.n, a, g.size))
+            self.gap_vars.append((x, t, d, avars))
+        m.add_no_overlap(lanes["out"])
+        if lanes["in"]:
+            m.add_no_overlap(lanes["in"])
+        self.rerun_vars = self._reruns(m)
+        # peaks
+        self.peaks = []
+        for js in jobs:
+            tas, base = js.tas, js.fp.base
+            P = m.new_int_var(floors[js.j], int(base.max()), f"peak{js.j}")
+            by_step: dict[int, list] = {}
+            for k, a, size in self.absent.get(js.j, ()):
+                by_step.setdefault(k, []).append((a, size))
+            for r, y in self.rerun_vars:
+                if r.j == js.j:
+                    for u in range(r.p + 1, r.q):
+                        by_step.setdefault(u % tas.n, []).append((y, r.size))
+            for k in range(tas.n):
+                if base[k] > floors[js.j]:
+                    m.add(int(base[k]) - sum(size * v for v, size in by_step.get(k, ())) <= P)
+            self.peaks.append(P)
+        for r, y, save in self.rerun_points:
+            m.add(r.base_bytes - sum(size * v for v, size in save) <= self.peaks[r.j]).only_enforce_if(y)
+        self.model = m
+        self.pool_peak = sum(self.peaks)
+        if self.pool_bytes is not None:
+            m.add(self.pool_peak <= self.pool_bytes)
+        self.recompute_ticks = sum(self._down(r.time_s) * y for r, y in self.rerun_vars)
+        self.moved_kib = (sum((c.dur_s * self.bandwidth // 1024) * v[0] for c, v in zip(cands.copies, self.copy_vars) if v)
+                          + sum((g.size // 1024) * v[0] for g, v in zip(cands.gaps, self.gap_vars) if v))
+        return m
+
+    def _reruns(self, m) -> list:
+        """Recomputation candidates as Booleans (Note [The exact model's candidates])."""
+        jobs = self.planner.jobs
+        out = []
+        self.rerun_points = []      # (candidate, its Boolean, what is away during its re-run block)
+        self.rerun_away: dict[int, list] = {}   # id(gap) -> (re-run, its Boolean, the gap away during it)
+        gaps_of: dict[tuple[int, int], list] = {}
+        for g, v in zip(self.cands.gaps, self.gap_vars):
+            if v is not None:
+                gaps_of.setdefault((g.j, g.i), []).append((g, v))
+        per_op: dict[tuple[int, int], list] = {}
+        for r in self.cands.reruns:
+            y = m.new_bool_var("")
+            out.append((r, y))
+            per_op.setdefault((r.j, r.q), []).append(y)
+            for g, v in gaps_of.get((r.j, r.i), ()):
+                if g.p == r.p and g.q == r.q:
+                    m.add_implication(y, v[0].Not())     # swapped or recomputed, not both
+            for x in r.inputs:                          # the chain's inputs stay over q
+                for g, v in gaps_of.get((r.j, x), ()):
+                    if g.p < r.q < g.q or g.p < r.q - 1 < g.q:
+                        m.add_implication(y, v[0].Not())
+        for ys in per_op.values():
+            m.add_at_most_one(ys)
+        by_target = {}
+        for r, y in out:
+            by_target.setdefault((r.j, r.i), []).append((r, y))
+        for r, y in out:
+            for x in r.inputs:
+                for r2, y2 in by_target.get((r.j, x), ()):
+                    if r2.p < r.q - 1 and r2.q > r.q:
+                        m.add_bool_or([y.Not(), y2.Not()])
+            tas = jobs[r.j].tas
+            if r.base_bytes <= self.cands.floors[r.j]:
+                continue
+            save = []
+            for g, v in (gv for key, lst in gaps_of.items() if key[0] == r.j for gv in lst):
+                if g.p < r.q - 1 and g.q > r.q:
+                    b = m.new_bool_var("")
+                    m.add_implication(b, v[0])
+                    o, s, dc, _ = self.copy_vars[g.copy]
+                    m.add(s + dc <= self._up(tas.start_u(r.q))).only_enforce_if(b)
+                    m.add(v[1] >= self._down(tas.start_u(r.q))).only_enforce_if(b)
+                    save.append((b, g.size))
+                    self.rerun_away.setdefault(id(g), []).append((r, y, b))
+            for r2, y2 in out:
+                if r2.j == r.j and r2.p < r.q - 1 and r2.q > r.q:
+                    save.append((y2, r2.size))
+            self.rerun_points.append((r, y, save))
+        return out
+
+    # -- solve -------------------------------------------------------------------------
+    def solve(self, hint: Planner | None = None) -> ExactResult:
+        cp_model = _cp_model()
+        t0 = time.perf_counter()
+        m = self._build()
+        if hint is not None:
+            self._hint(m, hint)
+        solver = cp_model.CpSolver()
+        solver.parameters.num_workers = self.workers
+        solver.parameters.random_seed = 0
+        phase_two = self.pool_bytes is None
+        if phase_two:
+            m.minimize(self.pool_peak)
+        else:
+            m.minimize(self.recompute_ticks * (1 << 22) + self.moved_kib)
+        solver.parameters.max_time_in_seconds = self.time_limit_s
+        st = solver.solve(m)
+        if st == cp_model.INFEASIBLE:
+            return self._result("infeasible", None, self._minimised_bound(), t0)
+        if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            return self._result("unknown", None, int(sum(self.cands.floors)), t0)
+        status = "optimal" if st == cp_model.OPTIMAL else "feasible"
+        bound = int(math.ceil(solver.best_objective_bound - 1e-6)) if phase_two else None
+        if phase_two and self.rerun_vars:   # the least recomputation time at that peak
+            best = int(solver.value(self.pool_peak))
+            self._fix_hint(m, solver)
+            m.add(self.pool_peak <= best)
+            m.minimize(self.recompute_ticks * (1 << 22) + self.moved_kib)
+            solver.parameters.max_time_in_seconds = max(1.0, self.time_limit_s / 2)
+            st2 = solver.solve(m)
+            if st2 not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+                raise RuntimeError("exact planner: the second phase lost the first phase's plan (a model bug)")
+        if bound is None:
+            bound = self._minimised_bound() if status != "optimal" else int(solver.value(self.pool_peak))
+            bound = min(bound, int(solver.value(self.pool_peak)))
+        return self._result(status, solver, bound, t0)
+
+    def _minimised_bound(self) -> int:
+        """A proven lower bound on the pool peak: the floors (every candidate taken)."""
+        return int(sum(self.cands.floors))
+
+    def _fix_hint(self, m, solver) -> None:
+        m.clear_hints()
+        for v in self._all_vars():
+            m.add_hint(v, solver.value(v))
+
+    def _all_vars(self):
+        for v in self.copy_vars:
+            if v:
+                yield v[0]
+                yield v[1]
+        for v in self.gap_vars:
+            if v:
+                yield v[0]
+                yield v[1]
+                for _, a in v[3]:
+                    yield a
+        for _, y in self.rerun_vars:
+            yield y
+
+    def _hint(self, m, greedy: Planner) -> None:
+        """The greedy planner's swaps as CP-SAT's first solution to improve on (swap-only plans)."""
+        if any(js.recomputes for js in greedy.jobs):
+            return
+        index = {(g.j, g.i, g.p % self.planner.jobs[g.j].tas.n, g.q - g.p): n for n, g in enumerate(self.cands.gaps)}
+        for js in greedy.jobs:
+            n = js.tas.n
+            for d in js.decisions:
+                gi = index.get((d.j, d.i, d.p % n, d.q - d.p))
+                if gi is None or self.gap_vars[gi] is None:
+                    continue
+                x, t, _, avars = self.gap_vars[gi]
+                shift = (d.p - self.cands.gaps[gi].p) // n * self.period_s
+                m.add_hint(x, 1)
+                m.add_hint(t, self._down(d.in_start - shift))
+                cv = self.copy_vars[self.cands.gaps[gi].copy]
+                if d.out_start is not None and cv is not None:
+                    m.add_hint(cv[0], 1)
+                    m.add_hint(cv[1], self._down(d.out_start - shift))
+
+    # -- the plan ----------------------------------------------------------------------
+    def _result(self, status: str, solver, bound: int, t0: float) -> ExactResult:
+        nvars = len(self.model.proto.variables)
+        if solver is None:
+            return ExactResult(status, None, None, None, bound, 0.0, 0, time.perf_counter() - t0, nvars)
+        peak = self._model_peak(solver)
+        plan, moved = self._plan(solver, status)
+        rec = sum(r.time_s for r, y in self.rerun_vars if solver.value(y))
+        return ExactResult(status, plan, peak, plan.pool_planned_peak_bytes, min(bound, peak), rec, moved,
+                           time.perf_counter() - t0, nvars)
+
+    def _model_peak(self, solver) -> int:
+        """The chosen plan's pool peak in the model (with a budget the peak
+        variables only bound it from above)."""
+        total = 0
+        for js in self.planner.jobs:
+            F = js.fp.base.astype(float).copy()
+            for k, a, size in self.absent.get(js.j, ()):
+                F[k] -= size * solver.value(a)
+            for r, y in self.rerun_vars:
+                if r.j == js.j and solver.value(y):
+                    for u in range(r.p + 1, r.q):
+                        F[u % js.tas.n] -= r.size
+            top = float(F.max()) if len(F) else 0.0
+            for r, y, save in self.rerun_points:
+                if r.j == js.j and solver.value(y):
+                    top = max(top, r.base_bytes - sum(size * solver.value(v) for v, size in save))
+            total += int(top)
+        return total
+
+    def _plan(self, solver, status: str) -> tuple[Plan, int]:
+        """The chosen events as the greedy planner's decisions, then its ``_make_plan``."""
+        p = self.planner
+        vanilla = {js.j: js.tas for js in p.jobs}
+        restructure = []
+        for r, y in self.rerun_vars:
+            if solver.value(y):
+                js = p.jobs[r.j]
+                tas = vanilla[r.j]
+                js.recomputes.append(RecomputeEvent(
+                    js.name, tas.tensor_names[r.i], tas.step_names[r.p % tas.n], tas.step_names[r.q % tas.n],
+                    tas.step_names[r.q % tas.n - 1] if r.q % tas.n > 0 else None, list(r.ops), r.size, r.time_s,
+                    r.size / r.time_s if r.time_s > 0 else float("inf")))
+                restructure.append(r.j)
+        p._rebuild(restructure=sorted(set(restructure)))
+        moved = 0
+        copies_used: dict[int, float] = {}
+        def away_marks(g, v) -> list[tuple[float, float, int, int]]:
+            """Where the model holds gap g away: (old time away from, old time back by,
+            new first step, new step after), for each step and each re-run block."""
+            old, new = vanilla[g.j], p.jobs[g.j].tas
+            marks = []
+            for u, a in v[3]:
+                if solver.value(a):
+                    k = new.unrolled_index(old.unrolled_name(u))
+                    marks.append((old.start_u(u), old.end_u(u), k, k + 1))
+            for r, y, b in self.rerun_away.get(id(g), ()):
+                if solver.value(y) and solver.value(b):
+                    k = new.unrolled_index(old.unrolled_name(r.q))
+                    marks.append((old.start_u(r.q), old.start_u(r.q), k - len(r.ops), k))
+            return marks
+
+        used = sorted(((g, v, away_marks(g, v)) for g, v in zip(self.cands.gaps, self.gap_vars)
+                       if v is not None and solver.value(v[0])), key=lambda gv: (gv[0].j, gv[0].i, gv[0].p))
+        used = [u for u in used if u[2]]
+        first_away: dict[int, float] = {}      # host copy -> the start of the first step a gap holds away
+        for g, v, marks in used:
+            t0 = min(mk[0] for mk in marks)
+            first_away[g.copy] = min(first_away.get(g.copy, t0), t0)
+        for g, v, marks in used:
+            js = p.jobs[g.j]
+            old, new = vanilla[g.j], js.tas
+            o, s, dc, _ = self.copy_vars[g.copy]
+            T = self.period_s
+            out_start = solver.value(s) * T / self.resolution
+            in_start = solver.value(v[1]) * T / self.resolution
+
+            def moved_time(t: float) -> float:
+                u = old.step_at_u(t)
+                return new.start_u(new.unrolled_index(old.unrolled_name(u))) + (t - old.start_u(u))
+
+            # ticks rounded in the model's favour: snap to the steps it holds away (at most a tick)
+            out_start = min(out_start, first_away[g.copy] - g.dur_s)
+            in_start = max(in_start, max(mk[1] for mk in marks))
+            out_s, in_s = moved_time(out_start), moved_time(in_start)
+            pp, qq = (new.unrolled_index(old.unrolled_name(u)) for u in (g.p, g.q))
+            out_end = out_s + g.dur_s
+            if g.copy in copies_used:
+                out_end, out_s = copies_used[g.copy], None
+            # the steps the model holds away are away whatever a float boundary says
+            release = min(max(pp, new.step_done_by_u(out_end)), min(mk[2] for mk in marks) - 1)
+            in_step = max(new.step_at_u(in_s), max(mk[3] for mk in marks))
+            if release + 1 >= in_step:
+                continue
+            w = new.last_write_le(g.i, pp)
+            dec = SwapDecision(g.j, g.i, pp, qq, release + 1, out_s, g.dur_s, in_s, g.dur_s, release, in_step,
+                               version=w, names=(new.unrolled_name(pp), new.unrolled_name(qq),
+                                                 new.unrolled_name(release + 1)))
+            dec.absent = js.fp.add_absence(g.i, release + 1, in_step)
+            if out_s is not None:
+                copies_used[g.copy] = out_end
+                js.swapped_out.add(g.i)
+                js.host_copies[(g.i, w % new.n) if w is not None else (g.i, -1)] = \
+                    out_end - (new.end_u(w) if w is not None else new.start_u(pp))
+                moved += g.size
+            moved += g.size
+            js.decisions.append(dec)
+            p.order.append(dec)
+        p.stop_reason = f"exact planner: {status}"
+        return p._make_plan(0.0), moved
