@@ -204,8 +204,11 @@ class ExactPlanner:
         if self.pool_bytes is not None:
             m.add(self.pool_peak <= self.pool_bytes)
         self.recompute_ticks = sum(self._down(r.time_s) * y for r, y in self.rerun_vars)
-        self.moved_kib = (sum((c.dur_s * self.bandwidth // 1024) * v[0] for c, v in zip(cands.copies, self.copy_vars) if v)
-                          + sum((g.size // 1024) * v[0] for g, v in zip(cands.gaps, self.gap_vars) if v))
+        moved = [(int(round(c.dur_s * self.bandwidth)), v[0]) for c, v in zip(cands.copies, self.copy_vars) if v]
+        moved += [(g.size, v[0]) for g, v in zip(cands.gaps, self.gap_vars) if v]
+        self.moved_bytes = sum(b * x for b, x in moved)
+        # lexicographic: recomputation ticks first, then bytes moved
+        self.cost = self.recompute_ticks * (sum(b for b, _ in moved) + 1) + self.moved_bytes
         return m
 
     def _reruns(self, m) -> list:
@@ -273,7 +276,7 @@ class ExactPlanner:
         if phase_two:
             m.minimize(self.pool_peak)
         else:
-            m.minimize(self.recompute_ticks * (1 << 22) + self.moved_kib)
+            m.minimize(self.cost)
         solver.parameters.max_time_in_seconds = self.time_limit_s
         st = solver.solve(m)
         if st == cp_model.INFEASIBLE:
@@ -282,11 +285,11 @@ class ExactPlanner:
             return self._result("unknown", None, int(sum(self.cands.floors)), t0)
         status = "optimal" if st == cp_model.OPTIMAL else "feasible"
         bound = int(math.ceil(solver.best_objective_bound - 1e-6)) if phase_two else None
-        if phase_two and self.rerun_vars:   # the least recomputation time at that peak
+        if phase_two:   # at that peak, the least recomputation time, then the fewest bytes moved
             best = int(solver.value(self.pool_peak))
             self._fix_hint(m, solver)
             m.add(self.pool_peak <= best)
-            m.minimize(self.recompute_ticks * (1 << 22) + self.moved_kib)
+            m.minimize(self.cost)
             solver.parameters.max_time_in_seconds = max(1.0, self.time_limit_s / 2)
             st2 = solver.solve(m)
             if st2 not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
