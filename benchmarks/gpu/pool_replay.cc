@@ -9,19 +9,28 @@
 //                   buffer, stream rule on and off (--rules), in an arena of
 //                   --arena-factor x the smallest arena that serves the jobs
 //   --mode arena    footprint: smallest arena for each job alone and for all
-//                   together, and each job's live-bytes peak
+//                   together, and each job's live-bytes peak, with and
+//                   without stitching: on the host backend at page and at
+//                   --piece-bytes granularity (the CUDA arena's, 2 MiB: the
+//                   device's placement, predicted), and with --backend cuda
+//                   on the CUDA arena itself (Note [Stitching on a CUDA
+//                   arena] in tf_plugin/allocator/cuda_backend.h)
 //   --mode pairs    CPU ns per allocate/free pair (median of --samples):
 //                   the pool on the host backend, on CUDA (event per free,
 //                   event at sync), cudaMallocAsync and cudaMalloc
 //   --backend B     race mode: async-host (lockstep), async-host-free, cuda
 //   --rules on,off  --passes N  --lag-ticks N  --delay-us N  --spin-ns N
 //   --samples N  --min-sample-ms X  --capacity BYTES (pairs mode arena)
+//   --piece-bytes N (arena mode, host at a device's granularity; 2 MiB)
 //
 // Output: one JSON object per line (trace_replay.h ToJson, plus "mode",
 // "traces", "device" and the mode's own fields); check.sh's summarize.py
 // turns them into the table.
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -51,6 +60,7 @@ struct Args {
   int samples = 11;
   double min_sample_ms = 200;
   size_t capacity = size_t{4} << 30;
+  size_t piece_bytes = size_t{2} << 20;
 };
 
 [[noreturn]] void Usage(const std::string& why) {
@@ -86,6 +96,7 @@ Args Parse(int argc, char** argv) {
     else if (k == "--samples") a.samples = std::stoi(next());
     else if (k == "--min-sample-ms") a.min_sample_ms = std::stod(next());
     else if (k == "--capacity") a.capacity = std::stoull(next());
+    else if (k == "--piece-bytes") a.piece_bytes = std::stoull(next());
     else if (k == "--help" || k == "-h") Usage("usage");
     else if (!k.empty() && k[0] == '-') Usage("unknown option " + k);
     else a.traces.push_back(k);
@@ -146,11 +157,28 @@ Made MakeBackend(const Args& a) {
         std::string(")"));
 }
 
+// The backend for one arena trial: the host (pages, or `piece_bytes`
+// pieces) or, with TENSILE_WITH_CUDA, the CUDA arena (stitch on or off).
+using BackendFactory = std::function<std::unique_ptr<tensile::PoolBackend>()>;
+
+#ifdef TENSILE_WITH_CUDA
+BackendFactory CudaArena(bool stitch) {
+  return [stitch] {
+    tensile::CudaBackend::Options o;
+    o.stitch = stitch;
+    return std::unique_ptr<tensile::PoolBackend>(new tensile::CudaBackend(o));
+  };
+}
+#endif
+
 void Race(const Args& a, const std::vector<tensile::Trace>& jobs) {
-  // The CUDA arena cannot stitch (cuda_backend.h, policy 1): size its arena
-  // for a pool that does not.
-  const bool stitch = a.backend != "cuda";
-  const int64_t smallest = tensile::SmallestArena(jobs, int64_t{1} << 20, stitch);
+  // The smallest arena on the backend's own granularity: on CUDA, the
+  // virtual-memory arena's (Note [Stitching on a CUDA arena]).
+  BackendFactory sizing = [] { return std::make_unique<tensile::HostBackend>(true); };
+#ifdef TENSILE_WITH_CUDA
+  if (a.backend == "cuda") sizing = CudaArena(true);
+#endif
+  const int64_t smallest = tensile::SmallestArena(jobs, int64_t{1} << 20, true, sizing);
   const size_t capacity = static_cast<size_t>(smallest * a.arena_factor) / 256 * 256;
   for (const std::string& rule : a.rules) {
     Made m = MakeBackend(a);
@@ -158,7 +186,6 @@ void Race(const Args& a, const std::vector<tensile::Trace>& jobs) {
     o.capacity = capacity;
     o.passes = a.passes;
     o.stream_rule = rule == "on";
-    o.stitch = stitch;
     const std::string device = m.device;
     const tensile::RaceResult r =
         tensile::ReplayOnStreams(jobs, std::move(m.backend), m.kernels, o);
@@ -172,22 +199,37 @@ void Race(const Args& a, const std::vector<tensile::Trace>& jobs) {
 }
 
 // Footprint of the jobs together against the sum of their own, with and
-// without stitching (the CUDA arena cannot stitch yet, cuda_backend.h).
-void Arena(const std::vector<tensile::Trace>& jobs) {
+// without stitching, on each arena of the header's --mode arena.
+void Arena(const Args& a, const std::vector<tensile::Trace>& jobs) {
   int64_t sum_live = 0;
   for (const tensile::Trace& t : jobs) sum_live += t.LiveBytesPeak();
-  for (bool stitch : {true, false}) {
+  struct Config {
+    std::string backend;
+    int64_t piece_bytes;  // stitch granularity; 0: no stitching
+    BackendFactory make;
+  };
+  const size_t pieces = a.piece_bytes;
+  std::vector<Config> configs = {
+      {"host", static_cast<int64_t>(sysconf(_SC_PAGESIZE)), [] { return std::make_unique<tensile::HostBackend>(true); }},
+      {"host", 0, [] { return std::make_unique<tensile::HostBackend>(false); }},
+      {"host", static_cast<int64_t>(pieces),
+       [pieces] { return std::make_unique<tensile::HostBackend>(true, pieces); }},
+  };
+  auto emit = [&](const Config& c, const std::string& device) {
+    const bool stitch = c.piece_bytes > 0;
     int64_t sum_alone = 0;
     std::string alone = "[";
     for (size_t i = 0; i < jobs.size(); ++i) {
-      const int64_t s = tensile::SmallestArena({jobs[i]}, int64_t{1} << 20, stitch);
+      const int64_t s = tensile::SmallestArena({jobs[i]}, int64_t{1} << 20, stitch, c.make);
       sum_alone += s;
       alone += (i ? ", " : "") + std::to_string(s);
     }
     alone += "]";
-    const int64_t together = tensile::SmallestArena(jobs, int64_t{1} << 20, stitch);
+    const int64_t together = tensile::SmallestArena(jobs, int64_t{1} << 20, stitch, c.make);
     std::cout << "{\"kind\": \"arena\", \"mode\": \"arena\", \"traces\": " << TraceList(jobs)
-              << ", \"stitch\": " << (stitch ? "true" : "false")
+              << ", \"backend\": \"" << c.backend << "\", \"device\": \"" << device
+              << "\", \"stitch\": " << (stitch ? "true" : "false")
+              << ", \"piece_bytes\": " << c.piece_bytes
               << ", \"smallest_arena_alone\": " << alone
               << ", \"sum_smallest_alone\": " << sum_alone
               << ", \"sum_live_peaks\": " << sum_live
@@ -195,7 +237,17 @@ void Arena(const std::vector<tensile::Trace>& jobs) {
               << ", \"together_over_sum\": "
               << static_cast<double>(together) / static_cast<double>(sum_alone) << "}"
               << std::endl;
+  };
+  // The host rows first: a device that fails below leaves them printed.
+  for (const Config& c : configs) emit(c, "host");
+#ifdef TENSILE_WITH_CUDA
+  if (a.backend == "cuda") {
+    tensile::CudaBackend probe(tensile::CudaBackend::Options{});
+    const std::string device = probe.DeviceDescription();
+    emit({"cuda", static_cast<int64_t>(probe.DeviceGranularity()), CudaArena(true)}, device);
+    emit({"cuda", 0, CudaArena(false)}, device);
   }
+#endif
 }
 
 void Pairs(const Args& a, const std::vector<tensile::Trace>& jobs) {
@@ -246,7 +298,7 @@ int main(int argc, char** argv) {
     std::vector<tensile::Trace> jobs;
     for (const std::string& p : a.traces) jobs.push_back(tensile::LoadTrace(p));
     if (a.mode == "race") Race(a, jobs);
-    if (a.mode == "arena") Arena(jobs);
+    if (a.mode == "arena") Arena(a, jobs);
     if (a.mode == "pairs") Pairs(a, jobs);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pool_replay: %s\n", e.what());

@@ -64,17 +64,48 @@ def main(path: str) -> None:
 
     rows = []
     for e in (x for x in lines if x["kind"] == "arena"):
-        rows.append([" + ".join(e["traces"]), "yes" if e["stitch"] else "no",
+        pieces = e.get("piece_bytes", 4096 if e["stitch"] else 0)
+        stitch = "no" if not e["stitch"] else (f"{pieces / MiB:.0f} MiB pieces" if pieces >= MiB
+                                               else f"{pieces // 1024} KiB pieces")
+        rows.append([" + ".join(e["traces"]), e.get("backend", "host"), stitch,
                      " + ".join(f"{b / MiB:.0f}" for b in e["smallest_arena_alone"]),
                      f"{e['smallest_arena_together'] / MiB:.0f}", f"{e['together_over_sum']:.3f}",
                      "PASS" if e["together_over_sum"] <= 1.05 else "FAIL"])
     footprint = [e for e in lines if e["kind"] == "pair_cost" and len(set(e.get("traces", []))) > 1]
     for e in footprint:
-        rows.append([" + ".join(e["traces"]), "(PyTorch, one stream per job)", "-",
+        rows.append([" + ".join(e["traces"]), "PyTorch", "(one stream per job)", "-",
                      f"{e['footprint_peak'] / MiB:.0f} reserved peak", "-", "-"])
     table("two jobs concurrently: smallest arena (MiB) against the sum of their own (goal <= 1.05x)",
-          ["jobs", "stitching", "alone", "together", "together / sum", "goal"], rows)
+          ["jobs", "backend", "stitching", "alone", "together", "together / sum", "goal"], rows)
+    torch_training(lines)
 
+
+def torch_training(lines: list[dict]) -> None:
+    """torch_training.py's figures: two models on two streams, pool against caching allocator."""
+    rows = []
+    for e in (x for x in lines if x["kind"] == "torch_training"):
+        f = e["figure"]
+        if f == "losses":
+            value = "bit for bit" if e["equal_bitwise"] else f"DIFFER: {e['differences'][:3]}"
+            rows.append(["losses, pool vs caching", value, f"{e['steps_per_phase']} steps per phase; together = "
+                         f"alone: {e['together_equals_alone']}", "PASS" if e["equal_bitwise"] else "FAIL"])
+        elif f == "step_time":
+            rows.append(["step time, both jobs", f"{e['ratio']:.3f}x",
+                         f"pool {e['pool_ms']:.1f} ms, caching {e['caching_ms']:.1f} ms", ""])
+        elif f == "footprint":
+            rows.append([f"peak, {e['allocator']} ({e['measure']})", f"{e['together_over_sum']:.3f}x sum",
+                         f"alone {' + '.join(f'{b / MiB:.0f}' for b in e['alone'])} MiB, "
+                         f"together {e['together'] / MiB:.0f} MiB", ""])
+        elif f == "pool_stats":
+            rows.append(["pool counts", f"{e['syncs']} syncs, {e['stream_waits']} stream waits",
+                         f"{e['stitched']} stitched, {e['num_ooms']} OOMs; both jobs: {e['together']}; "
+                         f"{e['backend']}", "FAIL" if e["invariant_error"] else ""])
+        elif f in ("child_failed", "not_run"):
+            rows.append([f, e.get("allocator", ""), e.get("why", "")[:100], "FAIL"])
+        elif f == "plan":
+            rows.append(["plan (dry run)", f"library built: {e['lib_built']}", " / ".join(e["phases"]), ""])
+    table("two models training at once on two streams (ResNet50 224x224 + Transformer encoder)",
+          ["figure", "value", "detail", "verdict"], rows)
 
 if __name__ == "__main__":
     main(sys.argv[1] if len(sys.argv) > 1 else "check.jsonl")

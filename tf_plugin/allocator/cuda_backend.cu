@@ -1,7 +1,9 @@
 // CudaBackend (cuda_backend.h): the policy is in the header.
 #include "tf_plugin/allocator/cuda_backend.h"
 
+#include <cuda.h>
 #include <cuda_runtime.h>
+#include <cudaTypedefs.h>
 
 #include <cstdio>
 #include <stdexcept>
@@ -50,7 +52,78 @@ size_t Granules(size_t bytes) {
   return (bytes + kPatternGranule - 1) / kPatternGranule;
 }
 
+// A driver entry point through the runtime (Note [Stitching on a CUDA
+// arena]): nullptr when the driver lacks it.
+void* DriverEntry(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+  const cudaError_t e =
+      cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found);
+#else
+  const cudaError_t e = cudaGetDriverEntryPoint(name, &fn, cudaEnableDefault, &found);
+#endif
+  if (e != cudaSuccess || found != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return fn;
+}
+
 }  // namespace
+
+// Policy 1: the driver's virtual memory management, as loaded.
+struct CudaBackend::Vmm {
+  PFN_cuMemAddressReserve_v10020 reserve = nullptr;
+  PFN_cuMemAddressFree_v10020 address_free = nullptr;
+  PFN_cuMemCreate_v10020 create = nullptr;
+  PFN_cuMemRelease_v10020 release = nullptr;
+  PFN_cuMemMap_v10020 map = nullptr;
+  PFN_cuMemUnmap_v10020 unmap = nullptr;
+  PFN_cuMemSetAccess_v10020 set_access = nullptr;
+  PFN_cuMemGetAllocationGranularity_v10020 granularity = nullptr;
+  CUmemAllocationProp prop = {};
+  CUmemAccessDesc access = {};
+
+  // Loads the entry points; false where any is missing.
+  bool Load(int device) {
+    reserve = reinterpret_cast<PFN_cuMemAddressReserve_v10020>(DriverEntry("cuMemAddressReserve"));
+    address_free = reinterpret_cast<PFN_cuMemAddressFree_v10020>(DriverEntry("cuMemAddressFree"));
+    create = reinterpret_cast<PFN_cuMemCreate_v10020>(DriverEntry("cuMemCreate"));
+    release = reinterpret_cast<PFN_cuMemRelease_v10020>(DriverEntry("cuMemRelease"));
+    map = reinterpret_cast<PFN_cuMemMap_v10020>(DriverEntry("cuMemMap"));
+    unmap = reinterpret_cast<PFN_cuMemUnmap_v10020>(DriverEntry("cuMemUnmap"));
+    set_access = reinterpret_cast<PFN_cuMemSetAccess_v10020>(DriverEntry("cuMemSetAccess"));
+    granularity = reinterpret_cast<PFN_cuMemGetAllocationGranularity_v10020>(
+        DriverEntry("cuMemGetAllocationGranularity"));
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device;
+    access.location = prop.location;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return reserve && address_free && create && release && map && unmap && set_access &&
+           granularity;
+  }
+  // Maps handles[0..n) at `at`, one granule each, and makes them accessible;
+  // on failure unmaps what it mapped.
+  bool MapGranules(char* at, const unsigned long long* handles, size_t n, size_t g) {
+    for (size_t i = 0; i < n; ++i) {
+      if (map(reinterpret_cast<CUdeviceptr>(at + i * g), g, 0, handles[i], 0) != CUDA_SUCCESS) {
+        UnmapGranules(at, i, g);
+        return false;
+      }
+    }
+    if (set_access(reinterpret_cast<CUdeviceptr>(at), n * g, &access, 1) != CUDA_SUCCESS) {
+      UnmapGranules(at, n, g);
+      return false;
+    }
+    return true;
+  }
+  // cuMemUnmap takes whole mappings only: one per granule.
+  void UnmapGranules(char* at, size_t n, size_t g) {
+    for (size_t i = 0; i < n; ++i) unmap(reinterpret_cast<CUdeviceptr>(at + i * g), g);
+  }
+};
 
 CudaBackend::CudaBackend(Options options) : options_(options) {
   Check(cudaSetDevice(options_.device), "cudaSetDevice");
@@ -64,19 +137,31 @@ CudaBackend::CudaBackend(Options options) : options_(options) {
   Check(cudaMalloc(&counter, sizeof(unsigned long long)), "cudaMalloc (counter)");
   corruptions_ = static_cast<unsigned long long*>(counter);
   Check(cudaMemset(corruptions_, 0, sizeof(unsigned long long)), "cudaMemset");
+  if (options_.stitch) {
+    auto vmm = std::make_unique<Vmm>();
+    size_t g = 0;
+    if (vmm->Load(options_.device) &&
+        vmm->granularity(&g, &vmm->prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS &&
+        g > 0) {
+      granularity_ = g;
+      vmm_ = std::move(vmm);
+    }
+  }
 }
 
 CudaBackend::~CudaBackend() {
   cudaDeviceSynchronize();
   for (StreamState& s : streams_) {
     if (s.event) cudaEventDestroy(s.event);
-    if (s.stream) cudaStreamDestroy(s.stream);
+    if (s.stream && !s.adopted) cudaStreamDestroy(s.stream);
   }
   if (corruptions_) cudaFree(corruptions_);
 }
 
 std::string CudaBackend::Name() const {
-  return std::string("cuda (") + (options_.event_per_free ? "event per free" : "event at sync") +
+  const std::string arena =
+      vmm_ ? "vmm arena, stitch " + std::to_string(granularity_ >> 10) + " KiB" : "cudaMalloc arena";
+  return "cuda (" + arena + ", " + (options_.event_per_free ? "event per free" : "event at sync") +
          (options_.spin_ns > 0 ? ", stream s spins " + std::to_string(options_.spin_ns) + "*s ns"
                                : std::string()) +
          ")";
@@ -85,6 +170,33 @@ std::string CudaBackend::Name() const {
 std::string CudaBackend::DeviceDescription() const { return device_; }
 
 void* CudaBackend::Reserve(size_t bytes) {
+  if (vmm_ && arena_ == nullptr) {
+    // Policy 1: reserve, then one handle per granule, each mapped at its offset.
+    const size_t g = granularity_;
+    const size_t n = (bytes + g - 1) / g;
+    char* at = static_cast<char*>(ReserveAddressRange(n * g));
+    if (at == nullptr) return nullptr;
+    handles_.assign(n, 0);
+    for (size_t i = 0; i < n; ++i) {
+      CUmemGenericAllocationHandle h = 0;
+      if (vmm_->create(&h, g, &vmm_->prop, 0) != CUDA_SUCCESS) {
+        for (size_t j = 0; j < i; ++j) vmm_->release(handles_[j]);
+        handles_.clear();
+        ReleaseAddressRange(at, n * g);
+        return nullptr;
+      }
+      handles_[i] = h;
+    }
+    if (!vmm_->MapGranules(at, handles_.data(), n, g)) {
+      for (unsigned long long h : handles_) vmm_->release(h);
+      handles_.clear();
+      ReleaseAddressRange(at, n * g);
+      return nullptr;
+    }
+    arena_ = at;
+    arena_bytes_ = n * g;
+    return at;
+  }
   void* p = nullptr;
   if (cudaMalloc(&p, bytes) != cudaSuccess) {
     cudaGetLastError();  // clear the error: the pool reports the failure
@@ -93,21 +205,76 @@ void* CudaBackend::Reserve(size_t bytes) {
   return p;
 }
 
-void CudaBackend::Release(void* base, size_t) { cudaFree(base); }
+void CudaBackend::Release(void* base, size_t bytes) {
+  if (base == nullptr || base != arena_) {
+    cudaFree(base);
+    return;
+  }
+  cudaDeviceSynchronize();
+  vmm_->UnmapGranules(arena_, handles_.size(), granularity_);
+  for (unsigned long long h : handles_) vmm_->release(h);
+  handles_.clear();
+  ReleaseAddressRange(arena_, arena_bytes_);
+  arena_ = nullptr;
+  arena_bytes_ = 0;
+  (void)bytes;
+}
+
+void* CudaBackend::ReserveAddressRange(size_t bytes) {
+  if (!vmm_) return nullptr;
+  const size_t g = granularity_;
+  CUdeviceptr p = 0;
+  if (vmm_->reserve(&p, (bytes + g - 1) / g * g, g, 0, 0) != CUDA_SUCCESS) return nullptr;
+  return reinterpret_cast<void*>(p);
+}
+
+void CudaBackend::ReleaseAddressRange(void* at, size_t bytes) {
+  if (!vmm_ || at == nullptr) return;
+  const size_t g = granularity_;
+  vmm_->address_free(reinterpret_cast<CUdeviceptr>(at), (bytes + g - 1) / g * g);
+}
+
+bool CudaBackend::MapArenaPiece(void* at, size_t arena_offset, size_t bytes) {
+  const size_t g = granularity_;
+  if (!vmm_ || arena_ == nullptr || arena_offset % g != 0 || bytes % g != 0 ||
+      arena_offset + bytes > arena_bytes_) {
+    return false;
+  }
+  return vmm_->MapGranules(static_cast<char*>(at), handles_.data() + arena_offset / g, bytes / g, g);
+}
+
+void CudaBackend::UnmapToReserved(void* at, size_t bytes) {
+  // The pool has waited for the freeing stream (Note [Stitched allocations]).
+  if (vmm_) vmm_->UnmapGranules(static_cast<char*>(at), bytes / granularity_, granularity_);
+}
 
 CudaBackend::StreamState& CudaBackend::StateFor(StreamId stream) {
   std::lock_guard<std::mutex> lock(mu_);
   const size_t i = static_cast<size_t>(stream < 0 ? 0 : stream);
   if (streams_.size() <= i) streams_.resize(i + 1);
   StreamState& s = streams_[i];
-  if (s.stream == nullptr) {
+  if (!s.ready) {
     Check(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking), "cudaStreamCreate");
     Check(cudaEventCreateWithFlags(&s.event, cudaEventDisableTiming), "cudaEventCreate");
+    s.ready = true;
   }
   return s;
 }
 
 CUstream_st* CudaBackend::StreamFor(StreamId stream) { return StateFor(stream).stream; }
+
+void CudaBackend::AdoptStream(StreamId stream, CUstream_st* cuda_stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const size_t i = static_cast<size_t>(stream < 0 ? 0 : stream);
+  if (streams_.size() <= i) streams_.resize(i + 1);
+  StreamState& s = streams_[i];
+  if (s.ready) throw std::runtime_error("CUDA backend: stream " + std::to_string(stream) +
+                                       " already in use; adopt it before its first use");
+  Check(cudaEventCreateWithFlags(&s.event, cudaEventDisableTiming), "cudaEventCreate");
+  s.stream = cuda_stream;
+  s.adopted = true;
+  s.ready = true;
+}
 
 FreeTicket CudaBackend::RecordFree(StreamId stream) {
   StreamState& s = StateFor(stream);
@@ -146,7 +313,7 @@ void CudaBackend::WaitForFree(StreamId stream, FreeTicket ticket) {
 
 void CudaBackend::SynchronizeAllStreams() {
   for (size_t i = 0; i < streams_.size(); ++i) {
-    if (streams_[i].stream != nullptr) {
+    if (streams_[i].ready) {
       Check(cudaStreamSynchronize(streams_[i].stream), "cudaStreamSynchronize");
     }
   }

@@ -99,9 +99,17 @@ class PoolBackend {
 // and StitchGranularity() is 0. Either way the arena is not inherited
 // by fork()ed children (MADV_DONTFORK): a child never shares, nor copies,
 // the device memory.
+//
+// `granularity` (a multiple of the page size; 0: the page size) is the
+// stitch piece size. A device's is coarser (CUDA: 2 MiB, cuda_backend.h
+// policy 1); a host arena at the device's granularity places every chunk
+// and piece as the device arena would, so the footprint a device pool needs
+// is measured without the device (pool_replay --mode arena). The arena then
+// starts on a multiple of `granularity`.
 class HostBackend : public PoolBackend {
  public:
-  explicit HostBackend(bool stitchable = true) : stitchable_(stitchable) {}
+  explicit HostBackend(bool stitchable = true, size_t granularity = 0)
+      : stitchable_(stitchable), granularity_(granularity) {}
   ~HostBackend() override;
   void* Reserve(size_t bytes) override;
   void Release(void* base, size_t bytes) override;
@@ -115,6 +123,7 @@ class HostBackend : public PoolBackend {
 
  private:
   bool stitchable_ = true;
+  size_t granularity_ = 0;  // 0: the page size
   int fd_ = -1;  // the arena's memory file; -1 when private anonymous
 };
 

@@ -22,8 +22,27 @@ void* HostBackend::Reserve(size_t bytes) {
   // address space until used (as MAP_NORESERVE anonymous memory).
   const int fd = stitchable_ ? memfd_create("tensile-pool", MFD_CLOEXEC) : -1;
   if (fd >= 0 && ftruncate(fd, static_cast<off_t>(bytes)) == 0) {
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                   MAP_SHARED | MAP_NORESERVE, fd, 0);
+    // A granularity above the page size: the arena starts on a multiple of
+    // it (reserve `g` more, map the file at the aligned address, give the
+    // slack back).
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const size_t g = granularity_ > page ? granularity_ : 0;
+    void* at = nullptr;
+    if (g > 0) {
+      void* r = mmap(nullptr, bytes + g, PROT_NONE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (r != MAP_FAILED) {
+        const uintptr_t lo = reinterpret_cast<uintptr_t>(r);
+        const uintptr_t aligned = (lo + g - 1) / g * g;
+        const size_t tail = (lo + bytes + g) - (aligned + bytes);
+        if (aligned > lo) munmap(r, aligned - lo);
+        if (tail > 0) munmap(reinterpret_cast<void*>(aligned + bytes), tail);
+        at = reinterpret_cast<void*>(aligned);
+      }
+    }
+    void* p = mmap(at, bytes, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_NORESERVE | (at ? MAP_FIXED : 0), fd, 0);
+    if (p == MAP_FAILED && at != nullptr) munmap(at, bytes);
     if (p != MAP_FAILED) {
       fd_ = fd;
       madvise(p, bytes, MADV_DONTFORK);
@@ -41,7 +60,9 @@ void* HostBackend::Reserve(size_t bytes) {
 void HostBackend::Release(void* base, size_t bytes) { munmap(base, bytes); }
 
 size_t HostBackend::StitchGranularity() const {
-  return fd_ >= 0 ? static_cast<size_t>(sysconf(_SC_PAGESIZE)) : 0;
+  if (fd_ < 0) return 0;
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return granularity_ > page ? granularity_ / page * page : page;
 }
 
 void* HostBackend::ReserveAddressRange(size_t bytes) {

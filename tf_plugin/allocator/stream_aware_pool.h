@@ -63,7 +63,9 @@
 // work before it unmaps the range, since that work reaches the pieces
 // through the window (found by the race replay: a verify kernel read an
 // unmapped window page). Pools whose backend has no address-space primitives
-// (StitchGranularity() == 0) or built with stitch = false never stitch.
+// (StitchGranularity() == 0) or built with stitch = false never stitch. On
+// a GPU the pieces are 2 MiB granules (Note [Stitching on a CUDA arena] in
+// tf_plugin/allocator/cuda_backend.h).
 //
 // Note [Best fit across own and synced]
 // Listing 1 searches the stream's own unsynced chunks first and the synced

@@ -254,14 +254,19 @@ RaceResult ReplayOnStreams(const std::vector<Trace>& jobs,
 
 int64_t SmallestArena(const std::vector<Trace>& jobs, int64_t step,
                       bool stitch) {
+  return SmallestArena(jobs, step, stitch,
+                       [stitch] { return std::make_unique<HostBackend>(stitch); });
+}
+
+int64_t SmallestArena(
+    const std::vector<Trace>& jobs, int64_t step, bool stitch,
+    const std::function<std::unique_ptr<PoolBackend>()>& make_backend) {
   auto fits = [&](int64_t capacity) {
     RaceOptions o;
     o.capacity = static_cast<size_t>(capacity);
     o.passes = 2;
     o.stitch = stitch;
-    return !ReplayOnStreams(jobs, std::make_unique<HostBackend>(stitch),
-                            nullptr, o)
-                .oom;
+    return !ReplayOnStreams(jobs, make_backend(), nullptr, o).oom;
   };
   int64_t live_sum = 0;
   for (const Trace& t : jobs) live_sum += t.LiveBytesPeak();

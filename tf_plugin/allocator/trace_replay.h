@@ -32,6 +32,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -98,6 +99,13 @@ RaceResult ReplayOnStreams(const std::vector<Trace>& jobs,
 // backend, stream rule on) serves `jobs` replayed concurrently.
 int64_t SmallestArena(const std::vector<Trace>& jobs, int64_t step,
                       bool stitch = true);
+// The same on the backends `make_backend` returns, one per trial (a device
+// arena: its stitch granularity decides what stitching recovers; without
+// kernels the placement is the backend's alone). Throws what the backend
+// throws.
+int64_t SmallestArena(
+    const std::vector<Trace>& jobs, int64_t step, bool stitch,
+    const std::function<std::unique_ptr<PoolBackend>()>& make_backend);
 
 // What the pair-cost replay drives: one allocator, several streams.
 class ReplayAllocator {
