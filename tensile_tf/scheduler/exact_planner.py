@@ -47,9 +47,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from tensile_tf.scheduler.exact_candidates import ExactCandidates, collect_candidates
-from tensile_tf.scheduler.plan import Plan, RecomputeEvent
+from tensile_tf.scheduler.exact_plans import hint_greedy_plan, plan_from_solution
+from tensile_tf.scheduler.plan import Plan
 from tensile_tf.scheduler.planner import DEFAULT_BANDWIDTH_BYTES_PER_S, Planner, PlannerJob
-from tensile_tf.scheduler.state import SwapDecision
 
 INSTALL_HINT = 'the exact planner needs OR-Tools: pip install -e ".[exact]"'
 
@@ -107,6 +107,7 @@ class ExactPlanner:
         self.planner = Planner(jobs, pool_bytes=pool_bytes, bandwidth_bytes_per_s=bandwidth_bytes_per_s,
                                coincident_peaks=coincident, max_chain=max_chain, unchain=False)
         self.planner._init_state()
+        self.vanilla = {js.j: js.tas for js in self.planner.jobs}   # the unplanned sequences, before any plan
         periods = [js.tas.period_s for js in self.planner.jobs]
         if max(periods) - min(periods) > 1e-9 * max(periods):
             raise ValueError("exact planner: jobs of one iteration time only (the lanes are one circle); "
@@ -264,40 +265,54 @@ class ExactPlanner:
 
     # -- solve -------------------------------------------------------------------------
     def solve(self, hint: Planner | None = None) -> ExactResult:
+        """The best plan within the time limit, and a proven bound. ``hint``: a
+        greedy planner after ``plan()``; its plan is solved first with every
+        hinted variable fixed (CP-SAT can lose a mere hint in a large model),
+        so the result is never worse than the greedy plan where that plan is
+        a point of the model."""
         cp_model = _cp_model()
         t0 = time.perf_counter()
         m = self._build()
+        minimise = self.pool_bytes is None
+        m.minimize(self.pool_peak if minimise else self.cost)
+        found = (cp_model.OPTIMAL, cp_model.FEASIBLE)
+        best = None                      # the solver holding the best plan found
         if hint is not None:
             self._hint(m, hint)
-        solver = cp_model.CpSolver()
-        solver.parameters.num_workers = self.workers
-        solver.parameters.random_seed = 0
-        phase_two = self.pool_bytes is None
-        if phase_two:
-            m.minimize(self.pool_peak)
-        else:
-            m.minimize(self.cost)
-        solver.parameters.max_time_in_seconds = self.time_limit_s
+            fixed = self._solver(self.time_limit_s, fixed=True)
+            if fixed.solve(m) in found:
+                best = fixed
+        solver = self._solver(self.time_limit_s)
         st = solver.solve(m)
         if st == cp_model.INFEASIBLE:
             return self._result("infeasible", None, self._minimised_bound(), t0)
-        if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            return self._result("unknown", None, int(sum(self.cands.floors)), t0)
+        if st in found and (best is None or solver.objective_value <= best.objective_value):
+            best = solver
+        bound = self._minimised_bound()
+        if minimise:   # CP-SAT's bound holds even where it found no plan
+            bound = max(bound, int(math.ceil(solver.best_objective_bound - 1e-6)))
+        if best is None:
+            return self._result("unknown", None, bound, t0)
         status = "optimal" if st == cp_model.OPTIMAL else "feasible"
-        bound = int(math.ceil(solver.best_objective_bound - 1e-6)) if phase_two else None
-        if phase_two:   # at that peak, the least recomputation time, then the fewest bytes moved
-            best = int(solver.value(self.pool_peak))
-            self._fix_hint(m, solver)
-            m.add(self.pool_peak <= best)
+        if minimise:   # at that peak, the least recomputation time, then the fewest bytes moved
+            self._fix_hint(m, best)
+            m.add(self.pool_peak <= int(best.value(self.pool_peak)))
             m.minimize(self.cost)
-            solver.parameters.max_time_in_seconds = max(1.0, self.time_limit_s / 2)
-            st2 = solver.solve(m)
-            if st2 not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-                raise RuntimeError("exact planner: the second phase lost the first phase's plan (a model bug)")
-        if bound is None:
-            bound = self._minimised_bound() if status != "optimal" else int(solver.value(self.pool_peak))
-            bound = min(bound, int(solver.value(self.pool_peak)))
-        return self._result(status, solver, bound, t0)
+            second = self._solver(max(1.0, self.time_limit_s / 2))
+            if second.solve(m) in found and second.objective_value <= self._cost_of(best):
+                best = second
+        return self._result(status, best, bound, t0)
+
+    def _solver(self, seconds: float, fixed: bool = False):
+        solver = _cp_model().CpSolver()
+        solver.parameters.num_workers = self.workers
+        solver.parameters.random_seed = 0
+        solver.parameters.max_time_in_seconds = seconds
+        solver.parameters.fix_variables_to_their_hinted_value = fixed
+        return solver
+
+    def _cost_of(self, solver) -> int:
+        return int(solver.value(self.cost))
 
     def _minimised_bound(self) -> int:
         """A proven lower bound on the pool peak: the floors (every candidate taken)."""
@@ -323,24 +338,7 @@ class ExactPlanner:
             yield y
 
     def _hint(self, m, greedy: Planner) -> None:
-        """The greedy planner's swaps as CP-SAT's first solution to improve on (swap-only plans)."""
-        if any(js.recomputes for js in greedy.jobs):
-            return
-        index = {(g.j, g.i, g.p % self.planner.jobs[g.j].tas.n, g.q - g.p): n for n, g in enumerate(self.cands.gaps)}
-        for js in greedy.jobs:
-            n = js.tas.n
-            for d in js.decisions:
-                gi = index.get((d.j, d.i, d.p % n, d.q - d.p))
-                if gi is None or self.gap_vars[gi] is None:
-                    continue
-                x, t, _, avars = self.gap_vars[gi]
-                shift = (d.p - self.cands.gaps[gi].p) // n * self.period_s
-                m.add_hint(x, 1)
-                m.add_hint(t, self._down(d.in_start - shift))
-                cv = self.copy_vars[self.cands.gaps[gi].copy]
-                if d.out_start is not None and cv is not None:
-                    m.add_hint(cv[0], 1)
-                    m.add_hint(cv[1], self._down(d.out_start - shift))
+        hint_greedy_plan(self, m, greedy)
 
     # -- the plan ----------------------------------------------------------------------
     def _result(self, status: str, solver, bound: int, t0: float) -> ExactResult:
@@ -373,82 +371,4 @@ class ExactPlanner:
         return total
 
     def _plan(self, solver, status: str) -> tuple[Plan, int]:
-        """The chosen events as the greedy planner's decisions, then its ``_make_plan``."""
-        p = self.planner
-        vanilla = {js.j: js.tas for js in p.jobs}
-        restructure = []
-        for r, y in self.rerun_vars:
-            if solver.value(y):
-                js = p.jobs[r.j]
-                tas = vanilla[r.j]
-                js.recomputes.append(RecomputeEvent(
-                    js.name, tas.tensor_names[r.i], tas.step_names[r.p % tas.n], tas.step_names[r.q % tas.n],
-                    tas.step_names[r.q % tas.n - 1] if r.q % tas.n > 0 else None, list(r.ops), r.size, r.time_s,
-                    r.size / r.time_s if r.time_s > 0 else float("inf")))
-                restructure.append(r.j)
-        p._rebuild(restructure=sorted(set(restructure)))
-        moved = 0
-        copies_used: dict[int, float] = {}
-        def away_marks(g, v) -> list[tuple[float, float, int, int]]:
-            """Where the model holds gap g away: (old time away from, old time back by,
-            new first step, new step after), for each step and each re-run block."""
-            old, new = vanilla[g.j], p.jobs[g.j].tas
-            marks = []
-            for u, a in v[3]:
-                if solver.value(a):
-                    k = new.unrolled_index(old.unrolled_name(u))
-                    marks.append((old.start_u(u), old.end_u(u), k, k + 1))
-            for r, y, b in self.rerun_away.get(id(g), ()):
-                if solver.value(y) and solver.value(b):
-                    k = new.unrolled_index(old.unrolled_name(r.q))
-                    marks.append((old.start_u(r.q), old.start_u(r.q), k - len(r.ops), k))
-            return marks
-
-        used = sorted(((g, v, away_marks(g, v)) for g, v in zip(self.cands.gaps, self.gap_vars)
-                       if v is not None and solver.value(v[0])), key=lambda gv: (gv[0].j, gv[0].i, gv[0].p))
-        used = [u for u in used if u[2]]
-        first_away: dict[int, float] = {}      # host copy -> the start of the first step a gap holds away
-        for g, v, marks in used:
-            t0 = min(mk[0] for mk in marks)
-            first_away[g.copy] = min(first_away.get(g.copy, t0), t0)
-        for g, v, marks in used:
-            js = p.jobs[g.j]
-            old, new = vanilla[g.j], js.tas
-            o, s, dc, _ = self.copy_vars[g.copy]
-            T = self.period_s
-            out_start = solver.value(s) * T / self.resolution
-            in_start = solver.value(v[1]) * T / self.resolution
-
-            def moved_time(t: float) -> float:
-                u = old.step_at_u(t)
-                return new.start_u(new.unrolled_index(old.unrolled_name(u))) + (t - old.start_u(u))
-
-            # ticks rounded in the model's favour: snap to the steps it holds away (at most a tick)
-            out_start = min(out_start, first_away[g.copy] - g.dur_s)
-            in_start = max(in_start, max(mk[1] for mk in marks))
-            out_s, in_s = moved_time(out_start), moved_time(in_start)
-            pp, qq = (new.unrolled_index(old.unrolled_name(u)) for u in (g.p, g.q))
-            out_end = out_s + g.dur_s
-            if g.copy in copies_used:
-                out_end, out_s = copies_used[g.copy], None
-            # the steps the model holds away are away whatever a float boundary says
-            release = min(max(pp, new.step_done_by_u(out_end)), min(mk[2] for mk in marks) - 1)
-            in_step = max(new.step_at_u(in_s), max(mk[3] for mk in marks))
-            if release + 1 >= in_step:
-                continue
-            w = new.last_write_le(g.i, pp)
-            dec = SwapDecision(g.j, g.i, pp, qq, release + 1, out_s, g.dur_s, in_s, g.dur_s, release, in_step,
-                               version=w, names=(new.unrolled_name(pp), new.unrolled_name(qq),
-                                                 new.unrolled_name(release + 1)))
-            dec.absent = js.fp.add_absence(g.i, release + 1, in_step)
-            if out_s is not None:
-                copies_used[g.copy] = out_end
-                js.swapped_out.add(g.i)
-                js.host_copies[(g.i, w % new.n) if w is not None else (g.i, -1)] = \
-                    out_end - (new.end_u(w) if w is not None else new.start_u(pp))
-                moved += g.size
-            moved += g.size
-            js.decisions.append(dec)
-            p.order.append(dec)
-        p.stop_reason = f"exact planner: {status}"
-        return p._make_plan(0.0), moved
+        return plan_from_solution(self, solver, status)
