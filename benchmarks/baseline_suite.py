@@ -18,8 +18,12 @@ Per model, jobs and link: the measured peaks (VMP vanilla, EMP planned), MSR,
 time ratio (EOR), CBR = MSR / EOR, bit for bit (losses and every variable
 equal to the vanilla run), and on the capped link the **link bound**: the
 bytes the link can move out and back within the vanilla step
-(bandwidth x step / 2), as an MSR ceiling for swap-only plans
-(bound / VMP); ``of bound`` is MSR as a share of it.
+(bandwidth x step / 2 on one lane, bandwidth x step on a lane per
+direction), as an MSR ceiling for swap-only plans (bound / VMP); ``of
+bound`` is MSR as a share of it. Every method of a row plans and runs
+under the same link and lanes (``--link-lanes``; default: two lanes for a
+device link, one otherwise, Note [Lanes of a device link] in
+tensile_tf/config/device_links.py); each row says its ``link_lanes``.
 
 ``tensile-swap`` is TENSILE without recomputation, the plan the link bounds
 speak of; ``tensile-free`` is TENSILE planned for a step whose ops run free
@@ -68,7 +72,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from plan_execution_bench import capped_link, compare, link_bandwidth, run, vanilla_runs  # noqa: E402
+from tensile_tf.config.device_links import DEVICE_LINKS, combined_bandwidth, link_lanes  # noqa: E402
 from tensile_tf.scheduler.paired_repeats import paired_summary, summary_line  # noqa: E402
+from tensile_tf.scheduler.swap_scheduling import lane_bandwidth  # noqa: E402
 
 
 #: TensorFlow's own memory optimizer (Grappler), by strategy name: its recomputation heuristics
@@ -81,9 +87,19 @@ GRAPPLER = {"grappler-heuristics": "RECOMPUTATION_HEURISTICS", "grappler-manual"
 TENSILE_VARIANTS = {"tensile-swap": "plan", "tensile-free": "free", "tensile-auto": "auto"}
 
 
+def lanes_of(a, link: str, bw: float) -> tuple[int, float]:
+    """The link's lanes (``--link-lanes``, else two for a device link) and its
+    combined cap, bytes/s (0: none), the same for every method of a row."""
+    device = link if link in DEVICE_LINKS else None
+    lanes = link_lanes(device, a.link_lanes)
+    return lanes, combined_bandwidth(device, bw, lanes) or 0.0
+
+
 def run_method(strategy: str, model: str, shape: str, k: int, steps: int, *, budget_frac: float,
-               bandwidth: float, batch: int, budget_bytes: int = 0, paired_vanilla: bool = False) -> dict:
-    """One configuration under one method (module docstring), in its own process."""
+               bandwidth: float, batch: int, budget_bytes: int = 0, paired_vanilla: bool = False,
+               lanes: tuple[int, float] = (1, 0.0)) -> dict:
+    """One configuration under one method (module docstring), in its own process, on ``lanes``
+    (``lanes_of``)."""
     if strategy in GRAPPLER or strategy == "recompute-grad":
         return run(model, shape, k, steps, planned=False, budget_frac=0, bandwidth=0, batch=batch,
                    grappler_memory=GRAPPLER.get(strategy, ""),
@@ -91,7 +107,8 @@ def run_method(strategy: str, model: str, shape: str, k: int, steps: int, *, bud
     return run(model, shape, k, steps, planned=True, budget_frac=budget_frac, bandwidth=bandwidth,
                strategy="tensile" if strategy in TENSILE_VARIANTS else strategy, batch=batch,
                budget_bytes=budget_bytes, no_recompute=strategy == "tensile-swap",
-               step_order=TENSILE_VARIANTS.get(strategy, "plan"), paired_vanilla=paired_vanilla)
+               step_order=TENSILE_VARIANTS.get(strategy, "plan"), paired_vanilla=paired_vanilla,
+               link_lanes=lanes[0], combined_bandwidth=lanes[1])
 
 
 def largest_batch(a, cap: float) -> list[dict]:
@@ -104,7 +121,8 @@ def largest_batch(a, cap: float) -> list[dict]:
         vanilla_at = {a.batch: base}
         for link in a.links.split(","):
             bw, stands_for = link_bandwidth(link, cap, base)
-            print(f"link {stands_for}", flush=True)
+            lanes = lanes_of(a, link, bw)
+            print(f"link {stands_for}, {lanes[0]} lane(s)", flush=True)
             for strategy in a.strategies.split(","):
                 if bw and (strategy in GRAPPLER or strategy == "recompute-grad"):
                     continue
@@ -113,7 +131,7 @@ def largest_batch(a, cap: float) -> list[dict]:
                 for f in factors:
                     b = int(round(a.batch * f))
                     got = run_method(strategy, model, shape, k, a.steps, budget_frac=0, bandwidth=bw, batch=b,
-                                     budget_bytes=int(pool * a.pool_margin), paired_vanilla=paired)
+                                     budget_bytes=int(pool * a.pool_margin), paired_vanilla=paired, lanes=lanes)
                     if paired:   # Note [Paired vanilla steps]: the reference ran beside the plan
                         van = got.get("paired_vanilla") or {"error": got.get("error", "no paired vanilla run")}
                     else:
@@ -126,7 +144,8 @@ def largest_batch(a, cap: float) -> list[dict]:
                               flush=True)
                         break
                     row = {"model": name, "jobs": k, "link": link, "link_stands_for": stands_for,
-                           "strategy": strategy, "batch": b, "pool_MiB": pool / 2**20, "paired": paired,
+                           "link_lanes": lanes[0], "strategy": strategy, "batch": b, "pool_MiB": pool / 2**20,
+                           "paired": paired,
                            **compare(van, got)}
                     row["fits"] = max(got["peaks"][1:]) <= pool
                     floor = (got.get("plan") or {}).get("working_set_floor")
@@ -164,6 +183,9 @@ def main() -> None:
     ap.add_argument("--links", default="unlimited,capped",
                     help="unlimited, capped, and/or a device link: h200-pcie5, h200-pcie5-bf16 (its share of the "
                          "measured vanilla peak per measured vanilla step; tensile_tf/config/device_links.py)")
+    ap.add_argument("--link-lanes", type=int, choices=(1, 2), default=None,
+                    help="the swap link's lanes for every method: 1 (one transfer at a time) or 2 (a lane per "
+                         "direction) (default: 2 for a device link, 1 for unlimited and capped)")
     ap.add_argument("--cap-mib-s", type=float, default=None,
                     help="the capped link in MiB/s (default: from this CPU's matmul rate, as plan_execution_bench)")
     ap.add_argument("--largest-batch", action="store_true", help="the batch-multiplier runs (module docstring)")
@@ -203,17 +225,21 @@ def compare_methods(a, cap: float) -> list[dict]:
         vanilla_step = statistics.median(vanilla["step_s"][1:])
         for link in a.links.split(","):
             bw, stands_for = link_bandwidth(link, cap, vanilla)
-            print(f"link {stands_for}", flush=True)
-            bound = None if bw == 0 else min(1.0, bw * vanilla_step / 2 / vmp)
+            lanes = lanes_of(a, link, bw)
+            print(f"link {stands_for}, {lanes[0]} lane(s)", flush=True)
+            # bytes a lane moves in a step; one lane carries each byte out and back, two carry it once each
+            rate = lane_bandwidth(bw, lanes[0], lanes[1] or None) if bw else 0.0
+            bound = None if bw == 0 else min(1.0, rate * vanilla_step / (2 if lanes[0] == 1 else 1) / vmp)
             for strategy in a.strategies.split(","):
                 if bw and (strategy in GRAPPLER or strategy == "recompute-grad"):
                     continue   # recomputation only: the link plays no part
                 planned = run_method(strategy, model, shape, k, a.steps, budget_frac=a.budget_frac, bandwidth=bw,
-                                     batch=a.batch)
+                                     batch=a.batch, lanes=lanes)
                 if "error" in planned:
                     print(f"{name} x{k} {link} {strategy}: failed: {planned['error']}", flush=True)
                     continue
-                row = {"model": name, "jobs": k, "link": link, "link_stands_for": stands_for, "strategy": strategy,
+                row = {"model": name, "jobs": k, "link": link, "link_stands_for": stands_for,
+                       "link_lanes": lanes[0], "strategy": strategy,
                        "link_MiB_s": None if bw == 0 else bw / 2**20, "link_bound_msr": bound,
                        **compare(vanilla, planned)}
                 row["share_of_bound"] = row["msr"] / bound if bound else None

@@ -16,8 +16,9 @@ planner] in tensile_tf/scheduler/exact_planner.py):
   step time each plan's recomputations add.
 
 Links: "unlimited" (1e15 B/s), "110MiB/s" (benchmarks' capped link, one
-lane) and "h200-pcie5" (Note [Links named for a device]: its share of each
-job's peak per step, two lanes at min(each way, combined / 2)).
+lane), "h200-pcie5" (Note [Links named for a device]: its share of each
+job's peak per step, two lanes at min(each way, combined / 2)) and
+"h200-1lane" (the same link with the seed's one lane, at the each-way rate).
 """
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ def links(graph: JobGraph, lat, k: int) -> dict[str, tuple[float, int]]:
     dev = DEVICE_LINKS["h200-pcie5"]
     each_way = device_link_bandwidth(dev, [plan.pool_vanilla_peak_bytes] * k, [probe.jobs[0].tas.period_s] * k)
     return {"unlimited": (1e15, 1), "110MiB/s": (110 * MiB, 1),
-            "h200-pcie5": (each_way * min(1.0, (dev.both_ways or 2.0) / 2), 2)}
+            "h200-pcie5": (each_way * min(1.0, (dev.both_ways or 2.0) / 2), 2),
+            "h200-1lane": (each_way, 1)}   # the same link as the seed plans it: one lane at the each-way rate
 
 
 def greedy_planner(jobs, budget, bw, lanes, k) -> Planner:
@@ -92,7 +94,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--captures", default=",".join(c[0] for c in CAPTURES))
     ap.add_argument("--jobs", default="1,2")
-    ap.add_argument("--links", default="unlimited,110MiB/s,h200-pcie5")
+    ap.add_argument("--links", default="unlimited,110MiB/s,h200-pcie5,h200-1lane")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--time-limit", type=float, default=30.0, help="CP-SAT seconds per solve")
     ap.add_argument("--json", help="append one JSON line per case here")

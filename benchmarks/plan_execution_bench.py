@@ -99,14 +99,16 @@ def link_bandwidth(link: str, cap: float, vanilla: dict) -> tuple[float, str]:
 def run(model: str, shape: str, jobs: int, steps: int, *, planned: bool, budget_frac: float,
         bandwidth: float, strategy: str = "tensile", batch: int = 16, grappler_memory: str = "",
         recompute_segments: int = -1, budget_bytes: int = 0, no_recompute: bool = False,
-        step_order: str = "plan", paired_vanilla: bool = False, chained: bool = False) -> dict:
+        step_order: str = "plan", paired_vanilla: bool = False, chained: bool = False, link_lanes: int = 1,
+        combined_bandwidth: float = 0.0) -> dict:
     cmd = [sys.executable, REFERENCE, "--model", model, "--input-shape", shape, "--batch", str(batch),
            "--steps", str(steps), "--jobs", str(jobs), "--recompute-segments", str(recompute_segments)]
     if grappler_memory:
         cmd += ["--grappler-memory", grappler_memory]
     if planned:
         cmd += ["--planned", "--budget-frac", str(budget_frac), "--bandwidth", str(bandwidth),
-                "--strategy", strategy, "--budget-bytes", str(budget_bytes), "--step-order", step_order]
+                "--strategy", strategy, "--budget-bytes", str(budget_bytes), "--step-order", step_order,
+                "--link-lanes", str(link_lanes), "--combined-bandwidth", str(combined_bandwidth)]
         if no_recompute:
             cmd.append("--no-recompute")
         if paired_vanilla:

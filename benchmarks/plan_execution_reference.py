@@ -94,6 +94,11 @@ parser.add_argument("--paired-vanilla", action="store_true",
 parser.add_argument("--plan-steps", default="rewrite", choices=("rewrite", "table"),
                     help="run.plan_steps: rewrite each plan, or run plans that only swap on the job's plan-table step "
                          "(Note [Plans read at run time] in tf_plugin/swap/plan_table.h)")
+parser.add_argument("--link-lanes", type=int, default=1, choices=(1, 2),
+                    help="the swap link's lanes, planner and channel: 1 (one transfer at a time) or 2 (one per "
+                         "direction; Note [A lane per direction] in tensile_tf/scheduler/swap_scheduling.py)")
+parser.add_argument("--combined-bandwidth", type=float, default=0.0, help="with 2 lanes: both directions' cap, "
+                    "bytes/s (0: none)")
 parser.add_argument("--replan-budget-frac", type=float, default=0.0,
                     help="after half the steps, re-plan the jobs for this share of the predicted unplanned peak and "
                          "switch each job to its new step, as a re-plan of running jobs does")
@@ -247,7 +252,8 @@ def plan_jobs(args, jobs: list[dict], out: dict) -> None:
                              bandwidth_bytes_per_s=args.bandwidth or None,
                              coincident_peaks=coincident, strategy=args.strategy,
                              step_order=args.step_order, unchain=not args.chained, current=current,
-                             plan_steps=args.plan_steps)
+                             plan_steps=args.plan_steps, link_lanes=args.link_lanes,
+                             combined_bytes_per_s=args.combined_bandwidth or None)
 
     plan, steps = planned(budget)
     if args.replan_budget_frac:   # run() re-plans with it after half the steps
@@ -268,7 +274,8 @@ def plan_jobs(args, jobs: list[dict], out: dict) -> None:
     # the lowest peak any plan could reach (a step's own tensors, scratch and what no plan moves)
     out["plan"]["working_set_floor"] = working_set_floor([c.planner_job for c in captured])
     if args.bandwidth:   # the swap link's ceilings for this capture (tensile_tf.scheduler.link_bound)
-        bound = swap_link_bound([c.planner_job for c in captured], args.bandwidth)
+        bound = swap_link_bound([c.planner_job for c in captured], args.bandwidth, lanes=args.link_lanes,
+                                combined_bytes_per_s=args.combined_bandwidth or None)
         out["plan"]["link_bound"] = {"vanilla_peak": bound.vanilla_peak_bytes,
                                      "bandwidth_bound_peak": bound.bandwidth_bound_peak_bytes,
                                      "deadline_bound_peak": bound.deadline_bound_peak_bytes,
@@ -327,6 +334,8 @@ def run(args: argparse.Namespace, tag: str = "") -> dict:
 
     pool = tf_plugin.device_pool()
     swap.set_swap_bandwidth(args.bandwidth)
+    swap.set_swap_lanes(args.link_lanes)
+    swap.set_swap_combined_bandwidth(args.combined_bandwidth)
     held_before = pool.stats()["current"]   # Note [Runs that share a process]
     jobs = [build(args, f"job{j}", j, f"{tag}job{j}") for j in range(args.jobs)]
     # the plan tables an earlier run in this process left (none: each goes with its step)

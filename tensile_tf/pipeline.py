@@ -190,7 +190,8 @@ def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
                   unchain: bool = True, current: Mapping[str, PlannedStep] | None = None,
                   rewrite_unchanged: bool = True,
                   on_step_made: Callable[[str, PlannedStep], None] | None = None,
-                  plan_steps: str = "rewrite",
+                  plan_steps: str = "rewrite", link_lanes: int = 1,
+                  combined_bytes_per_s: float | None = None,
                   ) -> tuple[Plan, dict[str, PlannedStep]]:
     """Plans captured jobs together and rewrites each one's step.
     ``peaking_jobs``: with ``coincident_peaks``, how many jobs' peaks meet
@@ -215,7 +216,10 @@ def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
     "table" runs a plan that only swaps on the job's plan-table step,
     built once and told each plan through its table (Note [Plans read at
     run time] in tf_plugin/swap/plan_table.h; ``RewriteReport.plan_table``
-    says, for each step, whether the table carries it and if not why)."""
+    says, for each step, whether the table carries it and if not why).
+    ``link_lanes``, ``combined_bytes_per_s``: the link's lanes and cap on
+    both directions (Note [A lane per direction] in
+    tensile_tf/scheduler/swap_scheduling.py)."""
     from tensile_tf.scheduler.baselines import STRATEGIES
 
     if strategy not in STRATEGIES:
@@ -229,7 +233,8 @@ def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
                                   bandwidth_bytes_per_s=bandwidth_bytes_per_s or DEFAULT_BANDWIDTH_BYTES_PER_S,
                                   horizon_iterations=horizon_iterations, enable_recompute=enable_recompute,
                                   coincident_peaks=coincident_peaks, peaking_jobs=peaking_jobs,
-                                  unplanned_peaking_jobs=unplanned_peaking_jobs, unchain=unchain)
+                                  unplanned_peaking_jobs=unplanned_peaking_jobs, unchain=unchain,
+                                  link_lanes=link_lanes, combined_bytes_per_s=combined_bytes_per_s)
         plan.planning_s = time.perf_counter() - t0   # the whole planner: its passes and the plan's unchained runs
         steps = {}
         for c in captured:

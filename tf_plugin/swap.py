@@ -46,6 +46,22 @@ def swap_bandwidth() -> float:
     return _plugin.swap_bandwidth()
 
 
+def set_swap_lanes(lanes: int) -> None:
+    """1: one transfer at a time in either direction (the seed's link); 2: a
+    lane per direction, each with its own thread and cap (swap_channel.h)."""
+    _plugin.set_swap_lanes(int(lanes))
+
+
+def swap_lanes() -> int:
+    return _plugin.swap_lanes()
+
+
+def set_swap_combined_bandwidth(bytes_per_s: float | None) -> None:
+    """Caps both directions together (bytes/s; None or 0: no cap): a lane
+    moves at most min(each way, combined / lanes)."""
+    _plugin.set_swap_combined_bandwidth(float(bytes_per_s or 0))
+
+
 def swap_channel_stats() -> dict[str, Any]:
     return _plugin.swap_channel_stats()
 
@@ -56,7 +72,7 @@ def set_swap_log_capacity(capacity: int) -> None:
 
 
 def swap_channel_log() -> list[dict[str, Any]]:
-    """The logged transfers, oldest first: kind, bytes, and the steady-clock
+    """The logged transfers, oldest first: kind, lane, bytes, and the steady-clock
     ns at which each was submitted, due (trigger + delta t), started, ended."""
     return _plugin.swap_channel_log()
 

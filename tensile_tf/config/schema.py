@@ -239,9 +239,10 @@ class RunSpec(_Strict):
     admission: Admission = Admission.salus
     planner: PlannerKind = Field(
         PlannerKind.none, description="tensile: plan swaps and recomputation for the jobs so they fit the pool together")
-    swap_bandwidth: int | str | None = Field(
-        None, description="planner: the emulated swap link, bytes per second (e.g. 2GiB) or a device link (h200-pcie5, "
-        "h200-pcie5-bf16; tensile_tf/config/device_links.py) (default: unlimited, planned as PCIe 3.0 x16)")
+    swap_bandwidth: int | str | None = Field(None, description="planner: the emulated swap link, bytes per second "
+        "(e.g. 2GiB) or a device link (h200-pcie5, h200-pcie5-bf16) (default: unlimited, planned as PCIe 3.0 x16)")
+    link_lanes: Literal[1, 2] | None = Field(None, description="planner: the swap link's lanes, 1 (the seed's) or 2 "
+        "(one per direction; tensile_tf/config/device_links.py) (default: 2 for a device link, else 1)")
     plan_budget: int | None = Field(
         None, description="planner: the pool bytes the jobs planned together may use at their combined peak, "
         "e.g. 80MiB (default: the pool less a 10% headroom)")
@@ -302,7 +303,6 @@ class RunConfig(_Strict):
     @classmethod
     def _pool_size(cls, v: Any) -> int:
         return parse_bytes(v, what="pool")
-
 
 
 # ----------------------------------------------------------- YAML locations

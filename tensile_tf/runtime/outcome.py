@@ -50,9 +50,10 @@ class RunWindow:
     start_peak: int = 0      # the pool's peak while the start's jobs were probed and planned
 
     @classmethod
-    def open(cls, clock: RunClock, *, planner: bool, swap_bandwidth: int | None) -> "RunWindow":
+    def open(cls, clock: RunClock, *, planner: bool, swap_bandwidth: int | None, lanes: int = 1,
+             combined_bytes_per_s: float | None = None) -> "RunWindow":
         """Restarts the run's clock and the pool's peak (and, planning, the
-        swap link's bandwidth and counters)."""
+        swap link's bandwidth, lanes, combined cap and counters)."""
         started_at, before = time.time(), pool_stats()
         clock.restart()
         tf_plugin.device_pool().reset_peak()
@@ -60,6 +61,8 @@ class RunWindow:
             from tf_plugin import swap
 
             swap.set_swap_bandwidth(swap_bandwidth or 0)
+            swap.set_swap_lanes(lanes)    # Note [Lanes of a device link] in tensile_tf/config/device_links.py
+            swap.set_swap_combined_bandwidth(combined_bytes_per_s)
             swap.reset_swap_stats()
         return cls(started_at, before, time.monotonic_ns())
 
@@ -123,9 +126,10 @@ def run_result(host: "JobHost", window: RunWindow, samples: list[MemorySample]) 
     if host.planning is not None:
         from tf_plugin import swap
 
+        link = host.planning.settings
         planner = PlannerRecord([PlanSummary.of(p) for p in host.plans],
-                                SwapLinkRecord.of(host.planning.settings.swap_bandwidth, swap.swap_stats(),
-                                                  host.planning.settings.device_link),
+                                SwapLinkRecord.of(link.swap_bandwidth, swap.swap_stats(), link.device_link,
+                                                  link.link_lanes),
                                 host.replanner.finish(host.states) if host.replanner is not None else [],
                                 [c for s in host.states if s.latency_monitor is not None
                                  for c in s.latency_monitor.checks])

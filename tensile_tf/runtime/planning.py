@@ -72,7 +72,7 @@ from typing import Sequence
 
 import tensorflow as tf
 
-from tensile_tf.config.device_links import DEVICE_LINKS, device_link_bandwidth
+from tensile_tf.config.device_links import DEVICE_LINKS, combined_bandwidth, device_link_bandwidth
 from tensile_tf.config.schema import PlanOrder, PlanPeaks
 from tensile_tf.pipeline import CapturedJob, JobToPlan, capture_cold, capture_for_planning, plan_captured
 from tensile_tf.tf.rewrite import apply_plan
@@ -117,6 +117,13 @@ class PlanningSettings:
     #: Note [Links named for a device]: the device link's name; swap_bandwidth is
     #: None until the first plan resolves it from the captured jobs
     device_link: str | None = None
+    #: Note [Lanes of a device link]: the link's lanes (config.device_links.link_lanes), for the planner and C++
+    link_lanes: int = 1
+
+    @property
+    def combined_bytes_per_s(self) -> float | None:
+        """The cap on both directions together (a device link's, on two lanes), or None."""
+        return combined_bandwidth(self.device_link, self.swap_bandwidth, self.link_lanes)
 
 
 class JobPlanning:
@@ -224,6 +231,7 @@ class JobPlanning:
         s.swap_bandwidth = device_link_bandwidth(DEVICE_LINKS[s.device_link], [p for p, _ in measured],
                                                  [t for _, t in measured])
         swap.set_swap_bandwidth(s.swap_bandwidth)
+        swap.set_swap_combined_bandwidth(s.combined_bytes_per_s)
 
     def plan_captured(self, captured: Sequence[CapturedJob], budget: int, current=None, on_step_made=None):
         """``execution.plan_captured`` with the run's settings (peak model,
@@ -239,7 +247,9 @@ class JobPlanning:
                              peaking_jobs=PAIRED_PEAKING_JOBS if paired else None,
                              unplanned_peaking_jobs=UNPLANNED_PAIRED_PEAKING_JOBS if paired else None,
                              step_order=self.settings.plan_order.value, current=current, rewrite_unchanged=False,
-                             on_step_made=on_step_made, plan_steps=self.settings.plan_steps)
+                             on_step_made=on_step_made, plan_steps=self.settings.plan_steps,
+                             link_lanes=self.settings.link_lanes,
+                             combined_bytes_per_s=self.settings.combined_bytes_per_s)
 
     def plan(self, states: list[JobState], budget: int, *, saved_plan_allowed: bool = False) -> Plan | None:
         """TENSILE over ``states`` for ``budget`` pool bytes; each job's step

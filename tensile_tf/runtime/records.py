@@ -326,14 +326,20 @@ class SwapLinkRecord:
     #: Note [Links named for a device]: the device link's name, and in words what the link stands for
     device_link: str | None = None
     stands_for: str = ""
+    #: Note [Lanes of a device link]: 1 (one transfer at a time) or 2 (a lane per direction), and the
+    #: cap on both directions together (None: none)
+    lanes: int = 1
+    combined_bytes_per_s: float | None = None
 
     @classmethod
-    def of(cls, bandwidth: int | None, stats: dict[str, Any], device_link: str | None = None) -> "SwapLinkRecord":
+    def of(cls, bandwidth: int | None, stats: dict[str, Any], device_link: str | None = None,
+           lanes: int = 1) -> "SwapLinkRecord":
         channel, host = stats.get("channel", {}), stats.get("host", {})
         return cls(bandwidth, int(channel.get("bytes_out", 0)), int(channel.get("bytes_in", 0)),
                    int(channel.get("late_swap_ins", 0)), int(channel.get("checked_swap_ins", 0)),
                    int(host.get("peak", 0)), channel, host, device_link,
-                   describe_swap_link(bandwidth, device_link))
+                   describe_swap_link(bandwidth, device_link, lanes), lanes,
+                   channel.get("combined_bytes_per_s") or None)
 
 
 @dataclass

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 import tf_plugin
+from tensile_tf.config.device_links import link_lanes
 from tensile_tf.config.schema import PipelineKind, PlannerKind, PlanPeaks, RunSpec
 from tensile_tf.tf.determinism import disable_graph_dependent_rewrites
 from tensile_tf.jobs.job import Job
@@ -119,7 +120,8 @@ class JobHost:
         if self.planner == PlannerKind.tensile:
             self.planning = JobPlanning(self.capacity, PlanningSettings(
                 self.plan_peaks, self.swap_bandwidth, spec.plan_budget or None, saved_plan, spec.plan_order,
-                plan_steps=spec.plan_steps, device_link=self.device_link))
+                plan_steps=spec.plan_steps, device_link=self.device_link,
+                link_lanes=link_lanes(self.device_link, spec.link_lanes)))   # Note [Lanes of a device link]
         self.replanner = None
         self.replan_threshold = spec.replan_threshold
         if self.planning is not None and spec.replan and saved_plan is None:   # --plan runs exactly that plan
@@ -197,8 +199,10 @@ class JobHost:
         for "nothing more now". The run ends when no job runs or waits and the
         source has nothing more (search drivers keep the pool full with it).
         """
-        window = RunWindow.open(self.clock, planner=self.planning is not None,
-                                swap_bandwidth=self.planning.settings.swap_bandwidth if self.planning else None)
+        link = self.planning.settings if self.planning else None
+        window = RunWindow.open(self.clock, planner=link is not None,
+                                swap_bandwidth=link.swap_bandwidth if link else None, lanes=link.link_lanes if link else 1,
+                                combined_bytes_per_s=link.combined_bytes_per_s if link else None)
         self.most_running = 0
         sampler = MemorySampler(self.clock, self.sample_interval_s)
         sampler.start()

@@ -2,7 +2,10 @@
 baseline suite): vDNN and Capuchin. Each is a ``Planner`` whose loop (its
 policy) is replaced; everything else is shared with TENSILE: the Tensor
 Access Sequences and footprints (§IV-A/B), the one swap channel (the link),
-``Plan``, the graph rewrite and the swap ops. So a difference between their
+``Plan``, the graph rewrite and the swap ops. The channel is the planner's
+(``Planner(link_lanes=...)``): a baseline books the same lanes at the same
+rates as TENSILE in the same row (Note [A lane per direction] in
+tensile_tf/scheduler/swap_scheduling.py). So a difference between their
 measured rows is a difference of policy only.
 
 ``VDNNPlanner`` (vDNN, Rhu et al., MICRO 2016, "vDNN_all"): every layer's
@@ -36,7 +39,7 @@ from tensile_tf.scheduler.peak_analysis import gpu_memory_peak_analysis
 from tensile_tf.scheduler.planner import UNPLANNED_FITS, Planner
 from tensile_tf.scheduler.recompute import recomputation_scheduling
 from tensile_tf.scheduler.state import JobState, SwapDecision
-from tensile_tf.scheduler.swap_scheduling import SwapChannel, find_gap
+from tensile_tf.scheduler.swap_scheduling import IN, OUT, SwapChannel, find_gap
 
 #: Op types that are "layers" in vDNN's sense when they read a parameter:
 #: their other inputs are the layer's input feature maps.
@@ -58,15 +61,16 @@ def swap_in_gap(channel: SwapChannel, js: JobState, i: int, p: int, q: int,
     d = channel.duration(size)
     if d <= 0 or q - p < 2:
         return None
-    out_start = channel.earliest(js.j, tas.end_u(p), tas.start_u(q), d)
+    out_start = channel.earliest(js.j, tas.end_u(p), tas.start_u(q), d, direction=OUT)
     if out_start is None:
         return None
     out_end = out_start + d
     release_step = max(p, tas.step_done_by_u(out_end))
     if release_step >= q - 1:
         return None
-    out_tag = channel.reserve(js.j, out_start, d)
-    in_slot = channel.earliest(js.j, max(out_end, in_trigger_s), out_end + 4 * tas.period_s, d)
+    out_tag = channel.reserve(js.j, out_start, d, direction=OUT)
+    in_slot = channel.earliest(js.j, max(out_end, in_trigger_s), out_end + 4 * tas.period_s, d,
+                              direction=IN)
     # a copy the link delivers late is still issued before its consumer (which waits for it):
     # issued after the consumer, the rewrite's trigger edge and the data edge would form a cycle
     in_start = min(in_slot, tas.start_u(q - 1)) if in_slot is not None else None
@@ -74,7 +78,7 @@ def swap_in_gap(channel: SwapChannel, js: JobState, i: int, p: int, q: int,
     if in_step <= release_step + 1:   # absent over [release_step + 1, in_step): nothing saved
         channel.release(out_tag)
         return None
-    in_tag = channel.reserve(js.j, in_slot, d)
+    in_tag = channel.reserve(js.j, in_slot, d, direction=IN)
     w = tas.last_write_le(i, p)
     m = release_step + 1   # the first step it is off the device for
     dec = SwapDecision(js.j, i, p, q, m, out_start, d, in_start, d, release_step, in_step,

@@ -8,7 +8,11 @@ peak (recomputation can pass them):
 * **Link bound, bandwidth x period** (``bandwidth_bound_bytes``): every byte
   kept off the device at the peak went out and came back within one
   iteration over the one link, so at most ``bandwidth * T / 2`` bytes are
-  absent at any moment. It ignores *when* the link is free.
+  absent at any moment. With a lane per direction (Note [A lane per
+  direction] in tensile_tf/scheduler/swap_scheduling.py) the outs have a
+  lane of their own: every byte absent at an instant went out within the
+  period before it, so at most ``bandwidth * T``. It ignores *when* the
+  link is free.
 
 * **Deadline-aware link bound** (``swap_link_bound``): a tensor absent
   while step k runs was swapped out after its last write before k and
@@ -18,7 +22,9 @@ peak (recomputation can pass them):
   before k only if their bytes are at most ``bandwidth * rho``; likewise the
   ins after k. Relaxing each tensor to a fraction, the most bytes absent at
   step k (``A(k)``) is at most the smallest of three maxima: over the out
-  side's nested constraints, over the in side's, and ``bandwidth * T / 2``.
+  side's nested constraints, over the in side's, and the bandwidth x period
+  bound. Each side is one lane's: on one lane both sides use the same link
+  (each bound alone still holds), on two the out lane's and the in lane's.
   The out side's maximum has the closed form of a nested (laminar) family:
 
       OutCap(k) = min over rho in {0} + {r_i}: bandwidth * rho + sum of s_i with r_i > rho
@@ -35,7 +41,9 @@ report it beside each method's measured peak.
 
 The link bounds are per job's own time axis; for several jobs sharing one
 link each pool grid point gathers every job's resident tensors into one sum,
-with one link. The floor holds whatever the jobs' alignment (Note [Floor
+with one link (its lanes). ``bandwidth`` is a lane's rate: the each-way
+rate, at most the combined cap over the lanes (``lane_bandwidth``). The
+floor holds whatever the jobs' alignment (Note [Floor
 whatever the alignment]). This module plans nothing;
 benchmarks/baseline_suite.py reports a plan's MSR as a share of both.
 """
@@ -50,6 +58,7 @@ import numpy as np
 from tensile_tf.scheduler.access_sequence import TensorAccessSequence
 from tensile_tf.scheduler.peak_analysis import JobFootprint, PoolTimeline
 from tensile_tf.scheduler.planner import PlannerJob
+from tensile_tf.scheduler.swap_scheduling import lane_bandwidth
 
 
 @dataclass
@@ -57,9 +66,10 @@ class LinkBound:
     """What the link allows: peaks in bytes (predicted vanilla = free-running)."""
 
     vanilla_peak_bytes: int
-    bandwidth_bound_peak_bytes: int      # vanilla peak - bandwidth * T / 2
+    bandwidth_bound_peak_bytes: int      # vanilla peak - bandwidth * T / 2 (two lanes: bandwidth * T)
     deadline_bound_peak_bytes: int       # max over the pool grid of F - A
     bound_step: dict[str, str]           # job -> the step where the deadline bound binds
+    lanes: int = 1                       # the link's lanes (Note [A lane per direction])
 
     def msr(self, peak: int) -> float:
         return (self.vanilla_peak_bytes - peak) / self.vanilla_peak_bytes
@@ -112,15 +122,21 @@ def _windows(tas: TensorAccessSequence, k: int, idx: np.ndarray, k_start: float,
 
 
 def swap_link_bound(jobs: Sequence[PlannerJob], bandwidth_bytes_per_s: float, *,
-                    horizon_iterations: float = 2.0) -> LinkBound:
-    """Both link bounds for these jobs planned together (module docstring)."""
+                    horizon_iterations: float = 2.0, lanes: int = 1,
+                    combined_bytes_per_s: float | None = None) -> LinkBound:
+    """Both link bounds for these jobs planned together (module docstring), on
+    a link of ``lanes`` lanes at ``bandwidth_bytes_per_s`` each way (at most
+    ``combined_bytes_per_s`` both ways together), as the planner's channel."""
+    if lanes not in (1, 2):
+        raise ValueError(f"swap link lanes must be 1 or 2, got {lanes!r}")
+    rate = lane_bandwidth(bandwidth_bytes_per_s, lanes, combined_bytes_per_s)
     seqs = [TensorAccessSequence(pj.graph, pj.latencies) for pj in jobs]
     fps = [JobFootprint(s) for s in seqs]
     timeline = PoolTimeline(seqs, [pj.start_offset_s for pj in jobs], horizon_iterations)
     vanilla = int(timeline.pool_footprint([f.free_running for f in fps]).max())
     pool = timeline.pool_footprint([f.base for f in fps])
     period = max(s.period_s for s in seqs)
-    half_link = bandwidth_bytes_per_s * period / 2
+    period_link = rate * period / 2 if lanes == 1 else rate * period   # bytes absent at once, at most
     best, where = 0, {}
     seen: set[tuple[int, ...]] = set()
     for g in np.argsort(-pool, kind="stable").tolist():
@@ -147,13 +163,12 @@ def swap_link_bound(jobs: Sequence[PlannerJob], bandwidth_bytes_per_s: float, *,
             ins.append(w)
         size = np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int64)
         o, w = (np.concatenate(x) if x else np.zeros(0) for x in (outs, ins))
-        absent = min(nested_capacity(o, size, bandwidth_bytes_per_s),
-                     nested_capacity(w, size, bandwidth_bytes_per_s), half_link)
+        absent = min(nested_capacity(o, size, rate), nested_capacity(w, size, rate), period_link)
         low = int(pool[g] - absent)
         if low > best:
             best = low
             where = {s.job: s.step_names[k] for s, k in zip(seqs, steps) if k < s.n}
-    return LinkBound(vanilla, int(max(vanilla - half_link, 0)), best, where)
+    return LinkBound(vanilla, int(max(vanilla - period_link, 0)), best, where, lanes)
 
 
 def working_set_floor(jobs: Sequence[PlannerJob]) -> int:

@@ -19,10 +19,12 @@ Phases, top to bottom:
    drop every swap whose absence the final plan's peak no longer needs.
 7. Chain limits (not in the seed; Note [Chain limits tried]): phases 3-6
    once per longest recomputation chain in ``max_chain``; the best plan kept.
+8. Minimise mode (no budget; Note [Minimise mode]): swaps and recomputation
+   until nothing lowers the peak, phases 3-7 aimed at a series of targets.
 
-Phases 5-7 and their Notes are in ``scheduler.planner_passes`` (the
-``PlannerPasses`` mixin); this module holds Algorithm 3's loop, re-planning
-and the plan it returns.
+Phases 5-8, their Notes and the loop's recomputation round are in
+``scheduler.planner_passes`` (the ``PlannerPasses`` mixin); this module holds
+Algorithm 3's loop, re-planning and the plan it returns.
 
 Note [Never above unplanned]. A planned step runs its ops in plan order
 (Note [Free-running steps] in peak_analysis), which on a branchy graph can
@@ -53,7 +55,6 @@ from tensile_tf.scheduler.latency import LatencyModel
 from tensile_tf.scheduler.peak_analysis import JobFootprint, PoolTimeline, gpu_memory_peak_analysis
 from tensile_tf.scheduler.plan import JobPlan, Plan, ReleaseEvent, SwapEvent
 from tensile_tf.scheduler.planner_passes import FITS_UNPLANNED, UNPLANNED_FITS, UNPLANNED_FITS_IN_ORDER, PlannerPasses
-from tensile_tf.scheduler.recompute import recomputation_scheduling
 from tensile_tf.scheduler.state import JobState, SwapDecision
 from tensile_tf.scheduler.swap_scheduling import SwapChannel, scheduling_swap, swap_scheduling
 from tensile_tf.scheduler.unchained_runs import unchained_runs
@@ -99,8 +100,8 @@ class PlannerJob:
 class Planner(PlannerPasses):
     """Algorithm 3 over several jobs sharing one pool and one swap channel.
 
-    ``pool_bytes``: the budget for the pool peak (None: minimise by swapping, no
-    recomputation, which is the seed's behaviour with unlimited iterations).
+    ``pool_bytes``: the budget for the pool peak (None: minimise it with swaps and,
+    unless ``enable_recompute=False``, recomputation: Note [Minimise mode] in planner_passes).
     """
 
     def __init__(self, jobs: Sequence[PlannerJob], *, pool_bytes: int | None = None,
@@ -111,7 +112,7 @@ class Planner(PlannerPasses):
                  coincident_peaks: bool = False, peaking_jobs: int | None = None,
                  unplanned_peaking_jobs: int | None = None,
                  bottleneck_restarts: int = 3, step_order: str = "plan", drop_idle_swaps: bool = True,
-                 unchain: bool = True):
+                 unchain: bool = True, link_lanes: int = 1, combined_bytes_per_s: float | None = None):
         if not jobs:
             raise ValueError("planner: no jobs to plan")
         if step_order not in STEP_ORDERS:
@@ -131,6 +132,7 @@ class Planner(PlannerPasses):
         self.specs = list(jobs)
         self.pool_bytes = pool_bytes
         self.bandwidth = float(bandwidth_bytes_per_s)
+        self.link = {"lanes": link_lanes, "combined_bytes_per_s": combined_bytes_per_s}   # Note [A lane per direction]
         self.horizon_iterations = horizon_iterations
         self.stop_at_budget = stop_at_budget
         self.enable_recompute = enable_recompute
@@ -198,7 +200,7 @@ class Planner(PlannerPasses):
                                      self.horizon_iterations, coincident_peaks=self.coincident_peaks,
                               peaking_jobs=self.peaking_jobs)
         self.channel = SwapChannel(self.bandwidth, self.timeline.horizon_s, self.timeline.offsets,
-                                   self.timeline.periods)
+                                   self.timeline.periods, **self.link)
 
     def _rebuild(self, retime: Mapping[int, LatencyModel] | None = None, restructure: Sequence[int] = ()) -> None:
         """Rebuilds sequences (new latencies or new recompute steps), footprints,
@@ -239,7 +241,10 @@ class Planner(PlannerPasses):
         """A full plan from scratch: one pass per chain limit (Note [Chain
         limits tried] in scheduler.planner_passes), the best kept."""
         t0 = time.perf_counter()
-        self._plan_each_chain_limit()
+        if self.pool_bytes is None and type(self)._loop is Planner._loop:   # a policy's own loop aims at nothing
+            self._plan_minimised()     # Note [Minimise mode] in scheduler.planner_passes
+        else:
+            self._plan_each_chain_limit()
         return self._make_plan_with_gain(t0)
 
     def _make_plan_with_gain(self, t0: float) -> Plan:
@@ -287,12 +292,17 @@ class Planner(PlannerPasses):
 
     def _loop(self) -> None:
         budget = self.pool_bytes
+        # Note [Minimise mode] in planner_passes: no budget, the loop aims at minimise_target (None: under the
+        # peak) until it is met, then one byte under the peak each round, until nothing lowers the peak
+        minimise = budget is None
+        target = self.minimise_target if minimise else budget
+        chase = minimise and target is None
         swap_ok = True
-        rec_ok = self.enable_recompute and budget is not None
+        rec_ok = self.enable_recompute
         failures: set = set()
         history: list[int] = []
         it = 0
-        self.stop_reason = "no swap or recomputation succeeded"
+        self.stop_reason = self._minimised_reason() if minimise else "no swap or recomputation succeeded"
         if budget is not None and self.stop_at_budget and self._unplanned_pool_peak <= budget:
             # Note [Free-running steps]: nothing to plan; a job whose unplanned step ran out runs in plan order
             ran_out = any(pj.unplanned_step_ran_out for pj in self.specs)
@@ -301,52 +311,35 @@ class Planner(PlannerPasses):
         while swap_ok or rec_ok:
             pa = gpu_memory_peak_analysis([js.fp for js in self.jobs], self.timeline)
             history.append(pa.peak_bytes)
-            if budget is not None and self.stop_at_budget and pa.peak_bytes <= budget:
+            if not minimise and self.stop_at_budget and pa.peak_bytes <= budget:
                 self.stop_reason = "budget met"
                 break
-            if it > 100 and len(history) > 3 and history[-4] - history[-1] < 0.0005 * history[-4]:
+            if minimise and (chase or pa.peak_bytes <= target):
+                chase, target = True, pa.peak_bytes - 1
+            if not chase and it > 100 and len(history) > 3 and history[-4] - history[-1] < 0.0005 * history[-4]:
                 self.stop_reason = "stopping rule: peak fell < 0.05% over 3 iterations after 100"
                 break
             if it >= self.max_iterations:
                 self.stop_reason = f"max_iterations={self.max_iterations}"
                 break
-            need = pa.peak_bytes - budget if (budget is not None and self.stop_at_budget) else None
+            need = pa.peak_bytes - target if (minimise or self.stop_at_budget) else None
             if swap_ok:
                 decs = swap_scheduling(self.jobs, self.channel, pa, need_bytes=need, failures=failures)
                 if decs:
                     self.order.extend(decs)
+                    failures = self._share_failures_forgotten(failures) if minimise else failures
                 else:
                     swap_ok = False
-            elif rec_ok and budget is not None and pa.peak_bytes > budget:
-                rec_ok = self._recompute_round(pa, pa.peak_bytes - budget)
+            elif rec_ok and pa.peak_bytes > target:
+                step = int(chase * self.minimise_recompute_step * pa.peak_bytes)   # Note [Minimise mode]
+                lowered = self._recompute_round(pa, max(pa.peak_bytes - target, step))
+                rec_ok = lowered is not None
+                if chase and lowered:     # a new peak, and new steps: every swap is tried again
+                    swap_ok, failures = True, set()
             else:
                 break
             it += 1
         self.iterations = it
-
-    def _recompute_round(self, pa, need: int) -> bool:
-        self.recompute_rounds += 1
-        picked = recomputation_scheduling(self.jobs, pa, need, max_chain=self.max_chain)
-        if not picked:
-            return False
-        before = pa.peak_bytes
-        attempts = [picked]
-        first_only = {j: evs[:1] for j, evs in list(picked.items())[:1]}
-        if sum(len(v) for v in picked.values()) > 1:
-            attempts.append(first_only)
-        for batch in attempts:
-            saved = {js.j: list(js.recomputes) for js in self.jobs}
-            for j, evs in batch.items():
-                self.jobs[j].recomputes.extend(evs)
-            self._rebuild(restructure=list(batch))
-            if self._pool_peak() < before:
-                return True
-            for js in self.jobs:
-                js.recomputes = saved[js.j]
-            self._rebuild(restructure=list(batch))
-        for j, evs in first_only.items():
-            self.jobs[j].no_recompute.add(self.jobs[j].tas.tindex[evs[0].target])
-        return True
 
     # -- output ------------------------------------------------------------------
     def _runs_its_plan(self, js) -> bool:

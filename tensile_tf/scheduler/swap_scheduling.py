@@ -10,7 +10,9 @@ the swap-in as late as it allows. A tensor is only swapped out if its swap-in
 fits too: no schedule needs a passive swap-in (§IV-C, first difficulty).
 
 All jobs share ONE swap channel (the PCIe link of the seed): transfers never
-overlap on it, at any of their repetitions over the planning horizon. A job's
+overlap on a lane of it, at any of their repetitions over the planning
+horizon. The seed's link has one lane for both directions; a GPU's has one
+per direction (Note [A lane per direction]). A job's
 share of swapped tensors is capped by its max swapping rate (Algorithm 2
 line 36: SON[j] / SON <= MSR[j]).
 
@@ -43,6 +45,23 @@ unchanged prediction. So a swap-in starts when its trigger op ends (delta t
 tensor back from that op on: the slack is up to one op's latency, and the
 prediction holds the memory it costs.
 
+Note [A lane per direction]
+The seed assumes "there can only be one tensor being swapped
+simultaneously": one lane for both directions. A GPU has a copy engine per
+direction: the H200 of docs/design.md moves pinned copies at 55 GB/s
+host-to-device and 55 GB/s device-to-host, and 92-94 GB/s both at once
+(PCIe 5). With ``lanes=2`` swap-outs book the device-to-host lane and
+swap-ins the host-to-device lane, so an out and an in may overlap in time;
+transfers of one direction still run one at a time. Each lane runs at the
+each-way rate; an optional combined cap C (both directions together) is
+modelled conservatively and simply: every lane is booked at min(each-way,
+C / 2) whether the other lane is busy or not (``lane_bandwidth``), so the
+two lanes never move more than C together. For the H200 (C = 92/55 of the
+each-way rate, ``DeviceLink.both_ways``) a lane books 0.84 of the each-way
+rate: a transfer alone takes up to 1.2x its real time. ``lanes=1`` is the
+seed's link, bit for bit as before. The tags a reservation returns name
+their lane (``lane_of``); ``busy_intervals(lane)`` lists one lane.
+
 Note [One swap per gap]
 A gap of a tensor is swapped at most once. A swap booked for one peak brings
 its tensor back before the access it serves; were a later peak inside the
@@ -74,32 +93,70 @@ from tensile_tf.scheduler.state import JobState, SwapDecision
 
 _EPS = 1e-12
 
+#: A transfer's direction: device to host (a swap-out) or host to device (a swap-in).
+OUT, IN = "out", "in"
 
-class SwapChannel:
-    """The one host<->device link, shared by all jobs: a sorted set of busy
-    intervals in global seconds over the planning horizon.
 
-    A job's event at local (unrolled) time tau repeats at offset_j + k*T_j + tau
-    for every iteration k that reaches into [0, horizon_s]; all repetitions must
-    be free. ``bandwidth_bytes_per_s`` turns bytes into transfer seconds.
-    """
+def lane_bandwidth(bandwidth_bytes_per_s: float, lanes: int = 1, combined_bytes_per_s: float | None = None) -> float:
+    """The bytes per second a lane is booked at (Note [A lane per direction]):
+    the each-way rate, at most the combined cap shared by the lanes."""
+    if combined_bytes_per_s is None:
+        return float(bandwidth_bytes_per_s)
+    return min(float(bandwidth_bytes_per_s), float(combined_bytes_per_s) / lanes)
 
-    def __init__(self, bandwidth_bytes_per_s: float, horizon_s: float,
-                 offsets: Sequence[float], periods: Sequence[float]):
-        if not bandwidth_bytes_per_s > 0:
-            raise ValueError(f"swap bandwidth must be > 0 bytes/s, got {bandwidth_bytes_per_s!r}")
-        self.bandwidth = float(bandwidth_bytes_per_s)
-        self.horizon_s = float(horizon_s)
-        self.offsets = list(offsets)
-        self.periods = list(periods)
+
+class _Lane:
+    """One lane's busy intervals, sorted by start: (start, end, reservation tag)."""
+
+    __slots__ = ("starts", "ends", "tags")
+
+    def __init__(self):
         self.starts: list[float] = []
         self.ends: list[float] = []
         self.tags: list[int] = []
+
+
+class SwapChannel:
+    """The host<->device link, shared by all jobs: per lane a sorted set of
+    busy intervals in global seconds over the planning horizon.
+
+    A job's event at local (unrolled) time tau repeats at offset_j + k*T_j + tau
+    for every iteration k that reaches into [0, horizon_s]; all repetitions must
+    be free. ``bandwidth_bytes_per_s`` (each way) turns bytes into transfer
+    seconds. ``lanes`` 1: the seed's one transfer at a time in either
+    direction; 2: a lane per direction, Note [A lane per direction].
+    """
+
+    def __init__(self, bandwidth_bytes_per_s: float, horizon_s: float,
+                 offsets: Sequence[float], periods: Sequence[float], *, lanes: int = 1,
+                 combined_bytes_per_s: float | None = None):
+        if not bandwidth_bytes_per_s > 0:
+            raise ValueError(f"swap bandwidth must be > 0 bytes/s, got {bandwidth_bytes_per_s!r}")
+        if lanes not in (1, 2):
+            raise ValueError(f"swap link lanes must be 1 or 2, got {lanes!r}")
+        if combined_bytes_per_s is not None and not combined_bytes_per_s > 0:
+            raise ValueError(f"combined swap bandwidth must be > 0 bytes/s, got {combined_bytes_per_s!r}")
+        self.bandwidth = float(bandwidth_bytes_per_s)
+        self.lanes = lanes
+        self.combined = None if combined_bytes_per_s is None else float(combined_bytes_per_s)
+        self.lane_bandwidth = lane_bandwidth(self.bandwidth, lanes, self.combined)
+        self.horizon_s = float(horizon_s)
+        self.offsets = list(offsets)
+        self.periods = list(periods)
+        self._lanes = [_Lane() for _ in range(lanes)]
         self._tag = 0
         self.reserved: dict[int, list[float]] = {}
+        self._lane_of: dict[int, int] = {}
 
     def duration(self, size_bytes: int) -> float:
-        return size_bytes / self.bandwidth
+        return size_bytes / self.lane_bandwidth
+
+    def lane(self, direction: str) -> int:
+        """The lane a transfer of ``direction`` ("out": device to host, "in")
+        books: 0 for both on one lane; 0 out and 1 in on two."""
+        if direction not in (OUT, IN):
+            raise ValueError(f"swap direction must be {OUT!r} or {IN!r}, got {direction!r}")
+        return 1 if self.lanes == 2 and direction == IN else 0
 
     def _bases(self, j: int, tau: float, d: float) -> range:
         o, T = self.offsets[j], self.periods[j]
@@ -107,76 +164,94 @@ class SwapChannel:
         k_hi = math.floor((self.horizon_s - o - tau) / T)
         return range(k_lo, max(k_lo, k_hi) + 1)
 
-    def _conflict(self, g0: float, d: float) -> int:
-        i = bisect_left(self.starts, g0 + d - _EPS) - 1
-        if i >= 0 and self.ends[i] > g0 + _EPS:
+    @staticmethod
+    def _conflict(lane: _Lane, g0: float, d: float) -> int:
+        i = bisect_left(lane.starts, g0 + d - _EPS) - 1
+        if i >= 0 and lane.ends[i] > g0 + _EPS:
             return i
         return -1
 
-    def earliest(self, j: int, lo: float, hi: float, d: float) -> float | None:
+    def earliest(self, j: int, lo: float, hi: float, d: float, *, direction: str) -> float | None:
         """The earliest tau in [lo, hi] at which a transfer of d seconds is free in every repetition."""
+        lane = self._lanes[self.lane(direction)]
         tau = lo
         o, T = self.offsets[j], self.periods[j]
         while tau <= hi + _EPS:
             for k in self._bases(j, tau, d):
                 base = o + k * T
-                c = self._conflict(base + tau, d)
+                c = self._conflict(lane, base + tau, d)
                 if c >= 0:
-                    tau = self.ends[c] - base
+                    tau = lane.ends[c] - base
                     break
             else:
                 return tau
         return None
 
-    def latest(self, j: int, lo: float, hi: float, d: float) -> float | None:
+    def latest(self, j: int, lo: float, hi: float, d: float, *, direction: str) -> float | None:
         """The latest tau in [lo, hi] at which a transfer of d seconds is free in every repetition."""
+        lane = self._lanes[self.lane(direction)]
         tau = hi
         o, T = self.offsets[j], self.periods[j]
         while tau >= lo - _EPS:
             for k in self._bases(j, tau, d):
                 base = o + k * T
-                c = self._conflict(base + tau, d)
+                c = self._conflict(lane, base + tau, d)
                 if c >= 0:
-                    tau = self.starts[c] - d - base
+                    tau = lane.starts[c] - d - base
                     break
             else:
                 return tau
         return None
 
-    def reserve(self, j: int, tau: float, d: float) -> int:
+    def reserve(self, j: int, tau: float, d: float, *, direction: str) -> int:
         self._tag += 1
         tag = self._tag
+        li = self.lane(direction)
+        lane = self._lanes[li]
         o, T = self.offsets[j], self.periods[j]
         starts = []
         for k in self._bases(j, tau, d):
             g0 = o + k * T + tau
-            if self._conflict(g0, d) >= 0:
+            if self._conflict(lane, g0, d) >= 0:
                 for s in starts:
-                    self._drop(s, tag)
+                    self._drop(lane, s, tag)
                 raise RuntimeError("swap channel: reserving an overlapping transfer (planner bug)")
-            pos = bisect_right(self.starts, g0)
-            self.starts.insert(pos, g0)
-            self.ends.insert(pos, g0 + d)
-            self.tags.insert(pos, tag)
+            pos = bisect_right(lane.starts, g0)
+            lane.starts.insert(pos, g0)
+            lane.ends.insert(pos, g0 + d)
+            lane.tags.insert(pos, tag)
             starts.append(g0)
         self.reserved[tag] = starts
+        self._lane_of[tag] = li
         return tag
 
-    def _drop(self, g0: float, tag: int) -> None:
-        pos = bisect_left(self.starts, g0)
-        while self.tags[pos] != tag:
+    @staticmethod
+    def _drop(lane: _Lane, g0: float, tag: int) -> None:
+        pos = bisect_left(lane.starts, g0)
+        while lane.tags[pos] != tag:
             pos += 1
-        del self.starts[pos], self.ends[pos], self.tags[pos]
+        del lane.starts[pos], lane.ends[pos], lane.tags[pos]
 
     def release(self, tag: int) -> None:
+        lane = self._lanes[self._lane_of.pop(tag, 0)]
         for g0 in self.reserved.pop(tag, ()):
-            self._drop(g0, tag)
+            self._drop(lane, g0, tag)
 
-    def busy_intervals(self) -> list[tuple[float, float]]:
-        return list(zip(self.starts, self.ends))
+    def lane_of(self, tag: int) -> int:
+        """The lane a reservation (a SwapDecision's out_tag or in_tag) booked."""
+        return self._lane_of[tag]
+
+    def busy_intervals(self, lane: int | None = None) -> list[tuple[float, float]]:
+        """The busy (start, end) intervals of one lane, by start; ``lane``
+        None: every lane's (one lane: that lane's, as the seed's link)."""
+        if lane is not None:
+            return list(zip(self._lanes[lane].starts, self._lanes[lane].ends))
+        return sorted(iv for ln in self._lanes for iv in zip(ln.starts, ln.ends))
 
     def utilisation(self) -> float:
-        return sum(e - s for s, e in zip(self.starts, self.ends)) / self.horizon_s if self.horizon_s else 0.0
+        """The share of the horizon the lanes are busy, averaged over the lanes."""
+        busy = sum(e - s for ln in self._lanes for s, e in zip(ln.starts, ln.ends))
+        return busy / (self.horizon_s * self.lanes) if self.horizon_s else 0.0
 
 
 def rate_allows(jobs: Sequence[JobState], js: JobState) -> bool:
@@ -212,7 +287,7 @@ def _at_trigger_end(js: JobState, channel: SwapChannel, start: float, lo: float,
     at_end = start - delta
     if trigger is None or delta <= _EPS or at_end < lo - _EPS:
         return start
-    free = channel.latest(js.j, lo, at_end, d)
+    free = channel.latest(js.j, lo, at_end, d, direction=IN)
     return at_end if free is not None and abs(free - at_end) <= _EPS else start
 
 
@@ -257,11 +332,11 @@ def scheduling_swap(jobs: Sequence[JobState], channel: SwapChannel, js: JobState
         hi = peak_start - d
         if hi < lo - _EPS:
             return None
-        out_start = channel.earliest(js.j, lo, hi, d)
+        out_start = channel.earliest(js.j, lo, hi, d, direction=OUT)
         if out_start is None:
             return None
         out_end = out_start + d
-        out_tag = channel.reserve(js.j, out_start, d)
+        out_tag = channel.reserve(js.j, out_start, d, direction=OUT)
     release_step = max(p, tas.step_done_by_u(out_end))
     if release_step >= m:
         if out_tag >= 0:
@@ -269,7 +344,7 @@ def scheduling_swap(jobs: Sequence[JobState], channel: SwapChannel, js: JobState
         return None
     in_lo = max(out_end, tas.end_u(m))
     in_hi = tas.start_u(q) - d
-    in_start = channel.latest(js.j, in_lo, in_hi, d) if in_hi >= in_lo - _EPS else None
+    in_start = channel.latest(js.j, in_lo, in_hi, d, direction=IN) if in_hi >= in_lo - _EPS else None
     if in_start is None:
         if out_tag >= 0:  # Algorithm 2 line 21: SE.remove(swap_out_event)
             channel.release(out_tag)
@@ -280,7 +355,7 @@ def scheduling_swap(jobs: Sequence[JobState], channel: SwapChannel, js: JobState
         if out_tag >= 0:
             channel.release(out_tag)
         return None
-    in_tag = channel.reserve(js.j, in_start, d)
+    in_tag = channel.reserve(js.j, in_start, d, direction=IN)
     dec = SwapDecision(js.j, i, p, q, m, out_start, d, in_start, d, release_step, in_step,
                        out_tag=out_tag, in_tag=in_tag, version=w,
                        names=(tas.unrolled_name(p), tas.unrolled_name(q), tas.unrolled_name(m)))

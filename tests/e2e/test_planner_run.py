@@ -61,6 +61,9 @@ def test_compare_vanilla_with_room_to_spare_changes_nothing(tmp_path):
     link = runs["planned"]["planner"]["swap"]
     assert link["device_link"] == "h200-pcie5" and link["bandwidth_bytes_per_s"] > 0
     assert link["channel"]["bandwidth_bytes_per_s"] == link["bandwidth_bytes_per_s"]  # the channel ran at it
+    # Note [Lanes of a device link]: a lane per direction, both together capped at 92/55 of each way
+    assert link["lanes"] == link["channel"]["lanes"] == 2
+    assert link["combined_bytes_per_s"] == pytest.approx(link["bandwidth_bytes_per_s"] * 92 / 55)
     assert link["stands_for"].startswith("h200-pcie5 (NVIDIA H200") and "MiB/s here" in link["stands_for"]
     assert f"swap link {link['stands_for']}:" in proc.stdout
 

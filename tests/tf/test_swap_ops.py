@@ -1,4 +1,5 @@
-"""Swap ops on their own: host store bound, bandwidth cap, late swap-ins."""
+"""Swap ops on their own: host store bound, bandwidth cap, late swap-ins,
+the channel's lanes (one, or one per direction)."""
 
 import numpy as np
 import pytest
@@ -14,6 +15,8 @@ def _restore_settings():
     swap.configure_host_cache(2 << 30)
     swap.set_swap_bandwidth(0)
     swap.drain_swap_channel()
+    swap.set_swap_lanes(1)
+    swap.set_swap_combined_bandwidth(0)
 
 
 def _roundtrip(n, event=""):
@@ -144,3 +147,76 @@ def test_variable_swap_leaves_and_reenters_the_pool():
     back()
     swap.drain_swap_channel()
     assert np.array_equal(v.numpy(), value)
+
+
+def _out_beside_in(n):
+    """A swap-out of x beside a swap-in of the copy behind h: no edge between
+    the two, so both are submitted as soon as the step starts (a graph of
+    its own: tf.function would chain the two stateful ops in program order)."""
+    def f(x, h):
+        hx = swap.ops.tensile_swap_out(x * 1.0, label="beside:out")
+        y = swap.ops.tensile_swap_in(h, T=tf.float32, shape=[n], label="beside:in")
+        return hx, y + 0.0
+    return tf.compat.v1.wrap_function(f, [tf.TensorSpec([n], tf.float32), tf.TensorSpec([], tf.int64)])
+
+
+@tf.function
+def _out_only(x):
+    return swap.ops.tensile_swap_out(x * 1.0, label="first:out")
+
+
+@pytest.mark.parametrize("lanes", [2, 1])
+def test_a_lane_per_direction_runs_a_swap_out_beside_a_swap_in(lanes):
+    """Policy 2 of swap_channel.h, by the channel's own log: on two lanes the
+    swap-out runs on lane 0 while the swap-in runs on lane 1; on one lane
+    (the control) one waits for the other. Certain by construction: both
+    are due at once and each holds its lane for 0.5 s (1 MiB at 2 MiB/s
+    a lane; on two lanes 4 MiB/s each way, capped at 4 MiB/s both ways:
+    policy 3), so on two lanes they overlap unless the executor submitted
+    them 0.5 s apart."""
+    n = 256 * 1024
+    a = tf.random.stateless_normal([n], seed=[1, 2])
+    b = tf.random.stateless_normal([n], seed=[3, 4])
+    f = _out_beside_in(n)
+    swap.set_swap_lanes(lanes)
+    swap.drain_swap_channel()
+    h = _out_only(a)          # a's host copy, for the swap-in; unlimited link
+    hb = _out_only(b)
+    f(b, hb)                  # traced, outside the log (and b's copy read back)
+    swap.drain_swap_channel()
+    if lanes == 2:
+        swap.set_swap_bandwidth(4 * 2**20)
+        swap.set_swap_combined_bandwidth(4 * 2**20)
+    else:
+        swap.set_swap_bandwidth(2 * 2**20)
+    assert swap.swap_channel_stats()["lane_bytes_per_s"] == 2 * 2**20
+    assert swap.swap_channel_stats()["lanes"] == lanes == swap.swap_lanes()
+    swap.set_swap_log_capacity(16)
+    try:
+        hx, y = f(b, h)
+        swap.drain_swap_channel()
+        log = swap.swap_channel_log()
+    finally:
+        swap.set_swap_log_capacity(0)
+        swap.set_swap_bandwidth(0)
+    assert np.array_equal(y.numpy(), a.numpy())
+    (out,) = [r for r in log if r["kind"] == "swap_out"]
+    (back,) = [r for r in log if r["kind"] == "swap_in"]
+    assert out["bytes"] == back["bytes"] == 4 * n
+    for r in (out, back):
+        assert r["end_ns"] - r["start_ns"] >= 0.99e9 * r["bytes"] / (2 * 2**20), r
+    overlap_ns = min(out["end_ns"], back["end_ns"]) - max(out["start_ns"], back["start_ns"])
+    if lanes == 2:
+        assert (out["lane"], back["lane"]) == (0, 1)
+        assert overlap_ns > 0, log
+    else:
+        assert (out["lane"], back["lane"]) == (0, 0)
+        assert overlap_ns <= 0, log
+    assert np.array_equal(_roundtrip_in(n)(hx).numpy(), b.numpy())   # b's host copy read back: nothing left over
+
+
+def _roundtrip_in(n):
+    @tf.function
+    def g(h):
+        return swap.ops.tensile_swap_in(h, T=tf.float32, shape=[n], label="beside:back") + 0.0
+    return g

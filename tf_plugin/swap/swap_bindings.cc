@@ -54,11 +54,15 @@ void RegisterSwapBindings(py::module_& m) {
     const SwapChannelStats s = GetSwapChannel().Stats();
     py::dict d;
     d["bandwidth_bytes_per_s"] = s.bandwidth_bytes_per_s;
+    d["combined_bytes_per_s"] = s.combined_bytes_per_s;
+    d["lane_bytes_per_s"] = s.lane_bytes_per_s;
+    d["lanes"] = s.lanes;
     d["swap_outs"] = s.swap_outs;
     d["swap_ins"] = s.swap_ins;
     d["bytes_out"] = s.bytes_out;
     d["bytes_in"] = s.bytes_in;
     d["busy_s"] = s.busy_ns * 1e-9;
+    d["busy_s_by_lane"] = py::make_tuple(s.lane_busy_ns[0] * 1e-9, s.lane_busy_ns[1] * 1e-9);
     d["copy_s"] = s.copy_ns * 1e-9;
     d["done_s"] = s.done_ns * 1e-9;
     d["queue_wait_s"] = s.queue_wait_ns * 1e-9;
@@ -83,6 +87,7 @@ void RegisterSwapBindings(py::module_& m) {
       py::dict d;
       d["kind"] = r.kind == TransferKind::kSwapOut ? "swap_out"
                                                        : "swap_in";
+      d["lane"] = r.lane;
       d["stream"] = r.stream;
       d["bytes"] = r.bytes;
       d["submitted_ns"] = r.submitted_ns;
@@ -101,6 +106,20 @@ void RegisterSwapBindings(py::module_& m) {
       },
       py::arg("bytes_per_s"));
   m.def("swap_bandwidth", []() { return GetSwapChannel().Bandwidth(); });
+  m.def(
+      "set_swap_combined_bandwidth",
+      [](double bytes_per_s) {
+        if (bytes_per_s < 0) throw py::value_error("combined bandwidth must be >= 0 (0: no cap)");
+        GetSwapChannel().SetCombinedBandwidth(bytes_per_s);
+      },
+      py::arg("bytes_per_s"));
+  m.def(
+      "set_swap_lanes",
+      [](int lanes) {
+        if (!GetSwapChannel().SetLanes(lanes)) throw py::value_error("swap link lanes must be 1 or 2");
+      },
+      py::arg("lanes"), "1: one transfer at a time either way; 2: a lane per direction (swap_channel.h).");
+  m.def("swap_lanes", []() { return GetSwapChannel().Lanes(); });
   m.def(
       "drain_swap_channel", []() { GetSwapChannel().Drain(); },
       py::call_guard<py::gil_scoped_release>(),

@@ -16,33 +16,66 @@ int64_t SwapChannel::NowNs() {
       .count();
 }
 
-SwapChannel::SwapChannel() : thread_([this] { Loop(); }) {}
+SwapChannel::SwapChannel() { lanes_[0].thread = std::thread([this] { Loop(0); }); }
 
 SwapChannel::~SwapChannel() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
-  cv_.notify_all();
-  thread_.join();
+  for (Lane& lane : lanes_) {
+    lane.cv.notify_all();
+    if (lane.thread.joinable()) lane.thread.join();
+  }
 }
 
 void SwapChannel::Submit(Transfer t) {
+  int lane = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    lane = num_lanes_ == 2 && t.kind == TransferKind::kSwapIn ? 1 : 0;  // policy 2
     const int64_t now = NowNs();
-    queue_.push(Queued{std::max(t.not_before_ns, now), next_seq_++, now,
-                       std::move(t)});
+    lanes_[lane].queue.push(Queued{std::max(t.not_before_ns, now), next_seq_++, now, std::move(t)});
     stats_.pending += 1;
-    stats_.max_queue_depth =
-        std::max<int64_t>(stats_.max_queue_depth, queue_.size());
+    stats_.max_queue_depth = std::max<int64_t>(stats_.max_queue_depth,
+                                               lanes_[0].queue.size() + lanes_[1].queue.size());
   }
-  cv_.notify_all();
+  lanes_[lane].cv.notify_all();
 }
 
 void SwapChannel::SetBandwidth(double bytes_per_s) {
   std::lock_guard<std::mutex> lock(mu_);
   bandwidth_ = bytes_per_s > 0 ? bytes_per_s : 0;
+}
+
+void SwapChannel::SetCombinedBandwidth(double bytes_per_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  combined_ = bytes_per_s > 0 ? bytes_per_s : 0;
+}
+
+bool SwapChannel::SetLanes(int lanes) {
+  if (lanes != 1 && lanes != 2) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  num_lanes_ = lanes;
+  if (lanes == 2 && !lanes_[1].thread.joinable()) {
+    lanes_[1].thread = std::thread([this] { Loop(1); });  // waits for mu_ before it reads anything
+  }
+  return true;
+}
+
+int SwapChannel::Lanes() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return num_lanes_;
+}
+
+// Policy 3: min(each way, combined / lanes), either cap absent (0) left out.
+double SwapChannel::LaneRateLocked() const {
+  double rate = bandwidth_;
+  if (combined_ > 0) {
+    const double share = combined_ / num_lanes_;
+    rate = rate > 0 ? std::min(rate, share) : share;
+  }
+  return rate;
 }
 
 double SwapChannel::Bandwidth() {
@@ -65,6 +98,9 @@ SwapChannelStats SwapChannel::Stats() {
   std::lock_guard<std::mutex> lock(mu_);
   SwapChannelStats s = stats_;
   s.bandwidth_bytes_per_s = bandwidth_;
+  s.combined_bytes_per_s = combined_;
+  s.lane_bytes_per_s = LaneRateLocked();
+  s.lanes = num_lanes_;
   return s;
 }
 
@@ -107,23 +143,24 @@ static bool RaiseThreadPriority() {
   return setpriority(PRIO_PROCESS, tid, nice) == 0;
 }
 
-void SwapChannel::Loop() {
+void SwapChannel::Loop(int lane) {
   const bool raised = RaiseThreadPriority();
   std::unique_lock<std::mutex> lock(mu_);
-  stats_.thread_priority_raised = raised;
+  stats_.thread_priority_raised = lane == 0 ? raised : stats_.thread_priority_raised && raised;
+  Lane& mine = lanes_[lane];
   while (true) {
-    cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-    if (stop_ && queue_.empty()) return;
-    const int64_t due = queue_.top().not_before_ns;
+    mine.cv.wait(lock, [&] { return stop_ || !mine.queue.empty(); });
+    if (stop_ && mine.queue.empty()) return;
+    const int64_t due = mine.queue.top().not_before_ns;
     const int64_t now = NowNs();
     if (due > now) {
       // An earlier transfer may arrive meanwhile: wake on submit too.
-      cv_.wait_for(lock, std::chrono::nanoseconds(due - now));
+      mine.cv.wait_for(lock, std::chrono::nanoseconds(due - now));
       continue;
     }
-    Queued q = std::move(const_cast<Queued&>(queue_.top()));
-    queue_.pop();
-    const double bandwidth = bandwidth_;
+    Queued q = std::move(const_cast<Queued&>(mine.queue.top()));
+    mine.queue.pop();
+    const double bandwidth = LaneRateLocked();
     lock.unlock();
 
     const int64_t start = NowNs();
@@ -146,12 +183,13 @@ void SwapChannel::Loop() {
     (q.t.kind == TransferKind::kSwapOut ? stats_.swap_outs : stats_.swap_ins) += 1;
     (q.t.kind == TransferKind::kSwapOut ? stats_.bytes_out : stats_.bytes_in) += bytes;
     stats_.busy_ns += end - start;
+    stats_.lane_busy_ns[lane] += end - start;
     stats_.copy_ns += copied - start;
     stats_.done_ns += done_end - end;
     stats_.queue_wait_ns += start - q.not_before_ns;
     if (log_capacity_ > 0) {
       log_[log_next_++ % log_capacity_] =
-          TransferRecord{q.t.kind, q.t.stream, bytes, q.submitted_ns, q.not_before_ns, start, end};
+          TransferRecord{q.t.kind, lane, q.t.stream, bytes, q.submitted_ns, q.not_before_ns, start, end};
     }
   }
 }
@@ -164,6 +202,7 @@ SwapChannel& GetSwapChannel() {
       const double v = std::strtod(env, &end);
       if (end != env && v > 0) c->SetBandwidth(v);
     }
+    if (const char* env = std::getenv("TENSILE_SWAP_LANES")) c->SetLanes(std::atoi(env));
     return c;
   }();
   return *channel;
