@@ -50,7 +50,7 @@ def links(graph: JobGraph, lat, k: int) -> dict[str, tuple[float, int]]:
     dev = DEVICE_LINKS["h200-pcie5"]
     each_way = device_link_bandwidth(dev, [plan.pool_vanilla_peak_bytes] * k, [probe.jobs[0].tas.period_s] * k)
     return {"unlimited": (1e15, 1), "110MiB/s": (110 * MiB, 1),
-            "h200-pcie5": (each_way * min(1.0, (dev.both_ways or 2.0) / 2), 2),
+            "h200-pcie5": (each_way * min(1.0, (getattr(dev, "both_ways", None) or 2.0) / 2), 2),
             "h200-1lane": (each_way, 1)}   # the same link as the seed plans it: one lane at the each-way rate
 
 
