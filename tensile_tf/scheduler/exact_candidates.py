@@ -17,7 +17,10 @@ footprint] in peak_analysis):
   before step q starts. The tensor is absent while step k runs, for k
   strictly inside the gap, exactly when the version's swap-out has ended by
   the start of k and the gap's swap-in starts no earlier than the end of k:
-  the greedy planner's ``release_step`` / ``in_step`` rule.
+  the greedy planner's ``release_step`` / ``in_step`` rule. A transfer takes
+  time, so the step right after a write and the step right before the
+  access a swap-in serves are never away (the model counts time in ticks,
+  and a tick-rounded transfer could otherwise take none).
 * **Recomputations.** Per activation and gap (p, q), the chain of ops that
   rebuilds it before q (``recompute.recompute_chain``, up to ``max_chain``
   ops); the tensor is then absent on every step inside the gap, the re-run
@@ -70,6 +73,8 @@ class Gap:
     size: int
     dur_s: float
     freed: dict[int, int] = field(default_factory=dict)   # local step -> 1/0 (a view holds the buffer)
+    away_from: int = 0               # the first and last unrolled steps a swap can hold it away
+    away_to: int = -1
 
 
 @dataclass
@@ -147,7 +152,10 @@ def collect_candidates(jobs: list[JobState], bandwidth: float, *, recompute: boo
                     k = u % n
                     freed[k] = int(fp._freed_by_absence(i, k, k + 1)[0])
                     rem[k] += size * freed[k]
-                gaps.append(Gap(js.j, i, p, q, by_version[key], size, size / bandwidth, freed))
+                # a transfer takes time: a copy of a write made at p is not done before p ends, and a
+                # swap-in counts from the step it starts in, which is before q (Note [op-granular footprint])
+                first = p + 2 if w == p else p + 1
+                gaps.append(Gap(js.j, i, p, q, by_version[key], size, size / bandwidth, freed, first, q - 2))
         if recompute:
             reruns.extend(_reruns(js, max_chain))
         floors.append(int((fp.base - rem).max()) if n else 0)

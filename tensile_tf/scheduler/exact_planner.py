@@ -158,7 +158,7 @@ class ExactPlanner:
             tas = js.tas
             d = self._down(g.dur_s)
             hi = self._up(tas.start_u(g.q)) - d
-            steps = [u for u in range(g.p + 1, g.q)
+            steps = [u for u in range(g.away_from, g.away_to + 1)
                      if g.freed[u % tas.n] and js.fp.base[u % tas.n] > floors[g.j]]
             if cv is None or not steps or hi < cv[3]:
                 self.gap_vars.append(None)
