@@ -52,8 +52,8 @@ from tensile_tf.scheduler.planner import plan_in_step_order
 from tensile_tf.tf.capture import capture_job_graph, measure_op_latencies
 from tensile_tf.tf.rewrite import REWRITE_PREFIX, PlannedStep, RewriteReport, apply_plan, chain_in_plan_order
 from tensile_tf.tf.rewrite.plan_table import TableCall, table_step_for
-from tensile_tf.tf.step_memory import (MIN_TRACED_STEPS, StepMemory, apply_step_memory, executor_order,
-                                       measure_step_memory)
+from tensile_tf.tf.step_memory import (MIN_TRACED_STEPS, StepMemory, UnplannedPeaks, apply_step_memory,
+                                       executor_order, measure_step_memory)
 
 
 def batch_specs(args: Sequence) -> tuple:
@@ -85,6 +85,9 @@ class CapturedJob:
     graph: JobGraph
     planner_job: PlannerJob
     cold: bool = False           # captured without running the step (capture_cold)
+    #: what its predicted unplanned peak is made of: the traced steps' spread, scratch that
+    #: meets (Note [Scratch that meets] in tensile_tf/tf/unplanned_peaks.py); None: not traced
+    unplanned_peaks: UnplannedPeaks | None = None
 
 
 def capture_for_planning(job: JobToPlan, *, latency_repeats: int = 3, with_temp: bool = True,
@@ -96,6 +99,7 @@ def capture_for_planning(job: JobToPlan, *, latency_repeats: int = 3, with_temp:
     them that way, "auto" in plan order, where it falls back to (Note [Latency
     time base] in tensile_tf/scheduler/latency.py).
     Errors name the job."""
+    peaks = None
     try:
         graph = capture_job_graph(job.name, job.step_fn, job.example_args, optimizer=job.optimizer)
         graph = executor_order(graph, job.step_fn, job.example_args)
@@ -104,7 +108,7 @@ def capture_for_planning(job: JobToPlan, *, latency_repeats: int = 3, with_temp:
             memory = measure_step_memory(job.step_fn, job.example_args, graph)
             if chained is not None:   # Note [Memory of the step as planned]
                 memory = _as_planned(memory, job, graph, chained)
-            apply_step_memory(graph, memory)
+            peaks = apply_step_memory(graph, memory)
         lat = None
         if chained is not None:
             lat = measure_plan_order_latencies(job, graph, repeats=latency_repeats, chained=chained)
@@ -113,7 +117,8 @@ def capture_for_planning(job: JobToPlan, *, latency_repeats: int = 3, with_temp:
     except Exception as e:  # noqa: BLE001 - name the job
         raise RuntimeError(f"job '{job.name}': could not capture or profile its train step: {e}") from e
     job = replace(job, example_args=batch_specs(job.example_args))   # Note [Example batch]
-    return CapturedJob(job, graph, PlannerJob(graph, lat, job.start_offset_s, job.max_swapping_rate))
+    return CapturedJob(job, graph, PlannerJob(graph, lat, job.start_offset_s, job.max_swapping_rate),
+                       unplanned_peaks=peaks)
 
 
 def plan_order_step(job: JobToPlan, graph: JobGraph) -> PlannedStep:

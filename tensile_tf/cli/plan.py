@@ -30,7 +30,7 @@ def cmd_plan(args) -> int:
                            "--out" if args.out else "run.out_dir")
     check_references(cfg, args.config, marks)
     cfg = cfg.model_copy(update={"run": run})
-    from tensile_tf.reports.outputs import format_plan_summary
+    from tensile_tf.reports.outputs import format_plan_summary, format_unplanned_peaks
 
     host = make_host(cfg, planner=PlannerKind.tensile)
     plan = host.plan_only()
@@ -41,6 +41,7 @@ def cmd_plan(args) -> int:
         print("tensile plan: no job could be planned (see above)", file=sys.stderr)
         return 1
     print(format_plan_summary(plan))
+    print(format_unplanned_peaks(plan, host.planning.unplanned_peaks))
     (out / "plan.json").write_text(plan.to_json())
     print(f"wrote {out / 'plan.json'} (run it with `tensile run {args.config} --plan {out / 'plan.json'}`)")
     return 0

@@ -144,6 +144,19 @@ def format_plan_summary(plan) -> str:
     return "\n".join(rows)
 
 
+def format_unplanned_peaks(plan, peaks) -> str:
+    """Per job of ``plan``, what its predicted unplanned peak is made of: the
+    spread of the traced free-running steps and, when the prediction is
+    above them, the scratch that meets in the worst step (``tensile plan``;
+    Note [Scratch that meets] in tensile_tf/tf/unplanned_peaks.py). ``peaks``:
+    job -> ``UnplannedPeaks`` (or None: a cold capture, nothing traced)."""
+    rows = []
+    for name in plan.jobs:
+        p = peaks.get(name)
+        rows.append(f"{name}: " + (p.describe() if p is not None else "unplanned peak not traced (cold start)"))
+    return "\n".join(rows)
+
+
 def write_failure_tracebacks(result: RunResult, out: Path) -> None:
     """Each failed job's whole traceback into ``failures/JOB.txt``; the job's
     ``traceback_path`` (relative to results.json) points at it."""

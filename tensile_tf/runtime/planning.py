@@ -133,6 +133,8 @@ class JobPlanning:
         self.capacity = capacity
         self.settings = settings
         self.plans: list[Plan] = []
+        #: job -> what its last capture's predicted unplanned peak is made of (UnplannedPeaks, or None)
+        self.unplanned_peaks: dict[str, object] = {}
 
     # --------------------------------------------------------- budgets
 
@@ -169,6 +171,7 @@ class JobPlanning:
         try:
             with state.job_stream.eager_scope():
                 state.captured = capture_for_planning(job, step_order=self.settings.plan_order.value)
+            self.unplanned_peaks[state.name] = state.captured.unplanned_peaks   # for `tensile plan`
         except Exception as e:  # noqa: BLE001 - the job still runs, unplanned
             out_of_memory = isinstance(e.__cause__, tf.errors.ResourceExhaustedError)
             state.plan_error = summarize_error(e)
@@ -313,6 +316,10 @@ class JobPlanning:
             saved = max(0, jp.vanilla_peak_bytes - jp.planned_peak_bytes)
         p_bytes, t_bytes = s.persistent_bytes or 0, s.temporary_bytes or 0
         total = max(0, p_bytes + t_bytes - saved)
+        if not s.cold_planned:
+            # the probe measured one step; the prediction is the worst step the plan runs, beside
+            # scratch that may meet (Note [Scratch that meets] in tensile_tf/tf/unplanned_peaks.py)
+            total = max(total, jp.planned_peak_bytes)
         needs = (min(p_bytes, total), total - min(p_bytes, total))
         report = step.report
         record = PlanRecord(
@@ -323,5 +330,6 @@ class JobPlanning:
             swapped_bytes_per_step=report.swapped_bytes_per_step, recomputed_ops=report.recomputed_ops,
             rewrite=report.to_dict(), source=source, order_only=jp.order_only,
             step_order=jp.step_order,
-            headroom=s.plan.headroom if s.plan is not None and s.captured.cold else None)
+            headroom=s.plan.headroom if s.plan is not None and s.captured.cold else None,
+            unplanned_peaks=peaks.to_dict() if (peaks := getattr(s.captured, "unplanned_peaks", None)) else None)
         return record, needs

@@ -90,6 +90,9 @@ class PlanRecord:
     plan_number: int | None = None   # its index in the run's plans (planner.plans; Note [Plan segments])
     headroom: float | None = None    # a cold start's: the free pool's share its probe's plan left (Note [Cold-start headroom])
     reason: str = ""             # why it was made: "start", "cold start", "departure of j0", ...
+    # what predicted_vanilla_peak_bytes is made of: the traced steps' spread, scratch that meets
+    # (UnplannedPeaks.to_dict(); Note [Scratch that meets] in tensile_tf/tf/unplanned_peaks.py); None: not traced
+    unplanned_peaks: dict[str, Any] | None = None
 
     @property
     def changes_step(self) -> bool:

@@ -232,7 +232,8 @@ class PlannerPasses:
         self._loop()
         kept = ("jobs", "order", "timeline", "channel", "stop_reason", "iterations")
         best, best_peak, state = [], self._pool_peak(), {a: getattr(self, a) for a in kept}
-        for _ in range(self.bottleneck_restarts):
+        # max_iterations=0 asks for the unplanned steps' figures: no restart books swaps either
+        for _ in range(self.bottleneck_restarts if self.max_iterations > 0 else 0):
             if (self.pool_bytes is not None and best_peak <= self.pool_bytes) or self.stop_reason in FITS_UNPLANNED:
                 break
             steps = gpu_memory_peak_analysis([js.fp for js in self.jobs], self.timeline, with_tensors=False).job_steps

@@ -38,6 +38,8 @@ structural rule (an op's siblings, ops reading a common activation, run beside
 it) that missed the node-group CNN's peak by 15% and over-predicted
 InceptionV3 by 19% (benchmarks/RESULTS.md, Issue 15).
 
+Note [Scratch that meets] (in tensile_tf/tf/unplanned_peaks.py) bounds what the traced steps miss.
+
 Note [Data held beside the step]
 A job holds more than its step's tensors between steps: the batches its
 data source keeps in the pool (a YAML job's synthetic data was
@@ -106,6 +108,7 @@ import tf_plugin
 from tensile_tf.tf.pool import ops_of_traced_names
 from tensile_tf.tf.capture import snapshot_variables
 from tensile_tf.tf.rewrite.graph_edit import bypassed_identity_n
+from tensile_tf.tf.unplanned_peaks import UnplannedPeaks, inter_op_threads, scratch_that_meets, unplanned_peaks
 from tensile_tf.scheduler.concurrency import observed_concurrency_bytes
 from tensile_tf.scheduler.job_graph import HELD_BESIDE_STEP, JobGraph, TensorInfo
 
@@ -123,6 +126,7 @@ class StepMemory:
     views: dict[str, str]        # tensor -> the tensor whose buffer it shares (Note [Views] in job_graph)
     held: list[dict[str, int]]   # per step: op -> most bytes the step held at its allocations (Note [Concurrent scratch])
     between_steps_bytes: int | None = None   # the job's pool bytes between two steps (Note [Data held beside the step])
+    threads: int = 1             # the inter-op threads the steps ran on (Note [Scratch that meets])
 
 
 # Steps traced for Note [Concurrent scratch]: the node-group CNN's steps meet
@@ -167,7 +171,7 @@ def measure_step_memory(step_fn, args: Sequence, graph: JobGraph, *, steps: int 
     own = stream is not None and stream != tf_plugin.DEFAULT_STREAM
     held_between = [b[stream] for b in between if stream in b] if own else []
     return StepMemory(scratch, forwarded, views, [_held_at_allocations(tr, ops_of, graph) for tr in traces],
-                      min(held_between) if held_between else None)
+                      min(held_between) if held_between else None, threads=inter_op_threads())
 
 
 def _job_stream(trace: list[dict], ops_of: dict[str, list]) -> int | None:
@@ -318,22 +322,29 @@ def _scratch_of_namesakes(entries: list[list], ops: list, graph: JobGraph, scrat
                 scratch[o.name] = scratch.get(o.name, 0) + (size if running is not None else size // len(ops))
 
 
-def apply_step_memory(graph: JobGraph, memory: StepMemory) -> None:
+def apply_step_memory(graph: JobGraph, memory: StepMemory) -> UnplannedPeaks:
     """Writes what ``measure_step_memory`` found into the graph: scratch,
-    forwarded bytes, views, then each op's ``concurrent_bytes``."""
+    forwarded bytes, views, then each op's ``concurrent_bytes``: the worst
+    traced step's, or scratch that may meet it on the executor's threads,
+    whichever is larger (Note [Scratch that meets]). Returns what the
+    predicted unplanned peak is made of."""
     for o in graph.ops:
         o.temp_bytes = memory.scratch.get(o.name, o.temp_bytes)
         o.forwarded_bytes = memory.forwarded.get(o.name, 0)
     for t, owner in memory.views.items():
         graph.tensors[t].view_of = owner
-    concurrent = observed_concurrency_bytes(graph, memory.held)
-    for o in graph.ops:
-        o.concurrent_bytes = concurrent.get(o.name, 0)
     if memory.between_steps_bytes is not None:
         held = memory.between_steps_bytes - sum(t.size_bytes for t in graph.tensors.values()
                                                 if t.persistent and not t.view_of)
         if held > 0:   # Note [Data held beside the step]
             graph.tensors[HELD_BESIDE_STEP] = TensorInfo(HELD_BESIDE_STEP, held, kind="input")
+    observed = observed_concurrency_bytes(graph, memory.held)
+    meets = scratch_that_meets(graph, memory.threads)
+    scratch = {o.name: o.temp_bytes for o in graph.ops}
+    for o in graph.ops:
+        beside = sum(scratch[j] for j in meets.get(o.name, ()))
+        o.concurrent_bytes = max(observed.get(o.name, 0), beside) if beside else observed.get(o.name, 0)
+    return unplanned_peaks(graph, memory.held, observed, meets, memory.threads)
 
 
 _LAZY_OPS = frozenset({"ReadVariableOp", "Const", "Identity", "NoOp", "Placeholder"})

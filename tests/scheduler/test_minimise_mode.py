@@ -80,3 +80,19 @@ def test_no_budgeted_plan_peaks_below_the_minimised_plan(scn, where):
     check_invariants(planner, minimised)
     budgeted = Planner(jobs, pool_bytes=budget, bandwidth_bytes_per_s=bandwidth).plan()
     assert minimised.pool_planned_peak_bytes <= budgeted.pool_planned_peak_bytes, (budget, minimised.stop_reason)
+
+
+def test_no_iterations_plan_nothing_in_minimise_mode_too():
+    """``max_iterations=0`` is how benchmarks and tests ask for the unplanned
+    figures (a budget is then a share of them): minimise mode books nothing,
+    restarts included."""
+    from tensile_tf.scheduler import LatencyTable, Planner, PlannerJob
+    from tests.scheduler.graphs import fig1_graph
+
+    g = fig1_graph()
+    jobs = [PlannerJob(g, LatencyTable({o.name: 1.0 for o in g.ops}))]
+    plan = Planner(jobs, bandwidth_bytes_per_s=1e9, max_iterations=0).plan()
+    assert not any(jp.swap_outs or jp.swap_ins or jp.recomputes for jp in plan.jobs.values())
+    assert plan.pool_planned_peak_bytes == 510
+    # the control: with iterations the same planner does plan (w1 away over u2)
+    assert Planner(jobs, bandwidth_bytes_per_s=1e9).plan().pool_planned_peak_bytes == 410
