@@ -42,6 +42,11 @@ recomputation moved a transfer (Note [The exact model's candidates]).
 from __future__ import annotations
 
 import math
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -88,7 +93,8 @@ class ExactPlanner:
     def __init__(self, jobs: Sequence[PlannerJob], *, pool_bytes: int | None = None,
                  bandwidth_bytes_per_s: float = DEFAULT_BANDWIDTH_BYTES_PER_S, lanes: int = 1,
                  coincident_peaks: bool | None = None, recompute: bool = True, max_chain: int = 4,
-                 time_limit_s: float = 10.0, workers: int = 2, resolution: int = 1_000_000):
+                 time_limit_s: float = 10.0, workers: int = 2, resolution: int = 1_000_000,
+                 isolate: bool | None = None):
         if lanes not in (1, 2):
             raise ValueError(f"exact planner: lanes must be 1 or 2, got {lanes!r}")
         coincident = len(jobs) > 1 if coincident_peaks is None else coincident_peaks
@@ -102,6 +108,10 @@ class ExactPlanner:
         self.max_chain = max_chain
         self.time_limit_s = float(time_limit_s)
         self.workers = workers
+        self.isolate = isolate       # Note [CP-SAT beside TensorFlow]; None: where TensorFlow is loaded
+        self._args = (list(jobs), dict(pool_bytes=pool_bytes, bandwidth_bytes_per_s=bandwidth_bytes_per_s, lanes=lanes,
+                                       coincident_peaks=coincident_peaks, recompute=recompute, max_chain=max_chain,
+                                       time_limit_s=time_limit_s, workers=workers, resolution=resolution))
         self.resolution = int(resolution)
         # the greedy planner's own state: sequences, footprints, timeline and _make_plan
         self.planner = Planner(jobs, pool_bytes=pool_bytes, bandwidth_bytes_per_s=bandwidth_bytes_per_s,
@@ -270,6 +280,8 @@ class ExactPlanner:
         hinted variable fixed (CP-SAT can lose a mere hint in a large model),
         so the result is never worse than the greedy plan where that plan is
         a point of the model."""
+        if "tensorflow" in sys.modules if self.isolate is None else self.isolate:
+            return self._solve_in_child(hint)
         cp_model = _cp_model()
         t0 = time.perf_counter()
         m = self._build()
@@ -372,3 +384,43 @@ class ExactPlanner:
 
     def _plan(self, solver, status: str) -> tuple[Plan, int]:
         return plan_from_solution(self, solver, status)
+
+    # -- Note [CP-SAT beside TensorFlow] ---------------------------------------------------
+    def _solve_in_child(self, hint: Planner | None) -> ExactResult:
+        """``solve`` in a child interpreter that imports OR-Tools and not
+        TensorFlow: the jobs and the hint go to it pickled, the result comes back so."""
+        with tempfile.TemporaryDirectory(prefix="tensile-exact-") as d:
+            given, result = os.path.join(d, "given.pickle"), os.path.join(d, "result.pickle")
+            with open(given, "wb") as f:
+                pickle.dump((*self._args, hint), f)
+            code = "import sys; from tensile_tf.scheduler.exact_planner import solve_pickled; solve_pickled(*sys.argv[1:])"
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+            proc = subprocess.run([sys.executable, "-c", code, given, result], capture_output=True, text=True, env=env,
+                                  timeout=3 * self.time_limit_s + 300)
+            if proc.returncode != 0 or not os.path.exists(result):
+                raise RuntimeError(f"exact planner: its child interpreter failed ({proc.returncode}): "
+                                   f"{proc.stderr[-2000:]}")
+            with open(result, "rb") as f:
+                return pickle.load(f)
+
+
+def solve_pickled(given: str, result: str) -> None:
+    """The child's side of Note [CP-SAT beside TensorFlow]."""
+    with open(given, "rb") as f:
+        jobs, kwargs, hint = pickle.load(f)
+    out = ExactPlanner(jobs, isolate=False, **kwargs).solve(hint)
+    with open(result, "wb") as f:
+        pickle.dump(out, f)
+
+
+# Note [CP-SAT beside TensorFlow]
+# CP-SAT crashed (a segmentation fault in CpSolver.solve, and in
+# CpModel.export_to_file) in a process that had run TensorFlow with this
+# project's plugin loaded: the suite's worker ran tests/tf/test_compare.py,
+# then the exact planner's first solve took the worker down (OR-Tools and
+# TensorFlow each bring their own protobuf and absl). So where TensorFlow
+# is loaded (or ``isolate=True``), ``solve`` runs whole in a child
+# interpreter that imports OR-Tools and not TensorFlow; the jobs, the
+# settings and the greedy hint go to it pickled, and its ``ExactResult``
+# comes back so. A pure process (benchmarks/exact_gap_bench.py, the pure
+# tests) solves in process.

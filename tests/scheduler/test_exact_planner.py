@@ -139,3 +139,14 @@ def test_two_jobs_are_planned_for_the_sum_of_their_peaks():
     assert r.optimal and r.peak_bytes == r.plan_peak_bytes == 820
     with pytest.raises(ValueError, match="sum of their peaks"):
         ExactPlanner([PlannerJob(a, unit(a)), PlannerJob(b, unit(b))], coincident_peaks=False)
+
+
+def test_a_solve_in_a_child_interpreter_reads_the_same_plan():
+    """Note [CP-SAT beside TensorFlow]: where TensorFlow is loaded the solve runs
+    in a child interpreter; forced here, it reads back the plan worked out by hand
+    (test_recomputation_chosen_where_no_swap_fits)."""
+    g = recompute_graph()
+    child = ExactPlanner([PlannerJob(g, unit(g))], bandwidth_bytes_per_s=1.0, isolate=True).solve()
+    assert child.optimal and child.peak_bytes == child.plan_peak_bytes == 320
+    ev, = child.plan.jobs[g.name].recomputes
+    assert (ev.target, ev.ops, ev.before_op) == ("a", ["f1"], "b1")
