@@ -51,11 +51,15 @@ Not started by the runtime, but sharing its data: TensorFlow's inter-op and
 intra-op threads run each step's ops (a job's allocations are attributed to
 its stream by the step's graph and, for eager work, by a thread-local stream
 that ``JobStream.eager_scope`` sets on the calling thread only); the swap
-channel's C++ thread (tf_plugin/swap/swap_channel.h); the node-group
+channel's C++ copy threads, one per lane (two with ``run.link_lanes: 2``, each with its
+own queue under the channel's one mutex; Note [A lane per direction] in
+tensile_tf/scheduler/swap_scheduling.py, tf_plugin/swap/swap_channel.h); the node-group
 CounterBarriers that pace job threads' ops against each other in C++
 (tf_plugin/nodegroup/counter_barrier.h); the allocator's wait for frees
 (Note [Waiting for frees], its own mutex); the stderr pump of
-tf_plugin/_loader.py, only while TensorFlow imports.
+tf_plugin/_loader.py, only while TensorFlow imports; and, where TensorFlow is loaded, the exact
+planner's child interpreter (a process, not a thread: Note [CP-SAT beside TensorFlow] in
+tensile_tf/scheduler/exact_planner.py).
 
 Hand-offs (and why each is safe)
 --------------------------------

@@ -202,7 +202,6 @@ SwapChannel& GetSwapChannel() {
       const double v = std::strtod(env, &end);
       if (end != env && v > 0) c->SetBandwidth(v);
     }
-    if (const char* env = std::getenv("TENSILE_SWAP_LANES")) c->SetLanes(std::atoi(env));
     return c;
   }();
   return *channel;

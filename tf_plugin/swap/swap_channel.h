@@ -174,7 +174,7 @@ class SwapChannel {
 };
 
 // The process-wide channel. Bandwidth: TENSILE_SWAP_BANDWIDTH (bytes/s),
-// else unlimited; lanes: TENSILE_SWAP_LANES (1 or 2), else 1.
+// else unlimited; one lane until SetLanes (the run sets run.link_lanes).
 SwapChannel& GetSwapChannel();
 
 }  // namespace tensile
