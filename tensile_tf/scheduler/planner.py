@@ -152,6 +152,7 @@ class Planner(PlannerPasses):
         self.drop_idle_swaps = drop_idle_swaps           # Note [Transfers that lower no peak]
         self.unchain = unchain                           # Note [Unchained runs] in scheduler.unchained_runs
         self.dropped_swaps = 0
+        self.recompute_first = False
         self.step_order = step_order                      # Note [Free-order plans] in peak_analysis
         self.bottlenecks: list[dict[int, int]] = []       # job -> step, served first in this order
         self.keep_plans_without_gain = False               # Note [Never above unplanned]
@@ -323,19 +324,21 @@ class Planner(PlannerPasses):
                 self.stop_reason = f"max_iterations={self.max_iterations}"
                 break
             need = pa.peak_bytes - target if (minimise or self.stop_at_budget) else None
-            if swap_ok:
-                decs = swap_scheduling(self.jobs, self.channel, pa, need_bytes=need, failures=failures)
-                if decs:
-                    self.order.extend(decs)
-                    failures = self._share_failures_forgotten(failures) if minimise else failures
-                else:
-                    swap_ok = False
-            elif rec_ok and pa.peak_bytes > target:
+            # Note [Recomputation first]: a pass may recompute before it swaps
+            if rec_ok and pa.peak_bytes > target and (self.recompute_first or not swap_ok):
                 step = int(chase * self.minimise_recompute_step * pa.peak_bytes)   # Note [Minimise mode]
                 lowered = self._recompute_round(pa, max(pa.peak_bytes - target, step))
                 rec_ok = lowered is not None
                 if chase and lowered:     # a new peak, and new steps: every swap is tried again
                     swap_ok, failures = True, set()
+            elif swap_ok:
+                decs = swap_scheduling(self.jobs, self.channel, pa, need_bytes=need, failures=failures)
+                if decs:
+                    self.order.extend(decs)
+                    failures = self._share_failures_forgotten(failures) if minimise else failures
+                    rec_ok = rec_ok or (self.recompute_first and self.enable_recompute)   # a new peak to try
+                else:
+                    swap_ok = False
             else:
                 break
             it += 1
