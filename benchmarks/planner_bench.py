@@ -3,7 +3,8 @@ graphs at batch 16, and the predicted MSR = (vanilla peak - planned peak) / vani
 
     PYTHONPATH=. python benchmarks/planner_bench.py [--models resnet50,vgg16,...] [--json OUT]
 
-"minimise" runs only for 1 job (it swaps every tensor that fits, thousands of
+``--capture`` plans the saved captures (benchmarks/captures/, the same
+inputs at every commit) without TensorFlow. "minimise" runs only for 1 job (it swaps every tensor that fits, thousands of
 swaps; see RESULTS.md). Each model's Keras train step (Adam, jit_compile=False) is traced and captured
 once, its op latencies are profiled once; the jobs of a run are copies of that
 graph. Two budgets: "minimise" (no budget: swap until nothing more fits, the
@@ -20,22 +21,15 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-os.environ.setdefault("TENSILE_POOL_BYTES", "8GiB")
 
-import tensile_tf
-
-tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
-import keras  # noqa: E402
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
-from tensile_tf.pipeline import JobToPlan, capture_for_planning  # noqa: E402
 from tensile_tf.scheduler import JobGraph, LatencyTable, Planner, PlannerJob  # noqa: E402
 
 BATCH = 16
 
 
-def transformer_encoder(seq=128, d=256, heads=4, layers=4, vocab=8000, classes=10, classifier_activation=None):
+def transformer_encoder(keras, seq=128, d=256, heads=4, layers=4, vocab=8000, classes=10):
     inp = keras.Input((seq,), dtype="int32")
     x = keras.layers.Embedding(vocab, d)(inp)
     for _ in range(layers):
@@ -47,20 +41,33 @@ def transformer_encoder(seq=128, d=256, heads=4, layers=4, vocab=8000, classes=1
     return keras.Model(inp, out)
 
 
+def _application(name: str, shape: tuple):
+    def build(keras):
+        return getattr(keras.applications, name)(weights=None, input_shape=shape, classes=10,
+                                                 classifier_activation=None), shape
+    return build
+
+
 MODELS = {
-    "vgg16": lambda: (keras.applications.VGG16(weights=None, input_shape=(64, 64, 3), classes=10, classifier_activation=None), (64, 64, 3)),
-    "resnet50": lambda: (keras.applications.ResNet50(weights=None, input_shape=(64, 64, 3), classes=10, classifier_activation=None), (64, 64, 3)),
-    "inceptionv3": lambda: (keras.applications.InceptionV3(weights=None, input_shape=(75, 75, 3), classes=10, classifier_activation=None),
-                            (75, 75, 3)),
-    "densenet121": lambda: (keras.applications.DenseNet121(weights=None, input_shape=(64, 64, 3), classes=10, classifier_activation=None),
-                            (64, 64, 3)),
-    "transformer": lambda: (transformer_encoder(), None),
+    "vgg16": _application("VGG16", (64, 64, 3)),
+    "resnet50": _application("ResNet50", (64, 64, 3)),
+    "inceptionv3": _application("InceptionV3", (75, 75, 3)),
+    "densenet121": _application("DenseNet121", (64, 64, 3)),
+    "transformer": lambda keras: (transformer_encoder(keras), None),
 }
 
 
 def capture(name: str):
+    """(graph, latencies, seconds) of ``name``'s train step, captured by the runtime now (TensorFlow)."""
+    os.environ.setdefault("TENSILE_POOL_BYTES", "8GiB")
+    import tensile_tf
+    tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
+    import keras
+    import tensorflow as tf
+
+    from tensile_tf.pipeline import JobToPlan, capture_for_planning
     keras.utils.set_random_seed(0)
-    model, shape = MODELS[name]()
+    model, shape = MODELS[name](keras)
     opt = keras.optimizers.Adam(1e-3)
     lossf = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -127,16 +134,28 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--jobs", default="1,2,4")
     ap.add_argument("--json", default=None, help="write all rows as JSON here")
+    ap.add_argument("--capture", action="store_true",
+                    help="plan the saved captures benchmarks/captures/bench_<model>_b16.json.gz (pure: no TensorFlow; "
+                         "regenerate them with benchmarks/captures/capture.py --only bench) instead of capturing now")
+    ap.add_argument("--budgets", default="minimise,60%", help="minimise and/or percentages of the unplanned peak")
     a = ap.parse_args()
     rows = []
+    fracs = [None if b == "minimise" else float(b.rstrip("%")) / 100 for b in a.budgets.split(",")]
     for name in a.models.split(","):
-        graph, lat, cap_s = capture(name)
+        if a.capture:
+            from benchmarks.captures.capture import capture_path, load_capture
+            path = capture_path(f"bench_{name}_b{BATCH}")
+            graph, lat = load_capture(path)
+            source = f"saved capture {path.name}"
+        else:
+            graph, lat, cap_s = capture(name)
+            source = f"capture and profile {cap_s:.2f} s"
         n_act = sum(t.kind == "activation" for t in graph.tensors.values())
         print(f"## {name}: {len(graph.ops)} ops, {n_act} activations, {len(graph.updated_variables)} updated "
-              f"variables; capture and profile {cap_s:.2f} s, step {lat.total_s(graph) * 1e3:.1f} ms, "
+              f"variables; {source}, step {lat.total_s(graph) * 1e3:.1f} ms, "
               f"latency coverage {lat.covered(graph):.0%}", flush=True)
         for k in (int(x) for x in a.jobs.split(",")):
-            for frac in ((None, 0.6) if k == 1 else (0.6,)):
+            for frac in (f for f in fracs if k == 1 or f is not None):
                 row = {"model": name, "ops": len(graph.ops), **bench(graph, lat, k, frac, 1 if frac is None else 3)}
                 rows.append(row)
                 print(f"  {k} job(s) budget={row['budget']:<8} plan {row['plan_s'] * 1e3:8.1f} ms  "

@@ -30,7 +30,8 @@ footprint] in peak_analysis):
 
 What the exact model leaves out, each a way a greedy plan can fall outside
 it (``check_plan`` says which, per plan): two recomputations before one op,
-and the time a recomputation adds to the step: the exact model keeps the
+a tensor released after another recomputation's re-run read it last (its
+gap starts at a re-run step, which the unplanned step lacks), and the time a recomputation adds to the step: the exact model keeps the
 unplanned step's op times for its transfers (the re-runs' time is its
 second objective), while the greedy planner moves every later op by the
 re-run's latency. On a link fast enough that no transfer waits (the
@@ -229,6 +230,8 @@ def check_plan(planner, lanes: int = 1) -> PlanCheck:
             befores = [ev.before_op for ev in js.recomputes]
             if len(set(befores)) < len(befores):
                 outside.append(f"{js.name}: two recomputations before one op")
+            if any(ev.release_after_op not in tas.ops_by_name for ev in js.recomputes):
+                outside.append(f"{js.name}: a recomputation released after another's re-run")
         for ev in js.recomputes:
             i = tas.tindex[ev.target]
             r = tas.recompute_target_step[ev.target + "@" + ev.before_op]

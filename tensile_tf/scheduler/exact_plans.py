@@ -41,6 +41,8 @@ def hint_greedy_plan(ex, m, greedy) -> None:
             return min(V.start_u(k) + (t - G.start_u(u)), V.end_u(k))
 
         for ev in js.recomputes:
+            if ev.release_after_op not in V.step_index:    # released after another re-run: outside the model
+                continue
             key = (js.j, V.tindex[ev.target], V.step_index[ev.release_after_op], V.step_index[ev.before_op])
             if key in rerun_index:
                 chosen_reruns.add(key)

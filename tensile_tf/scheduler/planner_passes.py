@@ -138,6 +138,7 @@ class PlannerPasses:
     minimise_tolerance = 0.005        # ... until the interval is this fraction of the best peak
     minimise_series_steps = 4000      # passes after the first while passes x steps of all jobs stay under this
     minimise_recompute_step = 0.01    # a chasing recomputation round aims this fraction of the peak lower
+    recompute_first_passes = True     # Note [Recomputation first]: passes that recompute before they swap
 
     def _plan_each_chain_limit(self) -> None:
         """Note [Chain limits tried]: one pass per chain limit, the best
@@ -145,7 +146,8 @@ class PlannerPasses:
         best = None
         self.pass_costs = {}
         for recompute_first in (False, True):
-            if recompute_first and (not self.enable_recompute or best[0][0] <= (self.pool_bytes or 0)
+            if recompute_first and (not (self.enable_recompute and self.recompute_first_passes)
+                                    or best[0][0] <= (self.pool_bytes or 0)
                                     or self.max_iterations <= 0):
                 break            # Note [Recomputation first]: only where swaps first missed the budget
             self.recompute_first = recompute_first
@@ -191,7 +193,7 @@ class PlannerPasses:
                 nonlocal best, limit_best, recomputed, more
                 peak = None
                 for self.recompute_first in (False, True):
-                    if self.recompute_first and (not self.enable_recompute or more <= 0
+                    if self.recompute_first and (not (self.enable_recompute and self.recompute_first_passes) or more <= 0
                                                  or (target is not None and peak <= target)):
                         break
                     self.minimise_target, more = target, more - 1
