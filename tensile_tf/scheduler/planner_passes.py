@@ -234,20 +234,31 @@ class PlannerPasses:
         first_only = {j: evs[:1] for j, evs in list(picked.items())[:1]}
         if sum(len(v) for v in picked.values()) > 1:
             attempts.append(first_only)
+        kept = self._planning_state()
         for batch in attempts:
-            saved, order = {js.j: list(js.recomputes) for js in self.jobs}, list(self.order)
             for j, evs in batch.items():
-                self.jobs[j].recomputes.extend(evs)
+                self.jobs[j].recomputes = self.jobs[j].recomputes + evs
             self._rebuild(restructure=list(batch))
             if self._pool_peak() < before:
                 return True
-            for js in self.jobs:
-                js.recomputes = saved[js.j]
-            self.order = order     # the swaps the rebuild could not replay with the recomputations come back
-            self._rebuild(restructure=list(batch))
+            self._restore_planning_state(kept)   # the state before, swaps the rebuild could not replay included
         for j, evs in first_only.items():
             self.jobs[j].no_recompute.add(self.jobs[j].tas.tindex[evs[0].target])
         return False
+
+    _JOB_STATE = ("tas", "fp", "decisions", "swapped_out", "host_copies", "recomputes")
+
+    def _planning_state(self) -> tuple:
+        """What ``_rebuild`` replaces (it makes new objects and never writes the old ones): kept by
+        reference, so an attempt undone costs nothing (a second rebuild used to put it back)."""
+        return ([{a: getattr(js, a) for a in self._JOB_STATE} for js in self.jobs],
+                self.order, self.timeline, self.channel)
+
+    def _restore_planning_state(self, state: tuple) -> None:
+        jobs, self.order, self.timeline, self.channel = state
+        for js, kept in zip(self.jobs, jobs):
+            for a, v in kept.items():
+                setattr(js, a, v)
 
     def _pass_cost(self) -> tuple[int, float, int]:
         """Note [Chain limits tried]: how one pass's plan ranks: the predicted
