@@ -369,8 +369,12 @@ class Planner(PlannerPasses):
                 ordered = dict.fromkeys(ordered, True)
                 pool_peak = all_ordered
         jobs = {}
+        fingerprints: dict[tuple[int, int], str] = {}    # jobs that share one graph's ops share its fingerprint
         for js in self.jobs:
             tas = js.tas
+            same = (id(js.graph.ops), id(js.graph.tensors))
+            if same not in fingerprints:
+                fingerprints[same] = js.graph.fingerprint()
             n = tas.n
             jp = JobPlan(js.name, vanilla_peak_bytes=js.vanilla_peak,
                          planned_peak_bytes=js.fp.peak if ordered[js.j] else js.vanilla_peak,
@@ -378,8 +382,8 @@ class Planner(PlannerPasses):
                          step_order=self.step_order,
                          iteration_s=js.vanilla_tas.period_s, planned_iteration_s=tas.period_s,
                          start_offset_s=js.offset_s, max_swapping_rate=js.max_swapping_rate,
-                         graph_fingerprint=js.graph.fingerprint(), graph_ops=len(js.graph.ops))
-            jp.last_use = {op: list(ts) for op, ts in tas.last_use_map().items()}
+                         graph_fingerprint=fingerprints[same], graph_ops=len(js.graph.ops))
+            jp.last_use = dict(tas.last_use_map())    # read only: the lists are shared with the sequence's cache
             moved = 0
             for dec in js.decisions:
                 name = tas.tensor_names[dec.i]

@@ -40,6 +40,7 @@ time; the steps near the peak stay chained one by one (22 runs of one op).
 """
 from __future__ import annotations
 
+import heapq
 from typing import Sequence
 
 import numpy as np
@@ -119,8 +120,7 @@ def run_bounds(tas: TensorAccessSequence, fp: JobFootprint, limit: int) -> tuple
     t, lo, hi = t[by_start], lo[by_start], hi[by_start]
     starting = np.searchsorted(lo, np.arange(n + 2), side="left").tolist()  # intervals starting at k
     t_list = t.tolist()
-    sizes = np.asarray(tas.size, dtype=np.int64)
-    size = sizes.tolist()                          # item by item in the loops below, vectors for a run's start
+    size = np.asarray(tas.size, dtype=np.int64).tolist()
     first = tas.first.tolist()
     held_in = [-1] * len(size)                     # the run that holds each tensor
 
@@ -147,14 +147,32 @@ def run_bounds(tas: TensorAccessSequence, fp: JobFootprint, limit: int) -> tuple
                 added += size[i]
         return added
 
+    # Note [Runs from residency intervals]: what is resident at each run start, swept once over the
+    # intervals by start (a tensor's intervals never overlap, so it has at most one open at a time);
+    # only a tensor with several intervals can come back inside a run that holds it already
+    lo_list, hi_list = lo.tolist(), hi.tolist()
+    split = set(np.flatnonzero(np.bincount(t, minlength=len(size)) > 1).tolist()) if len(t) else set()
+    open_ends: list[tuple[int, int]] = []           # heap of (last step, interval) begun before the run start
+    open_bytes, open_split, nxt = 0, {}, 0          # open_split: tensor -> its open interval (split tensors)
     runs: list[tuple[int, int]] = []
     u = 0
     while u < len(units):
         a, b = units[u]
         run = u
-        at_a = np.unique(t[(lo < a) & (hi >= a)])   # resident at a, from an interval begun before it
-        total = int(sizes[at_a].sum())
-        for i in at_a.tolist():
+        while nxt < len(lo_list) and lo_list[nxt] < a:
+            if hi_list[nxt] >= a:
+                heapq.heappush(open_ends, (hi_list[nxt], nxt))
+                open_bytes += size[t_list[nxt]]
+                if t_list[nxt] in split:
+                    open_split[t_list[nxt]] = nxt
+            nxt += 1
+        while open_ends and open_ends[0][0] < a:
+            _, j = heapq.heappop(open_ends)
+            open_bytes -= size[t_list[j]]
+            if open_split.get(t_list[j]) == j:
+                del open_split[t_list[j]]
+        total = open_bytes                          # resident at a, from an interval begun before it
+        for i in open_split:
             held_in[i] = run
         first_unit: set[int] = set()
         total += starts(a, b, run, first_unit)
