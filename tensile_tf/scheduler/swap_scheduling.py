@@ -147,6 +147,7 @@ class SwapChannel:
         self._tag = 0
         self.reserved: dict[int, list[float]] = {}
         self._lane_of: dict[int, int] = {}
+        self._booked: dict[int, tuple[int, float, float]] = {}    # tag -> (job, local start, seconds)
 
     def duration(self, size_bytes: int) -> float:
         return size_bytes / self.lane_bandwidth
@@ -223,6 +224,7 @@ class SwapChannel:
             starts.append(g0)
         self.reserved[tag] = starts
         self._lane_of[tag] = li
+        self._booked[tag] = (j, tau, d)
         return tag
 
     @staticmethod
@@ -233,9 +235,50 @@ class SwapChannel:
         del lane.starts[pos], lane.ends[pos], lane.tags[pos]
 
     def release(self, tag: int) -> None:
+        self._booked.pop(tag, None)
         lane = self._lanes[self._lane_of.pop(tag, 0)]
         for g0 in self.reserved.pop(tag, ()):
             self._drop(lane, g0, tag)
+
+    def without(self, tags: set[int], periods: Sequence[float], horizon_s: float) -> "SwapChannel | None":
+        """A copy of this channel less the reservations ``tags``, for jobs now repeating with
+        ``periods`` over ``horizon_s`` (Note [Rebuilds of the jobs that changed] in
+        scheduler.planner): a kept reservation of a job whose period is unchanged gets the repeats
+        a longer horizon adds, and drops those a shorter one ends before; None where an added
+        repeat would overlap another transfer (the caller replays every job instead)."""
+        new = SwapChannel(self.bandwidth, horizon_s, self.offsets, periods, lanes=self.lanes,
+                          combined_bytes_per_s=self.combined)
+        new._tag = self._tag
+        same_horizon = horizon_s == self.horizon_s
+        for li, (old, lane) in enumerate(zip(self._lanes, new._lanes)):
+            keep = [k for k, tag in enumerate(old.tags) if tag not in tags]
+            if same_horizon:
+                lane.starts = [old.starts[k] for k in keep]
+                lane.ends = [old.ends[k] for k in keep]
+                lane.tags = [old.tags[k] for k in keep]
+        for tag, (j, tau, d) in self._booked.items():
+            if tag in tags:
+                continue
+            if self.periods[j] != periods[j]:
+                raise ValueError(f"swap channel: job {j}'s period changed, so must its reservations")
+            new._booked[tag] = (j, tau, d)
+            new._lane_of[tag] = self._lane_of[tag]
+            if same_horizon:
+                new.reserved[tag] = self.reserved[tag]
+                continue
+            lane = new._lanes[self._lane_of[tag]]
+            starts = []
+            for k in new._bases(j, tau, d):
+                g0 = new.offsets[j] + k * new.periods[j] + tau
+                if new._conflict(lane, g0, d) >= 0:
+                    return None
+                pos = bisect_right(lane.starts, g0)
+                lane.starts.insert(pos, g0)
+                lane.ends.insert(pos, g0 + d)
+                lane.tags.insert(pos, tag)
+                starts.append(g0)
+            new.reserved[tag] = starts
+        return new
 
     def lane_of(self, tag: int) -> int:
         """The lane a reservation (a SwapDecision's out_tag or in_tag) booked."""
