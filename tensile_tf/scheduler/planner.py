@@ -55,8 +55,9 @@ from tensile_tf.scheduler.latency import LatencyModel
 from tensile_tf.scheduler.peak_analysis import JobFootprint, PoolTimeline, gpu_memory_peak_analysis
 from tensile_tf.scheduler.plan import JobPlan, Plan, ReleaseEvent, SwapEvent
 from tensile_tf.scheduler.planner_passes import FITS_UNPLANNED, UNPLANNED_FITS, UNPLANNED_FITS_IN_ORDER, PlannerPasses
+from tensile_tf.scheduler.planner_rebuilds import PlannerRebuilds
 from tensile_tf.scheduler.state import JobState, SwapDecision
-from tensile_tf.scheduler.swap_scheduling import SwapChannel, scheduling_swap, swap_scheduling
+from tensile_tf.scheduler.swap_scheduling import SwapChannel, swap_scheduling
 from tensile_tf.scheduler.unchained_runs import unchained_runs
 
 #: PCIe 3.0 x16 as seen by cudaMemcpyAsync from pinned memory, ~12 GiB/s.
@@ -97,7 +98,7 @@ class PlannerJob:
     unplanned_step_ran_out: bool = False
 
 
-class Planner(PlannerPasses):
+class Planner(PlannerPasses, PlannerRebuilds):
     """Algorithm 3 over several jobs sharing one pool and one swap channel.
 
     ``pool_bytes``: the budget for the pool peak (None: minimise it with swaps and,
@@ -202,73 +203,6 @@ class Planner(PlannerPasses):
                               peaking_jobs=self.peaking_jobs)
         self.channel = SwapChannel(self.bandwidth, self.timeline.horizon_s, self.timeline.offsets,
                                    self.timeline.periods, **self.link)
-
-    def _rebuild(self, retime: Mapping[int, LatencyModel] | None = None, restructure: Sequence[int] = ()) -> None:
-        """Rebuilds sequences (new latencies or new recompute steps), footprints,
-        timeline and channel, then replays every swap decision in its original order
-        (only the restructured jobs' where the others keep their link time: Note [Rebuilds of the jobs that changed])."""
-        tases: dict[int, TensorAccessSequence] = {}
-        if restructure and not retime and self._rebuild_changed_jobs(restructure, tases):
-            return
-        for js in self.jobs:
-            if js.j in restructure:
-                js.tas = tases.get(js.j) or TensorAccessSequence(js.graph, js.latencies, js.recomputes)
-            elif retime and js.j in retime:
-                js.tas = js.tas.retimed(js.latencies)
-            js.fp = self._footprint_with_recomputes(js)
-            js.decisions, js.swapped_out, js.host_copies = [], set(), {}
-        self._new_timeline()
-        old, self.order = self.order, []
-        for dec in old:
-            new = self._replay_swap(self.jobs[dec.j], dec)
-            if new is not None:
-                self.order.append(new)
-
-    def _footprint_with_recomputes(self, js: JobState) -> JobFootprint:
-        fp = JobFootprint(js.tas, self.step_order == "free")
-        for ev in js.recomputes:
-            i = js.tas.tindex[ev.target]
-            r = js.tas.recompute_target_step[ev.target + "@" + ev.before_op]
-            fp.add_absence(i, js.tas.step_index[ev.release_after_op] + 1, r)
-        return fp
-
-    def _rebuild_changed_jobs(self, restructure: Sequence[int], tases: dict) -> bool:
-        """Note [Rebuilds of the jobs that changed]: new sequences for the jobs whose recomputations
-        changed (into ``tases``), their swaps replayed on a copy of the channel that keeps every other
-        job's transfers; False (nothing else changed) where the others' transfers do not fit the new
-        horizon's repeats."""
-        changed = set(restructure)
-        for j in changed:
-            tases[j] = TensorAccessSequence(self.jobs[j].graph, self.jobs[j].latencies, self.jobs[j].recomputes)
-        periods = [tases[js.j].period_s if js.j in changed else js.tas.period_s for js in self.jobs]
-        offsets = [js.offset_s for js in self.jobs]
-        dropped = {t for d in self.order if d.j in changed for t in (d.out_tag, d.in_tag) if t >= 0}
-        channel = self.channel.without(dropped, periods, max(offsets) + self.horizon_iterations * max(periods))
-        if channel is None:
-            return False
-        self.channel = channel
-        for j in changed:
-            js = self.jobs[j]
-            js.tas = tases[j]
-            js.fp = self._footprint_with_recomputes(js)
-            js.decisions, js.swapped_out, js.host_copies = [], set(), {}
-        self.timeline = PoolTimeline([js.tas for js in self.jobs], offsets, self.horizon_iterations,
-                                     coincident_peaks=self.coincident_peaks, peaking_jobs=self.peaking_jobs)
-        old, self.order = self.order, []
-        for dec in old:
-            new = dec if dec.j not in changed else self._replay_swap(self.jobs[dec.j], dec)
-            if new is not None:
-                self.order.append(new)
-        return True
-
-    def _replay_swap(self, js: JobState, dec: SwapDecision) -> SwapDecision | None:
-        """One earlier swap decision, scheduled again on the rebuilt sequences."""
-        try:
-            m = js.tas.unrolled_index(dec.names[2])
-        except KeyError:
-            return None
-        # the gap is looked up again: a recompute step may now read the tensor inside the old one
-        return scheduling_swap(self.jobs, self.channel, js, dec.i, m % js.tas.n)
 
     def _pool_peak(self) -> int:
         return self.timeline.pool_peak([js.fp.F for js in self.jobs])

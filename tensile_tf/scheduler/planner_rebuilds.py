@@ -1,0 +1,109 @@
+"""The planner's rebuilds: after new latencies or new recomputations, the
+sequences, footprints, timeline and link are made again and every swap
+decision replayed (seed 000 §IV-E's warm start), or only the changed jobs'.
+
+``PlannerRebuilds`` is a mixin of ``scheduler.planner.Planner`` (its state:
+``jobs``, ``order``, ``timeline``, ``channel``, ``horizon_iterations``).
+
+Note [Rebuilds of the jobs that changed]. A recomputation round inserts
+re-run steps into one job's sequence, which moves that job's later ops, and
+the planner used to rebuild every job and replay every swap decision of
+every job on a fresh link, twice when the round was undone. With many jobs
+that was all of the planning time: 16 ResNet50 jobs (64x64, batch 16) at
+60% of their unplanned peak spent 99.7% of it in recomputation rounds, 66%
+replaying swaps, 30% making sequences again (py-spy, saved capture
+``bench_resnet50_b16``). The other jobs' sequences, footprints and
+transfers do not depend on the changed job's steps: they share only the
+link. So a round now makes new sequences for the jobs it changed, copies
+the link without those jobs' transfers (``SwapChannel.without``) and
+replays only their decisions, in their order; the others keep their
+transfers where they are. The horizon (two iterations of the longest job)
+may grow with the changed job's step: each kept transfer then gets the
+repeats the new horizon adds, and where one of those would overlap another
+transfer every job is replayed as before. An undone round restores the
+state it kept by reference (``PlannerPasses._planning_state``). Replaying
+the changed jobs after the others' transfers is not the full replay's order,
+so a plan may differ; on the 96 saved zoo cases of
+``benchmarks/exact_gap_bench.py`` every peak is the same, and 4 ResNet50
+jobs minimised plan the same 853.6 MiB in 18.4 s instead of 61.3.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from tensile_tf.scheduler.access_sequence import TensorAccessSequence
+from tensile_tf.scheduler.latency import LatencyModel
+from tensile_tf.scheduler.peak_analysis import JobFootprint, PoolTimeline
+from tensile_tf.scheduler.state import JobState, SwapDecision
+from tensile_tf.scheduler.swap_scheduling import scheduling_swap
+
+
+class PlannerRebuilds:
+    """Rebuilds of a ``Planner``'s state (module docstring)."""
+
+    def _rebuild(self, retime: Mapping[int, LatencyModel] | None = None, restructure: Sequence[int] = ()) -> None:
+        """Rebuilds sequences (new latencies or new recompute steps), footprints,
+        timeline and channel, then replays every swap decision in its original order
+        (only the restructured jobs' where the others keep their link time: Note [Rebuilds of the jobs that changed])."""
+        tases: dict[int, TensorAccessSequence] = {}
+        if restructure and not retime and self._rebuild_changed_jobs(restructure, tases):
+            return
+        for js in self.jobs:
+            if js.j in restructure:
+                js.tas = tases.get(js.j) or TensorAccessSequence(js.graph, js.latencies, js.recomputes)
+            elif retime and js.j in retime:
+                js.tas = js.tas.retimed(js.latencies)
+            js.fp = self._footprint_with_recomputes(js)
+            js.decisions, js.swapped_out, js.host_copies = [], set(), {}
+        self._new_timeline()
+        old, self.order = self.order, []
+        for dec in old:
+            new = self._replay_swap(self.jobs[dec.j], dec)
+            if new is not None:
+                self.order.append(new)
+
+    def _footprint_with_recomputes(self, js: JobState) -> JobFootprint:
+        fp = JobFootprint(js.tas, self.step_order == "free")
+        for ev in js.recomputes:
+            i = js.tas.tindex[ev.target]
+            r = js.tas.recompute_target_step[ev.target + "@" + ev.before_op]
+            fp.add_absence(i, js.tas.step_index[ev.release_after_op] + 1, r)
+        return fp
+
+    def _rebuild_changed_jobs(self, restructure: Sequence[int], tases: dict) -> bool:
+        """Note [Rebuilds of the jobs that changed]: new sequences for the jobs whose recomputations
+        changed (into ``tases``), their swaps replayed on a copy of the channel that keeps every other
+        job's transfers; False (nothing else changed) where the others' transfers do not fit the new
+        horizon's repeats."""
+        changed = set(restructure)
+        for j in changed:
+            tases[j] = TensorAccessSequence(self.jobs[j].graph, self.jobs[j].latencies, self.jobs[j].recomputes)
+        periods = [tases[js.j].period_s if js.j in changed else js.tas.period_s for js in self.jobs]
+        offsets = [js.offset_s for js in self.jobs]
+        dropped = {t for d in self.order if d.j in changed for t in (d.out_tag, d.in_tag) if t >= 0}
+        channel = self.channel.without(dropped, periods, max(offsets) + self.horizon_iterations * max(periods))
+        if channel is None:
+            return False
+        self.channel = channel
+        for j in changed:
+            js = self.jobs[j]
+            js.tas = tases[j]
+            js.fp = self._footprint_with_recomputes(js)
+            js.decisions, js.swapped_out, js.host_copies = [], set(), {}
+        self.timeline = PoolTimeline([js.tas for js in self.jobs], offsets, self.horizon_iterations,
+                                     coincident_peaks=self.coincident_peaks, peaking_jobs=self.peaking_jobs)
+        old, self.order = self.order, []
+        for dec in old:
+            new = dec if dec.j not in changed else self._replay_swap(self.jobs[dec.j], dec)
+            if new is not None:
+                self.order.append(new)
+        return True
+
+    def _replay_swap(self, js: JobState, dec: SwapDecision) -> SwapDecision | None:
+        """One earlier swap decision, scheduled again on the rebuilt sequences."""
+        try:
+            m = js.tas.unrolled_index(dec.names[2])
+        except KeyError:
+            return None
+        # the gap is looked up again: a recompute step may now read the tensor inside the old one
+        return scheduling_swap(self.jobs, self.channel, js, dec.i, m % js.tas.n)
