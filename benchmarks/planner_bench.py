@@ -2,6 +2,8 @@
 graphs at batch 16, and the predicted MSR = (vanilla peak - planned peak) / vanilla peak.
 
     PYTHONPATH=. python benchmarks/planner_bench.py [--models resnet50,vgg16,...] [--json OUT]
+    PYTHONPATH=. python benchmarks/planner_bench.py --capture --models resnet50,transformer,resnet50+transformer \
+        --jobs 1,2,4,8,16 --budgets 60%,minimise
 
 ``--capture`` plans the saved captures (benchmarks/captures/, the same
 inputs at every commit) without TensorFlow. "minimise" runs only for 1 job (it swaps every tensor that fits, thousands of
@@ -90,8 +92,12 @@ def capture(name: str):
     return captured.graph, captured.planner_job.latencies, time.perf_counter() - t0
 
 
-def copies(graph: JobGraph, k: int) -> list[JobGraph]:
-    return [graph] if k == 1 else [JobGraph(f"{graph.name}-{i}", graph.ops, graph.tensors) for i in range(k)]
+def copies(members: list[tuple[JobGraph, LatencyTable]], k: int) -> list[PlannerJob]:
+    """k jobs, the members in turn (one model's copies, or a mix), each named apart."""
+    if k == 1 and len(members) == 1:
+        return [PlannerJob(*members[0])]
+    return [PlannerJob(JobGraph(f"{g.name}-{i}", g.ops, g.tensors), lat)
+            for i, (g, lat) in ((i, members[i % len(members)]) for i in range(k))]
 
 
 def perturbed(lat: LatencyTable, seed: int) -> LatencyTable:
@@ -100,11 +106,11 @@ def perturbed(lat: LatencyTable, seed: int) -> LatencyTable:
                         lat.default_s, "perturbed")
 
 
-def bench(graph, lat, k: int, budget_frac: float | None, repeats: int = 3):
+def bench(members, k: int, budget_frac: float | None, repeats: int = 3):
     best, best_re = float("inf"), float("inf")
     plan = replan = None
     for r in range(repeats):
-        jobs = [PlannerJob(g, lat) for g in copies(graph, k)]
+        jobs = copies(members, k)
         budget = None
         if budget_frac is not None:
             vanilla = Planner(jobs, pool_bytes=None, max_iterations=0).plan().pool_vanilla_peak_bytes
@@ -113,7 +119,7 @@ def bench(graph, lat, k: int, budget_frac: float | None, repeats: int = 3):
         t0 = time.perf_counter()
         plan = planner.plan()
         best = min(best, time.perf_counter() - t0)
-        new = {jp.graph.name: perturbed(lat, 100 + r + i) for i, jp in enumerate(jobs)}
+        new = {jp.graph.name: perturbed(jp.latencies, 100 + r + i) for i, jp in enumerate(jobs)}
         t0 = time.perf_counter()
         replan = planner.replan(new)
         best_re = min(best_re, time.perf_counter() - t0)
@@ -137,26 +143,34 @@ def main() -> None:
     ap.add_argument("--capture", action="store_true",
                     help="plan the saved captures benchmarks/captures/bench_<model>_b16.json.gz (pure: no TensorFlow; "
                          "regenerate them with benchmarks/captures/capture.py --only bench) instead of capturing now")
-    ap.add_argument("--budgets", default="minimise,60%", help="minimise and/or percentages of the unplanned peak")
+    ap.add_argument("--budgets", default=None,
+                    help="minimise and/or percentages of the unplanned peak, each for every --jobs "
+                         "(default: minimise for one job, 60%% for each)")
     a = ap.parse_args()
     rows = []
-    fracs = [None if b == "minimise" else float(b.rstrip("%")) / 100 for b in a.budgets.split(",")]
+    fracs = [None if b == "minimise" else float(b.rstrip("%")) / 100 for b in (a.budgets or "minimise,60%").split(",")]
+    loaded: dict[str, tuple] = {}
     for name in a.models.split(","):
-        if a.capture:
-            from benchmarks.captures.capture import capture_path, load_capture
-            path = capture_path(f"bench_{name}_b{BATCH}")
-            graph, lat = load_capture(path)
-            source = f"saved capture {path.name}"
-        else:
-            graph, lat, cap_s = capture(name)
-            source = f"capture and profile {cap_s:.2f} s"
-        n_act = sum(t.kind == "activation" for t in graph.tensors.values())
-        print(f"## {name}: {len(graph.ops)} ops, {n_act} activations, {len(graph.updated_variables)} updated "
-              f"variables; {source}, step {lat.total_s(graph) * 1e3:.1f} ms, "
-              f"latency coverage {lat.covered(graph):.0%}", flush=True)
+        members = []
+        for part in name.split("+"):        # "resnet50+transformer": a mix, the models in turn
+            if part not in loaded:
+                if a.capture:
+                    from benchmarks.captures.capture import capture_path, load_capture
+                    path = capture_path(f"bench_{part}_b{BATCH}")
+                    loaded[part] = (*load_capture(path), f"saved capture {path.name}")
+                else:
+                    graph, lat, cap_s = capture(part)
+                    loaded[part] = (graph, lat, f"capture and profile {cap_s:.2f} s")
+            graph, lat, source = loaded[part]
+            members.append((graph, lat))
+            n_act = sum(t.kind == "activation" for t in graph.tensors.values())
+            print(f"## {part}: {len(graph.ops)} ops, {n_act} activations, {len(graph.updated_variables)} updated "
+                  f"variables; {source}, step {lat.total_s(graph) * 1e3:.1f} ms, "
+                  f"latency coverage {lat.covered(graph):.0%}", flush=True)
+        ops = sum(len(g.ops) for g, _ in members)
         for k in (int(x) for x in a.jobs.split(",")):
-            for frac in (f for f in fracs if k == 1 or f is not None):
-                row = {"model": name, "ops": len(graph.ops), **bench(graph, lat, k, frac, 1 if frac is None else 3)}
+            for frac in (f for f in fracs if k == 1 or f is not None or a.budgets):
+                row = {"model": name, "ops": ops, **bench(members, k, frac, 1 if frac is None else 3)}
                 rows.append(row)
                 print(f"  {k} job(s) budget={row['budget']:<8} plan {row['plan_s'] * 1e3:8.1f} ms  "
                       f"replan {row['replan_s'] * 1e3:8.1f} ms  iters {row['iterations']:4d}  "
