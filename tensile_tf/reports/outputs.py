@@ -45,9 +45,9 @@ def chrome_trace(result: RunResult) -> dict[str, Any]:
             events.append({"ph": "i", "name": f"{s.status.value}: {s.error[:200]}", "pid": 1, "tid": tid,
                            "s": "t", "ts": (s.ended_at_s or 0) * 1e6})
     for r in _replans(result):   # Note [Re-planning on events]
-        events.append({"ph": "i", "name": f"re-plan: {r.reason}" + (" (failed)" if r.error else ""),
+        events.append({"ph": "i", "name": f"re-plan: {r.reason}" + (" (failed)" if r.error else " (not started)" if r.skipped else ""),
                        "pid": 1, "s": "p", "ts": r.at_s * 1e6,
-                       "args": {"jobs": [j.name for j in r.jobs], "error": r.error,
+                       "args": {"jobs": [j.name for j in r.jobs], "error": r.error, "skipped": r.skipped,
                                 "predicted_peak_sum_before_bytes": r.predicted_peak_sum_before_bytes,
                                 "predicted_peak_sum_after_bytes": r.predicted_peak_sum_after_bytes}})
     names = sorted({name for m in result.samples for name in m.jobs})

@@ -44,7 +44,9 @@ class ReplanRecord:
     newcomer: str | None = None            # an arrival's job, planned with the running ones
     paused_s: float = 0.0                  # the running jobs parked at a step boundary (arrivals)
     parked: str | None = None              # why they were parked while the newcomer built (None: they were not)
-    plan: int | None = None                # the plan it made: its index in planner.plans (None: it failed)
+    plan: int | None = None                # the plan it made: its index in planner.plans (None: it failed or was skipped)
+    # Note [Re-plans for jobs about to end] (runtime/replan_timing.py): not started, and why (every job it was for ends first)
+    skipped: str | None = None
 
 
 @dataclass

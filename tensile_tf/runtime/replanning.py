@@ -166,6 +166,7 @@ from typing import Any, Callable, Sequence
 
 from tensile_tf.runtime.failures import summarize_error
 from tensile_tf.runtime.records import DriftCheck, JobReplan, JobState, JobStatus, PlanRecord, ReplanRecord
+from tensile_tf.runtime.replan_timing import ends_before_switch, expected_replan_s
 from tensile_tf.scheduler import LatencyTable
 
 EWMA_ALPHA = 0.3
@@ -354,6 +355,15 @@ class Replanner:
         is adopted at once (it has not started) and needs the budget met."""
         at = self.now()
         everyone = [*jobs, newcomer] if newcomer is not None else list(jobs)
+        skipped = None if newcomer is not None else ends_before_switch(
+            jobs, expected_replan_s(self.records, self.planning.plans))
+        if skipped is not None:     # Note [Re-plans for jobs about to end] in runtime/replan_timing.py
+            record = ReplanRecord(at_s=at, reason=reason, budget_bytes=0, planning_s=0.0, rewrite_s=0.0,
+                                  predicted_peak_sum_before_bytes=sum(s.plan.predicted_planned_peak_bytes
+                                                                       for s in jobs),
+                                  predicted_peak_sum_after_bytes=0, jobs=[], skipped=skipped)
+            self.records.append(record)
+            return record
         budget = max(0, self.planning.start_budget(everyone, self.held_outside_jobs() + others_need))
         before = {s.name: (s.plan, len(s.records)) for s in jobs}
         record = ReplanRecord(at_s=at, reason=reason, budget_bytes=budget, planning_s=0.0, rewrite_s=0.0,

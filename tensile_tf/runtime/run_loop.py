@@ -428,7 +428,9 @@ class JobHost:
         note = getattr(self.progress, "note", None)
         if note is None:
             return
-        if record.error:
+        if record.skipped:
+            note(f"re-plan ({record.reason}) not started: {record.skipped}")
+        elif record.error:
             note(f"re-plan ({record.reason}) failed, jobs keep their plans: {record.error}")
         else:
             jobs = ", ".join(f"{j.name} swaps {j.swaps_before}->{j.swaps_after}" for j in record.jobs)

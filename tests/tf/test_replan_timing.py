@@ -1,0 +1,51 @@
+"""Note [Re-plans for jobs about to end] (runtime/replan_timing.py): a
+re-plan for running jobs is not started when every job it is for ends
+before it could switch, and the record says why; an arrival's re-plan and
+jobs with steps to go are planned as before. The decision reads what the
+runtime recorded (earlier re-plans, measured steps), so the cases are made
+of records, not of timing."""
+from types import SimpleNamespace
+
+from tensile_tf.runtime.replan_records import JobReplan, ReplanRecord
+from tensile_tf.runtime.replan_timing import ends_before_switch, expected_replan_s
+from tensile_tf.runtime.replanning import Replanner
+
+
+def _job(name, steps, done, median, peak=100):
+    plan = SimpleNamespace(predicted_planned_peak_bytes=peak, swap_outs=1, recomputes=0)
+    return SimpleNamespace(name=name, job=SimpleNamespace(steps=steps), steps_done=done, median_step_s=median,
+                           plan=plan, records=[])
+
+
+def _replan(planning_s, rewrite_s, instantiate_s, plan=1):
+    job = JobReplan("x", 1, 1, 1, 1, 0, 0, 0.1, instantiate_s=instantiate_s)
+    return ReplanRecord(at_s=0.0, reason="r", budget_bytes=1, planning_s=planning_s, rewrite_s=rewrite_s,
+                        predicted_peak_sum_before_bytes=1, predicted_peak_sum_after_bytes=1, jobs=[job], plan=plan)
+
+
+def test_the_expected_time_is_the_median_of_the_earlier_replans_else_the_last_plans():
+    plans = [SimpleNamespace(planning_s=0.4)]
+    assert expected_replan_s([], plans) == 0.4
+    assert expected_replan_s([], []) is None
+    records = [_replan(0.5, 1.0, 2.0), _replan(0.5, 0.5, None), _replan(1.0, 3.0, 4.0), _replan(9.0, 9.0, 9.0, plan=None)]
+    assert expected_replan_s(records, plans) == 3.5      # 3.5, 1.0, 8.0: the failed one left out
+
+
+def test_a_replan_comes_too_late_only_when_every_job_ends_first():
+    assert ends_before_switch([_job("a", 10, 9, 0.2), _job("b", 6, 6, 0.5)], 1.0).startswith("every job")
+    assert ends_before_switch([_job("a", 10, 9, 0.2), _job("b", 20, 6, 0.5)], 1.0) is None   # b runs 7 s more
+    assert ends_before_switch([_job("a", 10, 9, None)], 1.0) is None      # no measured step: not known
+    assert ends_before_switch([_job("a", 10, 9, 0.2)], None) is None      # no plan made yet
+
+
+def test_the_replanner_records_a_skipped_replan_and_plans_nothing():
+    planned = []
+    planning = SimpleNamespace(plans=[SimpleNamespace(planning_s=2.0)],
+                               start_budget=lambda *a: planned.append(a) or 0)
+    replanner = Replanner(planning, now=lambda: 7.0, held_outside_jobs=lambda: 0)
+    record = replanner.replan([_job("a", 10, 9, 0.5)], "departure of b")
+    assert record.skipped and "a in 0.50 s" in record.skipped and record.plan is None and not record.jobs
+    assert replanner.records == [record] and not planned          # the planner was never asked
+    # the control: a job with 10 s to go is re-planned (the fake planning has no planner: it fails after the budget)
+    record = replanner.replan([_job("a", 30, 10, 0.5)], "departure of b")
+    assert record.skipped is None and planned and record.error
