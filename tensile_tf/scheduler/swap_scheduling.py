@@ -208,20 +208,9 @@ class SwapChannel:
         self._tag += 1
         tag = self._tag
         li = self.lane(direction)
-        lane = self._lanes[li]
-        o, T = self.offsets[j], self.periods[j]
-        starts = []
-        for k in self._bases(j, tau, d):
-            g0 = o + k * T + tau
-            if self._conflict(lane, g0, d) >= 0:
-                for s in starts:
-                    self._drop(lane, s, tag)
-                raise RuntimeError("swap channel: reserving an overlapping transfer (planner bug)")
-            pos = bisect_right(lane.starts, g0)
-            lane.starts.insert(pos, g0)
-            lane.ends.insert(pos, g0 + d)
-            lane.tags.insert(pos, tag)
-            starts.append(g0)
+        starts = self._place(self._lanes[li], j, tau, d, tag)
+        if starts is None:
+            raise RuntimeError("swap channel: reserving an overlapping transfer (planner bug)")
         self.reserved[tag] = starts
         self._lane_of[tag] = li
         self._booked[tag] = (j, tau, d)
@@ -266,19 +255,28 @@ class SwapChannel:
             if same_horizon:
                 new.reserved[tag] = self.reserved[tag]
                 continue
-            lane = new._lanes[self._lane_of[tag]]
-            starts = []
-            for k in new._bases(j, tau, d):
-                g0 = new.offsets[j] + k * new.periods[j] + tau
-                if new._conflict(lane, g0, d) >= 0:
-                    return None
-                pos = bisect_right(lane.starts, g0)
-                lane.starts.insert(pos, g0)
-                lane.ends.insert(pos, g0 + d)
-                lane.tags.insert(pos, tag)
-                starts.append(g0)
+            starts = new._place(new._lanes[self._lane_of[tag]], j, tau, d, tag)
+            if starts is None:
+                return None
             new.reserved[tag] = starts
         return new
+
+    def _place(self, lane: _Lane, j: int, tau: float, d: float, tag: int) -> list[float] | None:
+        """Every repeat of job j's transfer at local tau on ``lane``, tagged ``tag``: their global
+        starts, or None (nothing placed) where one would overlap another transfer."""
+        starts = []
+        for k in self._bases(j, tau, d):
+            g0 = self.offsets[j] + k * self.periods[j] + tau
+            if self._conflict(lane, g0, d) >= 0:
+                for s in starts:
+                    self._drop(lane, s, tag)
+                return None
+            pos = bisect_right(lane.starts, g0)
+            lane.starts.insert(pos, g0)
+            lane.ends.insert(pos, g0 + d)
+            lane.tags.insert(pos, tag)
+            starts.append(g0)
+        return starts
 
     def lane_of(self, tag: int) -> int:
         """The lane a reservation (a SwapDecision's out_tag or in_tag) booked."""
