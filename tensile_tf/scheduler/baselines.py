@@ -102,6 +102,7 @@ class _PolicyPlanner(Planner):
         self.drop_idle_swaps = False          # Note [Transfers that lower no peak] is TENSILE's, not the policy's
         self.chain_limits = self.chain_limits[:1]   # Note [Chain limits tried] is TENSILE's, not the policy's
         self.max_chain = self.chain_limits[0]
+        self.recompute_first_passes = False   # Note [Recomputation first] is TENSILE's, not the policy's
 
     def _loop(self) -> None:
         self.iterations = 1

@@ -254,7 +254,7 @@ class PoolTimeline:
             raise ValueError(f"jobs {bad} have zero predicted iteration time; check the latency table")
         self.offsets = [float(o) for o in offsets]
         self.periods = periods
-        self.horizon_s = max(self.offsets) + horizon_iterations * max(periods)
+        self.horizon_s = self.horizon(self.offsets, periods, horizon_iterations)
         per_job_times = []
         for s, o in zip(seqs, self.offsets):
             reps = max(1, math.ceil((self.horizon_s - o) / s.period_s) + 1)
@@ -268,6 +268,11 @@ class PoolTimeline:
             local = np.where(flat >= 0, flat % s.n, s.n)  # s.n: the padding slot, 0 bytes
             self.idx.append(local)
         self.ns = [s.n for s in seqs]
+
+    @staticmethod
+    def horizon(offsets: Sequence[float], periods: Sequence[float], iterations: float) -> float:
+        """Seconds the timeline spans: the last start plus ``iterations`` of the longest period."""
+        return max(offsets) + iterations * max(periods)
 
     def pool_footprint(self, footprints: Sequence[np.ndarray]) -> np.ndarray:
         """The time-aligned sum of the jobs' footprints on the grid."""

@@ -197,10 +197,13 @@ class Planner(PlannerPasses, PlannerRebuilds):
         self._vanilla_pool_peak = peaks[self.peaking_jobs]
         self._unplanned_pool_peak = peaks[self.unplanned_peaking_jobs]
 
-    def _new_timeline(self) -> None:
+    def _new_timeline(self, channel: bool = True) -> None:
+        """The timeline of the jobs' current sequences, and (``channel``) an empty swap link over it."""
         self.timeline = PoolTimeline([js.tas for js in self.jobs], [js.offset_s for js in self.jobs],
                                      self.horizon_iterations, coincident_peaks=self.coincident_peaks,
-                              peaking_jobs=self.peaking_jobs)
+                                     peaking_jobs=self.peaking_jobs)
+        if not channel:
+            return
         self.channel = SwapChannel(self.bandwidth, self.timeline.horizon_s, self.timeline.offsets,
                                    self.timeline.periods, **self.link)
 

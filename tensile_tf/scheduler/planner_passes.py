@@ -146,9 +146,7 @@ class PlannerPasses:
         best = None
         self.pass_costs = {}
         for recompute_first in (False, True):
-            if recompute_first and (not (self.enable_recompute and self.recompute_first_passes)
-                                    or best[0][0] <= (self.pool_bytes or 0)
-                                    or self.max_iterations <= 0):
+            if recompute_first and not self._recompute_first_helps(best[0][0], self.pool_bytes):
                 break            # Note [Recomputation first]: only where swaps first missed the budget
             self.recompute_first = recompute_first
             for limit in self.chain_limits:
@@ -162,6 +160,12 @@ class PlannerPasses:
                     break            # no recomputation was tried: a longer chain changes nothing
         for a, v in best[1].items():
             setattr(self, a, v)
+
+    def _recompute_first_helps(self, peak: int, target: int | None) -> bool:
+        """Note [Recomputation first]: whether a pass that recomputes first is planned after the
+        swap-first passes reached ``peak`` aiming at ``target`` (None: minimise mode's chase)."""
+        return (self.enable_recompute and self.recompute_first_passes and self.max_iterations > 0
+                and (target is None or peak > target))
 
     def _minimised_reason(self) -> str:
         """Plan.stop_reason of a minimise-mode loop that ran out of candidates (Note [Minimise mode])."""
@@ -193,8 +197,7 @@ class PlannerPasses:
                 nonlocal best, limit_best, recomputed, more
                 peak = None
                 for self.recompute_first in (False, True):
-                    if self.recompute_first and (not (self.enable_recompute and self.recompute_first_passes) or more <= 0
-                                                 or (target is not None and peak <= target)):
+                    if self.recompute_first and (more <= 0 or not self._recompute_first_helps(peak, target)):
                         break
                     self.minimise_target, more = target, more - 1
                     self._plan_pass()

@@ -53,22 +53,27 @@ class PlannerRebuilds:
                 js.tas = tases.get(js.j) or TensorAccessSequence(js.graph, js.latencies, js.recomputes)
             elif retime and js.j in retime:
                 js.tas = js.tas.retimed(js.latencies)
-            js.fp = self._footprint_with_recomputes(js)
-            js.decisions, js.swapped_out, js.host_copies = [], set(), {}
+            self._restart_job(js)
         self._new_timeline()
-        old, self.order = self.order, []
-        for dec in old:
-            new = self._replay_swap(self.jobs[dec.j], dec)
-            if new is not None:
-                self.order.append(new)
+        self._replay_swaps(set(range(len(self.jobs))))
 
-    def _footprint_with_recomputes(self, js: JobState) -> JobFootprint:
+    def _restart_job(self, js: JobState) -> None:
+        """The job's footprint from its sequence and recomputations, no swap booked yet."""
         fp = JobFootprint(js.tas, self.step_order == "free")
         for ev in js.recomputes:
             i = js.tas.tindex[ev.target]
             r = js.tas.recompute_target_step[ev.target + "@" + ev.before_op]
             fp.add_absence(i, js.tas.step_index[ev.release_after_op] + 1, r)
-        return fp
+        js.fp = fp
+        js.decisions, js.swapped_out, js.host_copies = [], set(), {}
+
+    def _replay_swaps(self, jobs: set[int]) -> None:
+        """The swap decisions of ``jobs`` scheduled again in their original order (the others' kept)."""
+        old, self.order = self.order, []
+        for dec in old:
+            new = dec if dec.j not in jobs else self._replay_swap(self.jobs[dec.j], dec)
+            if new is not None:
+                self.order.append(new)
 
     def _rebuild_changed_jobs(self, restructure: Sequence[int], tases: dict) -> bool:
         """Note [Rebuilds of the jobs that changed]: new sequences for the jobs whose recomputations
@@ -79,24 +84,17 @@ class PlannerRebuilds:
         for j in changed:
             tases[j] = TensorAccessSequence(self.jobs[j].graph, self.jobs[j].latencies, self.jobs[j].recomputes)
         periods = [tases[js.j].period_s if js.j in changed else js.tas.period_s for js in self.jobs]
-        offsets = [js.offset_s for js in self.jobs]
+        horizon = PoolTimeline.horizon([js.offset_s for js in self.jobs], periods, self.horizon_iterations)
         dropped = {t for d in self.order if d.j in changed for t in (d.out_tag, d.in_tag) if t >= 0}
-        channel = self.channel.without(dropped, periods, max(offsets) + self.horizon_iterations * max(periods))
+        channel = self.channel.without(dropped, periods, horizon)
         if channel is None:
             return False
         self.channel = channel
         for j in changed:
-            js = self.jobs[j]
-            js.tas = tases[j]
-            js.fp = self._footprint_with_recomputes(js)
-            js.decisions, js.swapped_out, js.host_copies = [], set(), {}
-        self.timeline = PoolTimeline([js.tas for js in self.jobs], offsets, self.horizon_iterations,
-                                     coincident_peaks=self.coincident_peaks, peaking_jobs=self.peaking_jobs)
-        old, self.order = self.order, []
-        for dec in old:
-            new = dec if dec.j not in changed else self._replay_swap(self.jobs[dec.j], dec)
-            if new is not None:
-                self.order.append(new)
+            self.jobs[j].tas = tases[j]
+            self._restart_job(self.jobs[j])
+        self._new_timeline(channel=False)
+        self._replay_swaps(changed)
         return True
 
     def _replay_swap(self, js: JobState, dec: SwapDecision) -> SwapDecision | None:
