@@ -126,6 +126,7 @@ from typing import Sequence
 import numpy as np
 
 from tensile_tf.scheduler.access_sequence import TensorAccessSequence
+from tensile_tf.scheduler.incremental_pool_sum import IncrementalPoolSum
 
 
 class JobFootprint:
@@ -275,11 +276,16 @@ class PoolTimeline:
         return max(offsets) + iterations * max(periods)
 
     def pool_footprint(self, footprints: Sequence[np.ndarray]) -> np.ndarray:
-        """The time-aligned sum of the jobs' footprints on the grid."""
-        total = np.zeros(len(self.grid), dtype=np.int64)
-        for F, idx in zip(footprints, self.idx):
-            total += np.append(F, 0)[idx]
-        return total
+        """The time-aligned sum of the jobs' footprints on the grid (Note [Incremental pool footprint]
+        in scheduler.incremental_pool_sum: kept, and updated by what changed since it was last asked)."""
+        return self.pool_sum.footprint(footprints)
+
+    @property
+    def pool_sum(self) -> IncrementalPoolSum:
+        kept = self.__dict__.get("_pool_sum")
+        if kept is None:
+            kept = self.__dict__["_pool_sum"] = IncrementalPoolSum(self.idx, self.ns)
+        return kept
 
     def pool_peak(self, footprints: Sequence[np.ndarray]) -> int:
         """The pool peak the plan must bring under its budget: the largest
@@ -287,7 +293,7 @@ class PoolTimeline:
         (with ``peaking_jobs``: of the largest ones above every job's floor)."""
         if self.coincident_peaks:
             return sum(int(footprints[j][k]) for j, k in self.peak_steps(footprints).items())
-        return int(self.pool_footprint(footprints).max())
+        return self.pool_sum.peak(footprints)
 
     def peak_steps(self, footprints: Sequence[np.ndarray]) -> dict[int, int]:
         """Coincident peaks: the step each job is at when the pool peaks: its
@@ -331,9 +337,9 @@ def gpu_memory_peak_analysis(footprints: Sequence[JobFootprint], timeline: PoolT
         at_peak = [int(f.F[steps[j]]) if j in steps else 0 for j, f in enumerate(footprints)]
         peak_bytes = sum(at_peak)
     else:
-        pool = timeline.pool_footprint([f.F for f in footprints])
-        seg = int(np.argmax(pool))
-        peak_bytes, peak_time = int(pool[seg]), float(timeline.grid[seg])
+        fs = [f.F for f in footprints]
+        seg = timeline.pool_sum.argmax(fs)     # Note [Incremental pool footprint]
+        peak_bytes, peak_time = timeline.pool_sum.peak(fs), float(timeline.grid[seg])
         for j, (f, idx) in enumerate(zip(footprints, timeline.idx)):
             k = int(idx[seg])
             if k < f.tas.n:
