@@ -4,7 +4,7 @@ latency-drift check. Part of results.json's schema; ``records.py`` re-exports
 them."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -47,6 +47,8 @@ class ReplanRecord:
     plan: int | None = None                # the plan it made: its index in planner.plans (None: it failed or was skipped)
     # Note [Re-plans for jobs about to end] (runtime/replan_timing.py): not started, and why (every job it was for ends first)
     skipped: str | None = None
+    # Note [One re-plan per burst] (runtime/replan_timing.py): the events it was made for, one re-plan for them all
+    events: list[str] = field(default_factory=list)
 
 
 @dataclass

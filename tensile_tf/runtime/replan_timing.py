@@ -12,6 +12,20 @@ start until their jobs' steps were built (planner, rewrite and the slowest
 instantiation), or before any, the last plan's planning time. It is
 recorded (``planner.replans``, ``skipped`` says why) with no plan and no
 jobs. Where no job has a measured step yet nothing is skipped.
+
+Note [One re-plan per burst]
+A search ends trials in bursts: several jobs leave within a few steps, and
+a drifting job asks for a re-plan while another ends. One re-plan per event
+planned the same running jobs again and again, each plan replacing one its
+jobs had not switched to yet. The run loop now takes every message waiting
+in its inbox at once (``RunLoopInbox.drain``: the events that came while
+it tore a job down or planned), tears every ended job down first, and then
+makes one re-plan for the whole burst (``Replanner.on_events``): for the
+jobs still running, with every event that asks for one (``burst_reasons``)
+in its reason and in ``planner.replans[].events``. A departure asks for one
+when the job that left was planned and a running job's plan swaps or
+recomputes (more room relaxes it); a drift, when the job that drifted still
+runs planned. No job may wait for admission (it gets the freed memory first).
 """
 from __future__ import annotations
 
@@ -44,3 +58,13 @@ def ends_before_switch(jobs: Sequence, expected_s: float | None) -> str | None:
             return None
     ends = ", ".join(f"{name} in {t:.2f} s" for name, t in left.items())
     return f"every job it was for ends before it could switch (expected {expected_s:.2f} s; {ends})"
+
+
+def burst_reasons(departed: Sequence, requests: Sequence, jobs: Sequence) -> list[str]:
+    """Note [One re-plan per burst]: the events of a burst that ask for a re-plan of ``jobs`` (the
+    running planned ``JobState``s): ``departed`` jobs (torn down) and drift ``requests``."""
+    relaxable = any(s.plan.swap_outs or s.plan.recomputes for s in jobs)
+    running = {s.name for s in jobs}
+    reasons = [f"departure of {d.name}" for d in departed if d.plan is not None and relaxable]
+    reasons += [r.reason for r in requests if r.job in running]
+    return list(dict.fromkeys(reasons))    # one drift request per job and reason

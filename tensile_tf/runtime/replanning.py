@@ -166,7 +166,7 @@ from typing import Any, Callable, Sequence
 
 from tensile_tf.runtime.failures import summarize_error
 from tensile_tf.runtime.records import DriftCheck, JobReplan, JobState, JobStatus, PlanRecord, ReplanRecord
-from tensile_tf.runtime.replan_timing import ends_before_switch, expected_replan_s
+from tensile_tf.runtime.replan_timing import burst_reasons, ends_before_switch, expected_replan_s
 from tensile_tf.scheduler import LatencyTable
 
 EWMA_ALPHA = 0.3
@@ -328,17 +328,20 @@ class Replanner:
         return [s for s in running if s.status == JobStatus.running and s.captured is not None
                 and s.plan is not None]
 
-    def on_departure(self, ended: JobState, running: Sequence[JobState], waiting: int,
-                     others_need: int) -> ReplanRecord | None:
-        """Re-plans the running planned jobs after ``ended`` (a planned job,
-        torn down already) left, unless a job waits. ``others_need``: bytes
-        the running jobs outside the re-plan hold (unplanned ones)."""
-        if waiting or ended.plan is None:
+    def on_events(self, departed: Sequence[JobState], requests: Sequence[ReplanRequest],
+                  running: Sequence[JobState], waiting: int, others_need: int) -> ReplanRecord | None:
+        """Note [One re-plan per burst] in replan_timing.py: one re-plan of the running planned jobs
+        for every departure (jobs torn down already) and drift request of a burst, unless a job
+        waits. ``others_need``: bytes the running jobs outside the re-plan hold (unplanned ones)."""
+        if waiting:
             return None
         jobs = self.replannable(running)
-        if not any(s.plan.swap_outs or s.plan.recomputes for s in jobs):
-            return None   # nothing to relax
-        return self.replan(jobs, f"departure of {ended.name}", others_need)
+        reasons = burst_reasons(departed, requests, jobs)
+        if not reasons:
+            return None
+        record = self.replan(jobs, "; ".join(reasons), others_need)
+        record.events = reasons
+        return record
 
     def on_arrival(self, newcomer: JobState, running: Sequence[JobState], others_need: int) -> ReplanRecord | None:
         """Note [Joint re-plan on arrival]: plans ``newcomer`` (built and

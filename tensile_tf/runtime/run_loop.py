@@ -237,10 +237,8 @@ class JobHost:
                 message = self.inbox.next(tick if next_arrival is None else min(tick, next_arrival))
                 if message is None:
                     self._idle()
-                elif isinstance(message, ReplanRequest):   # Note [Latency drift]
-                    self._serve_replan_request(message, len(line.waiting))
                 else:
-                    self._job_ended(message)
+                    self._serve_burst([message, *self.inbox.drain()])
         finally:
             self.shelf.evict()   # the parked steps' bytes back before the run's end is read
             samples = sampler.stop()
@@ -256,9 +254,25 @@ class JobHost:
         if any(s.awaiting_switches for s in self.arrivals.waiting) and not self.stopping:
             self.arrivals.admit_waiting()
 
+    def _serve_burst(self, messages: list) -> None:
+        """Note [One re-plan per burst] in replan_timing.py: every ended job of the burst torn down,
+        then one re-plan for its departures and drift requests (Note [Latency drift])."""
+        departed = [m for m in messages if not isinstance(m, ReplanRequest)]
+        for ended in departed:
+            self._job_ended(ended)
+        if self.replanner is None or self.stopping:
+            return
+        line = self.arrivals
+        running = self.running()
+        requests = [m for m in messages if isinstance(m, ReplanRequest)]
+        replan = self.replanner.on_events(departed, requests, running, len(line.waiting),
+                                          line.outside_replan_need(running))
+        if replan is not None:
+            self.note_replan(replan)
+
     def _job_ended(self, ended: JobState) -> None:
         """A job thread's last message (Note [Threads and hand-offs], H2):
-        join it, tear the job down, admit what waits, relax the plans."""
+        join it, tear the job down, admit what waits."""
         self._threads.pop(ended.name).join()
         ended.times.wait_ends()   # end_wait
         self.lifecycle.teardown(ended)
@@ -269,12 +283,6 @@ class JobHost:
         line = self.arrivals
         line.new_event()   # a departure is a new event for the waiting jobs
         line.admit_waiting()
-        if self.replanner is not None:
-            running = self.running()
-            replan = self.replanner.on_departure(ended, running, len(line.waiting),
-                                                 line.outside_replan_need(running))
-            if replan is not None:
-                self.note_replan(replan)
 
     def _end_the_unstarted(self) -> None:
         """Jobs still waiting when the run ends: rejected (they never fit even
@@ -394,15 +402,6 @@ class JobHost:
             state.times.wait_begins("arrival_wait")
             waiting.append(state)
             self.arrivals.admit_waiting()
-
-    def _serve_replan_request(self, request: ReplanRequest, waiting: int) -> None:
-        """Note [Latency drift]: a job's monitor asked for a re-plan."""
-        if self.replanner is None or self.stopping or waiting:
-            return
-        running = self.running()
-        jobs = Replanner.replannable(running)
-        if any(s.name == request.job for s in jobs):
-            self.note_replan(self.replanner.replan(jobs, request.reason, self.arrivals.outside_replan_need(running)))
 
     # ------------------------------------------------------- bookkeeping
 

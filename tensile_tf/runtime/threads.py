@@ -297,6 +297,16 @@ class RunLoopInbox:
     def ask_replan(self, request: "ReplanRequest") -> None:
         self._queue.put(request)
 
+    def drain(self) -> list[Union["JobState", "ReplanRequest"]]:
+        """Every message waiting now, without waiting for more (Note [One re-plan per burst] in
+        runtime/replan_timing.py)."""
+        out = []
+        while True:
+            try:
+                out.append(self._queue.get_nowait())
+            except queue.Empty:
+                return out
+
     def next(self, timeout: float) -> Union["JobState", "ReplanRequest", None]:
         """The next message, or None after ``timeout`` seconds without one."""
         try:

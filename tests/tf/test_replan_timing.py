@@ -3,12 +3,15 @@ re-plan for running jobs is not started when every job it is for ends
 before it could switch, and the record says why; an arrival's re-plan and
 jobs with steps to go are planned as before. The decision reads what the
 runtime recorded (earlier re-plans, measured steps), so the cases are made
-of records, not of timing."""
+of records, not of timing. Note [One re-plan per burst]: a burst of events
+gets one re-plan (against the control of one event at a time)."""
 from types import SimpleNamespace
 
 from tensile_tf.runtime.replan_records import JobReplan, ReplanRecord
-from tensile_tf.runtime.replan_timing import ends_before_switch, expected_replan_s
-from tensile_tf.runtime.replanning import Replanner
+from tensile_tf.runtime.records import JobStatus
+from tensile_tf.runtime.replan_timing import burst_reasons, ends_before_switch, expected_replan_s
+from tensile_tf.runtime.replanning import Replanner, ReplanRequest
+from tensile_tf.runtime.threads import RunLoopInbox
 
 
 def _job(name, steps, done, median, peak=100):
@@ -49,3 +52,49 @@ def test_the_replanner_records_a_skipped_replan_and_plans_nothing():
     # the control: a job with 10 s to go is re-planned (the fake planning has no planner: it fails after the budget)
     record = replanner.replan([_job("a", 30, 10, 0.5)], "departure of b")
     assert record.skipped is None and planned and record.error
+
+
+def _burst_replanner(planned):
+    planning = SimpleNamespace(plans=[], start_budget=lambda *a: planned.append(a) or 0)
+    return Replanner(planning, now=lambda: 3.0, held_outside_jobs=lambda: 0)
+
+
+def test_a_burst_of_departures_and_drifts_gets_one_replan():
+    """Note [One re-plan per burst]: three events served at once make one re-plan naming them all;
+    the control, the same events served one by one, makes three."""
+    running = [_job("a", 30, 5, 0.5), _job("b", 30, 5, 0.5)]
+    for s in running:
+        s.status, s.captured = JobStatus.running, object()
+    gone = [_job("x", 10, 10, 0.5), _job("y", 10, 10, 0.5), _job("z", 10, 10, None)]
+    gone[2].plan = None                                    # an unplanned job's departure relaxes nothing
+    drift = [ReplanRequest("a", "latency drift of a (+30% vs its plan)"),
+             ReplanRequest("x", "latency drift of x (+25% vs its plan)")]   # x has ended: no re-plan for it
+    planned = []
+    replanner = _burst_replanner(planned)
+    record = replanner.on_events(gone, drift, running, waiting=0, others_need=0)
+    assert record.events == ["departure of x", "departure of y", "latency drift of a (+30% vs its plan)"]
+    assert record.reason == "; ".join(record.events) and replanner.records == [record] and len(planned) == 1
+    # control: one event at a time
+    planned, one_by_one = [], _burst_replanner([])
+    one_by_one.planning.start_budget = lambda *a: planned.append(a) or 0
+    for d in gone:
+        one_by_one.on_events([d], [], running, waiting=0, others_need=0)
+    for r in drift:
+        one_by_one.on_events([], [r], running, waiting=0, others_need=0)
+    assert [r.events for r in one_by_one.records] == [[e] for e in record.events] and len(planned) == 3
+    # a waiting job gets the freed memory first; jobs whose plans neither swap nor recompute are not relaxed
+    assert replanner.on_events(gone, drift, running, waiting=1, others_need=0) is None
+    for s in running:
+        s.plan = SimpleNamespace(predicted_planned_peak_bytes=100, swap_outs=0, recomputes=0)
+    assert burst_reasons(gone, drift, running) == ["latency drift of a (+30% vs its plan)"]
+
+
+def test_the_inbox_hands_over_every_waiting_message_at_once():
+    inbox = RunLoopInbox()
+    assert inbox.drain() == []
+    ended, request = SimpleNamespace(name="x"), ReplanRequest("a", "drift")
+    inbox.job_ended(ended)
+    inbox.ask_replan(request)
+    inbox.job_ended(ended)
+    assert inbox.next(0.0) is ended and inbox.drain() == [request, ended] and inbox.drain() == []
+    assert inbox.next(0.0) is None
