@@ -36,8 +36,6 @@ counts.
 """
 from __future__ import annotations
 
-import contextlib
-import gc
 import time
 import warnings
 from dataclasses import dataclass, replace
@@ -48,7 +46,7 @@ import tensorflow as tf
 from tensile_tf.scheduler import DEFAULT_BANDWIDTH_BYTES_PER_S, Plan, PlannerJob
 from tensile_tf.scheduler.job_graph import JobGraph
 from tensile_tf.scheduler.latency_predictor import cold_start_latency
-from tensile_tf.scheduler.planner import plan_in_step_order
+from tensile_tf.scheduler.planner import collections_paused, plan_in_step_order
 from tensile_tf.tf.capture import capture_job_graph, measure_op_latencies
 from tensile_tf.tf.rewrite import REWRITE_PREFIX, PlannedStep, RewriteReport, apply_plan, chain_in_plan_order
 from tensile_tf.tf.rewrite.plan_table import TableCall, table_step_for
@@ -278,14 +276,3 @@ def _made_step(c: CapturedJob, jp, delta_scale: float, plan_steps: str) -> Plann
     return step
 
 
-@contextlib.contextmanager
-def collections_paused():
-    """No garbage collection while the planner runs and the steps are
-    rewritten (Note [Re-plans users do not feel])."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()

@@ -79,7 +79,7 @@ jobs (39,524 ops, 64x64, batch 16) on a 2-core machine (issue 43,
   everything the run holds fell inside it now and then (2.0-2.8 s, the
   outliers once reported as unexplained): the planner and the rewrites
   make no garbage cycles worth collecting, so they run with collections
-  paused (``pipeline.collections_paused``).
+  paused (``scheduler.planner.collections_paused``).
 * The rewrite: graph editing and making the function, 0.7-1.0 s per job.
   Making the function used to trace a ``tf.function`` that imported the
   edited GraphDef, a Python op per node (1.8 s a job, more with
