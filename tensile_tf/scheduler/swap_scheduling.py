@@ -271,20 +271,28 @@ class SwapChannel:
                 lane.starts = [old.starts[k] for k in keep]
                 lane.ends = [old.ends[k] for k in keep]
                 lane.tags = [old.tags[k] for k in keep]
+        placed: list[list[tuple[float, float, int]]] = [[] for _ in new._lanes]
         for tag, (j, tau, d) in self._booked.items():
             if tag in tags:
                 continue
             if self.periods[j] != periods[j]:
                 raise ValueError(f"swap channel: job {j}'s period changed, so must its reservations")
             new._booked[tag] = (j, tau, d)
-            new._lane_of[tag] = self._lane_of[tag]
+            li = new._lane_of[tag] = self._lane_of[tag]
             if same_horizon:
                 new.reserved[tag] = self.reserved[tag]
                 continue
-            starts = new._place(new._lanes[self._lane_of[tag]], j, tau, d, tag)
-            if starts is None:
+            starts = new.reserved[tag] = [new.offsets[j] + k * new.periods[j] + tau for k in new._bases(j, tau, d)]
+            placed[li].extend((g0, g0 + d, tag) for g0 in starts)
+        if same_horizon:
+            return new
+        for lane, ivs in zip(new._lanes, placed):     # sorted once, not inserted one by one
+            ivs.sort()
+            if any(e > s + _EPS for (_, e, _), (s, _, _) in zip(ivs, ivs[1:])):
                 return None
-            new.reserved[tag] = starts
+            lane.starts = [iv[0] for iv in ivs]
+            lane.ends = [iv[1] for iv in ivs]
+            lane.tags = [iv[2] for iv in ivs]
         return new
 
     def _place(self, lane: _Lane, j: int, tau: float, d: float, tag: int) -> list[float] | None:
