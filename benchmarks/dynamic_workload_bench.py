@@ -102,6 +102,13 @@ def cold_start_ratios(results: dict) -> list[tuple[str, float, float | None, flo
     return out
 
 
+def replans_never_switched_in(results: dict) -> list[dict]:
+    """Re-plans that made a plan no job switched to: finished after the jobs they were for had
+    ended, or replaced before they switched (issue 56: zero in a run of short jobs)."""
+    return [r for r in results["planner"]["replans"] if r["error"] is None and not r.get("skipped")
+            and r.get("newcomer") is None and r["jobs"] and all(j["switched_at_step"] is None for j in r["jobs"])]
+
+
 def mib(b: float | None) -> str:
     return "-" if b is None else f"{b / 2**20:.1f} MiB"
 
@@ -117,9 +124,9 @@ def main() -> None:
         runs[mode] = run_mode(Path(args.config), Path(args.out) / mode, MODES[mode])
         print(f"{mode}: done, {runs[mode]['status']}", flush=True)
 
-    print("\n| mode | makespan | pool peak / capacity | OOMs | jobs finished | re-plans | profiling share "
-          "(without cold-started jobs' first checks) |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("\n| mode | makespan | pool peak / capacity | OOMs | jobs finished | re-plans | never switched in | "
+          "not started (jobs about to end) | profiling share (without cold-started jobs' first checks) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for mode, r in runs.items():
         pool = r["pool"]
         finished = sum(j["status"] == "finished" for j in r["jobs"])
@@ -128,7 +135,8 @@ def main() -> None:
         failed = sum(x["error"] is not None for x in replans)
         print(f"| {mode} | {r['wall_s']:.1f} s | {mib(pool['peak'])} / {mib(pool['capacity'])} "
               f"({pool['peak'] / pool['capacity']:.0%}) | {pool['run_ooms']} | {finished}/{len(r['jobs'])} | "
-              f"{len(replans)}{f' ({failed} failed)' if failed else ''} | "
+              f"{len(replans)}{f' ({failed} failed)' if failed else ''} | {len(replans_never_switched_in(r))} | "
+              f"{sum(bool(x.get('skipped')) for x in replans)} | "
               f"{'-' if share is None else f'{share:.2%} ({warm:.2%})'} |")
 
     names = [j["name"] for j in next(iter(runs.values()))["jobs"]]
@@ -172,7 +180,10 @@ def main() -> None:
         for x in r["planner"]["replans"]:
             print(f"  re-plan at {x['at_s']:.1f} s ({x['reason']}): planner {x['planning_s'] * 1e3:.0f} ms, "
                   f"rewrite+retrace {x['rewrite_s']:.2f} s, paused {x.get('paused_s', 0.0):.2f} s"
-                  + (f", FAILED: {x['error']}" if x["error"] else ""))
+                  + (f", FAILED: {x['error']}" if x["error"] else "")
+                  + (f", NOT STARTED: {x['skipped']}" if x.get("skipped") else "")
+                  + (f"; events: {len(x['events'])}" if len(x.get("events") or ()) > 1 else "")
+                  + ("; never switched in" if x in replans_never_switched_in(r) else ""))
 
 
 if __name__ == "__main__":
