@@ -145,9 +145,10 @@ def load_plugin():
     if tensorflow_devices_exist():
         raise PluginLoadedTooLateError(
             "tf_plugin: TensorFlow already created its devices, so the tensile device pool can no "
-            "longer become their allocator. Import tensile_tf (or tf_plugin) right after "
-            "`import tensorflow`, before any op, variable, list_logical_devices() or tf.function "
-            "call."
+            "longer become their allocator. Call `tensile_tf.install()` (it loads the plugin; "
+            "importing tensile_tf alone does not) before TensorFlow's first op, variable, "
+            "list_logical_devices() or tf.function call, ideally right after `import tensile_tf`, "
+            "which goes before `import tensorflow`."
         )
     path = _library_path()
     try:

@@ -70,12 +70,37 @@ def build_parser() -> argparse.ArgumentParser:
 EXIT_USAGE = 2   # a bad config, argument or path (argparse uses 2 too)
 
 
+def _terminate_like_interrupt():
+    """SIGTERM outside a run (the config being checked, TensorFlow importing, a plan being made)
+    ends the command as Ctrl-C does: a message and exit 130, not a silent 143. Inside a run,
+    Note [Stopping on a signal] (runtime/interrupts.py) takes both signals over and writes the
+    results. Returns the handler it replaced (None off the main thread)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def interrupted(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    return signal.signal(signal.SIGTERM, interrupted)
+
+
+def _restore_terminate(previous) -> None:
+    import signal
+
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Exit codes: 0 every job finished; 1 a job failed or was rejected (or
     an internal error); 2 a bad config or usage; 130 interrupted. A user's
     mistake prints what, where and what to do, never a traceback (``--debug``
     shows one for any error)."""
     args = build_parser().parse_args(argv)
+    previous = _terminate_like_interrupt()
     try:
         return args.func(args)
     except UserError as e:
@@ -96,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tensile {args.command}: internal error: {type(e).__name__}: {e}\n"
               f"  run it again with --debug for the traceback", file=sys.stderr)
         return 1
+    finally:
+        _restore_terminate(previous)
 
 
 if __name__ == "__main__":

@@ -8,13 +8,24 @@ from pathlib import Path
 
 
 def is_search_config(path: str) -> bool:
-    """A config with a top-level ``search:`` section (for ``tensile search``)."""
+    """A config with a top-level ``search:`` section and no ``jobs:`` (for ``tensile search``).
+    Read from the top-level keys of a block mapping (column 0), without parsing the file, which
+    ``load_checked`` parses once; other layouts (a flow mapping) are parsed here."""
+    import re
+
     import yaml
 
     try:
-        data = yaml.safe_load(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError):
         return False  # load_config reports it with its location
+    top = set(re.findall(r"^([A-Za-z_]+)[ \t]*:", text, flags=re.MULTILINE))
+    if top:
+        return "search" in top and "jobs" not in top
+    try:
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError:
+        return False
     return isinstance(data, dict) and "search" in data and "jobs" not in data
 
 

@@ -30,5 +30,13 @@ def cmd_validate(args) -> int:
     cfg, marks = load_checked(args.config)
     check_references(cfg, args.config, marks, install_pool=False)
     print(f"{args.config}: valid: pool {cfg.pool} bytes, {len(cfg.jobs)} jobs "
-          f"({', '.join(j.name for j in cfg.jobs)}); every reference resolves and every size fits")
+          f"({_names(j.name for j in cfg.jobs)}); every reference resolves and every size fits")
     return 0
+
+
+def _names(names, shown: int = 6) -> str:
+    """The job names, the first few and the last where there are many (a 50,000-job config)."""
+    names = list(names)
+    if len(names) <= shown:
+        return ", ".join(names)
+    return ", ".join(names[:shown - 1]) + f", ... {len(names) - shown} more ..., {names[-1]}"

@@ -391,6 +391,17 @@ def config_from_data(data: Any, *, source: str = "<config>", marks: dict | None 
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from None
 
 
+def _parse_once(text: str):
+    """The YAML's node tree (key locations, duplicate keys) and its data, from one parse with
+    libyaml's C loader where PyYAML has it (a 50,000-job config: issue 57)."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)
+    try:
+        node = loader.get_single_node()
+        return node, (loader.construct_document(node) if node is not None else None)
+    finally:
+        loader.dispose()
+
+
 def read_yaml(path: str | Path) -> tuple[Any, dict[tuple, yaml.Mark]]:
     """The parsed YAML file and the location of every key path in it;
     ConfigError when it cannot be read or parsed."""
@@ -409,8 +420,7 @@ def read_yaml(path: str | Path) -> tuple[Any, dict[tuple, yaml.Mark]]:
         raise ConfigError(f"{path}:{line}:{column}: the file is not UTF-8 text (byte 0x{raw[e.start]:02x}); "
                           "save it as UTF-8") from None
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        node, data = _parse_once(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)

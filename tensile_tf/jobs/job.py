@@ -274,6 +274,19 @@ def supervised_train_step(model, optimizer, loss_fn) -> Callable:
     return train_step
 
 
+def batch_size_key(spec: JobSpec) -> tuple[str, int] | None:
+    """The key that sets this job's batch size and its value, for advice (an out-of-memory's
+    remedy): ``batch_size`` where the job's batches follow it, ``model.args.batch_size`` where a
+    train_step_factory gets it there; None for a factory that keeps its own default."""
+    if not spec.model.train_step_factory:
+        return "batch_size", spec.batch_size
+    if "batch_size" in spec.model.args:
+        return "model.args.batch_size", spec.model.args["batch_size"]
+    if "batch_size" in spec.model_fields_set:
+        return "batch_size", spec.batch_size
+    return None
+
+
 def build_train_step(spec: JobSpec) -> TrainStep:
     """Builds model, optimizer, loss and data for a YAML job."""
     import keras
@@ -282,8 +295,10 @@ def build_train_step(spec: JobSpec) -> TrainStep:
     model_spec = spec.model
     if model_spec.train_step_factory:
         factory = import_reference(model_spec.train_step_factory, what="train_step_factory")
+        # a factory's own batch_size default stands unless the job sets one (issue 57)
         made = _call_with_known_args(factory, model_spec.args, input_shape=spec.input_shape,
-                                     classes=spec.classes, batch_size=spec.batch_size, seed=spec.seed)
+                                     classes=spec.classes, seed=spec.seed,
+                                     batch_size=spec.batch_size if "batch_size" in spec.model_fields_set else None)
         if not isinstance(made, TrainStep):
             raise JobBuildError(f"job {spec.name!r}: train_step_factory {model_spec.train_step_factory!r} "
                                 f"returned {type(made).__name__}, expected tensile_tf.TrainStep")

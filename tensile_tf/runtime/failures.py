@@ -48,33 +48,17 @@ _POOL_OOM_REMEDY = re.compile(r"; raise the pool capacity \(TENSILE_POOL_BYTES.*
 
 def oom_remedy(state: JobState) -> str:
     """What a YAML user can change when the job ran out of pool memory, with
-    the plan's own prediction when the job ran planned."""
+    the plan's own prediction when the job ran planned; the batch size only
+    where a key sets it (``jobs.job.batch_size_key``)."""
+    from tensile_tf.jobs.job import batch_size_key
+
     spec = state.job.spec
-    batch = f" (now {spec.batch_size})" if spec is not None else ""
+    key = batch_size_key(spec) if spec is not None else ("batch_size", None)
+    lower = "" if key is None else f"lower this job's `{key[0]}:`{'' if key[1] is None else f' (now {key[1]})'}"
     if state.plan is not None:
         from tensile_tf.units import human_bytes
 
-        return (f"raise `pool:` or lower this job's `batch_size:`{batch}; its plan predicted a peak of "
+        return (f"raise `pool:`{' or ' + lower if lower else ''}; its plan predicted a peak of "
                 f"{human_bytes(state.plan.predicted_planned_peak_bytes)} for a budget of "
                 f"{human_bytes(state.plan.budget_bytes)} (lower `run.plan_budget:` to plan with more room)")
-    return f"raise `pool:`, lower this job's `batch_size:`{batch}, or set `run.planner: tensile` to plan swaps"
-
-
-def record_failure(state: JobState, error: BaseException, at_s: float,
-                   status: JobStatus = JobStatus.failed) -> None:
-    """Marks the job failed (or rejected) with ``error``'s summary and traceback.
-    The status is set last: other threads (the run loop's progress reports,
-    a search driver) read a final status as "its record is complete"."""
-    state.error_type = type(error).__name__
-    state.error = summarize_error(error)
-    if state.error_type == "ResourceExhaustedError":
-        remedy = oom_remedy(state)
-        state.error, n = _POOL_OOM_REMEDY.subn("; " + remedy, state.error)
-        if not n:
-            state.error += f"; {remedy}"
-    state.traceback = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-    state.ended_at_s = at_s
-    state.status = status
-
-
-__all__ = ["NonFiniteLoss", "record_failure", "summarize_error"]
+    return f"raise `pool:`, {lower + ', ' if lower else ''}or set `run.planner: tensile` to plan swaps"

@@ -168,6 +168,7 @@ def test_faults_beside_healthy_jobs_with_node_groups_on(tmp_path):
     assert jobs["nan"]["status"] == "failed" and jobs["nan"]["error_type"] == "NonFiniteLoss"
     assert jobs["oom"]["status"] == "failed" and jobs["oom"]["error_type"] == "ResourceExhaustedError"
     assert "raise `pool:`" in jobs["oom"]["error"] and "TENSILE_POOL_BYTES" not in jobs["oom"]["error"]
+    assert "batch_size" not in jobs["oom"]["error"]     # its factory takes no batch size: no key to lower
     for name in ("raises", "nan", "oom"):  # the evidence: each failure's whole traceback
         assert "Traceback" in (out / jobs[name]["traceback_path"]).read_text()
     assert all(j["leaked_bytes"] == 0 for j in jobs.values())
@@ -201,3 +202,34 @@ def test_a_failing_trial_keeps_its_traceback_and_the_search_says_so(tmp_path):
     failed = trials[3]
     assert failed["state"] == "FAIL" and "injected failure" in failed["job"]["error"]
     assert "Traceback" in (out / failed["job"]["traceback_path"]).read_text()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_before_the_run_starts_exits_130_with_a_message(tmp_path, sig):
+    """Issue 57: SIGTERM while the config is checked ended the command silently with 143. The
+    config's model module signals its import (tests/e2e/slow_to_import.py), so the signal lands
+    while the references are checked, before any run starts; nothing is written."""
+    marker = tmp_path / "importing"
+    cfg = write(tmp_path, """
+        pool: 64MiB
+        jobs:
+          - name: j
+            model: {builder: "tests.e2e.slow_to_import:mlp", args: {hidden: [8]}}
+            input_shape: [4]
+            batch_size: 2
+            steps: 2
+        """)
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k != "TENSILE_POOL_BYTES"} | {
+        "PYTHONPATH": str(REPO_ROOT), "TENSILE_TEST_IMPORT_MARKER": str(marker)}
+    proc = subprocess.Popen([sys.executable, "-m", "tensile_tf", "run", str(cfg), "--out", str(out)], cwd=REPO_ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for(marker, proc, "the model module's import")
+        proc.send_signal(sig)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, output[-4000:]
+    assert "tensile run: interrupted" in output and "Traceback" not in output, output[-4000:]
+    assert not (out / "results.json").exists()
