@@ -62,3 +62,23 @@ def oom_remedy(state: JobState) -> str:
                 f"{human_bytes(state.plan.predicted_planned_peak_bytes)} for a budget of "
                 f"{human_bytes(state.plan.budget_bytes)} (lower `run.plan_budget:` to plan with more room)")
     return f"raise `pool:`, {lower + ', ' if lower else ''}or set `run.planner: tensile` to plan swaps"
+
+
+def record_failure(state: JobState, error: BaseException, at_s: float,
+                   status: JobStatus = JobStatus.failed) -> None:
+    """Marks the job failed (or rejected) with ``error``'s summary and traceback.
+    The status is set last: other threads (the run loop's progress reports,
+    a search driver) read a final status as "its record is complete"."""
+    state.error_type = type(error).__name__
+    state.error = summarize_error(error)
+    if state.error_type == "ResourceExhaustedError":
+        remedy = oom_remedy(state)
+        state.error, n = _POOL_OOM_REMEDY.subn("; " + remedy, state.error)
+        if not n:
+            state.error += f"; {remedy}"
+    state.traceback = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    state.ended_at_s = at_s
+    state.status = status
+
+
+__all__ = ["NonFiniteLoss", "record_failure", "summarize_error"]
