@@ -74,7 +74,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from plan_execution_bench import capped_link, compare, link_bandwidth, run, vanilla_runs  # noqa: E402
 from tensile_tf.config.device_links import DEVICE_LINKS, combined_bandwidth, link_lanes  # noqa: E402
 from tensile_tf.scheduler.paired_repeats import paired_summary, summary_line  # noqa: E402
-from tensile_tf.scheduler.swap_scheduling import lane_bandwidth  # noqa: E402
+from tensile_tf.scheduler.swap_channel import lane_bandwidth  # noqa: E402
 
 
 #: TensorFlow's own memory optimizer (Grappler), by strategy name: its recomputation heuristics

@@ -28,6 +28,7 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Str
                       ValidationInfo, field_validator, model_validator)
 
 from tensile_tf.config.device_links import parse_swap_link
+from tensile_tf.config.yaml_nodes import duplicate_keys, mark_map, parse_once
 from tensile_tf.units import parse_bytes
 
 
@@ -307,20 +308,6 @@ class RunConfig(_Strict):
 
 # ----------------------------------------------------------- YAML locations
 
-def _mark_map(node: yaml.Node, path: tuple = ()) -> dict[tuple, yaml.Mark]:
-    """Maps each path (keys and list indexes) in a YAML node tree to where it
-    starts: a mapping entry to its key, a list item to the item."""
-    marks = {path: node.start_mark}
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            marks.update(_mark_map(value_node, path + (key_node.value,)))
-            marks[path + (key_node.value,)] = key_node.start_mark
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            marks.update(_mark_map(item, path + (i,)))
-    return marks
-
-
 def _format_loc(loc: tuple) -> str:
     out = ""
     for part in loc:
@@ -391,17 +378,6 @@ def config_from_data(data: Any, *, source: str = "<config>", marks: dict | None 
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from None
 
 
-def _parse_once(text: str):
-    """The YAML's node tree (key locations, duplicate keys) and its data, from one parse with
-    libyaml's C loader where PyYAML has it (a 50,000-job config: issue 57)."""
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)
-    try:
-        node = loader.get_single_node()
-        return node, (loader.construct_document(node) if node is not None else None)
-    finally:
-        loader.dispose()
-
-
 def read_yaml(path: str | Path) -> tuple[Any, dict[tuple, yaml.Mark]]:
     """The parsed YAML file and the location of every key path in it;
     ConfigError when it cannot be read or parsed."""
@@ -420,7 +396,7 @@ def read_yaml(path: str | Path) -> tuple[Any, dict[tuple, yaml.Mark]]:
         raise ConfigError(f"{path}:{line}:{column}: the file is not UTF-8 text (byte 0x{raw[e.start]:02x}); "
                           "save it as UTF-8") from None
     try:
-        node, data = _parse_once(text)
+        node, data = parse_once(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
@@ -428,30 +404,13 @@ def read_yaml(path: str | Path) -> tuple[Any, dict[tuple, yaml.Mark]]:
         hint = "; YAML indents with spaces, never tabs" if "'\\t'" in problem or "tab" in problem else \
             "; check the indentation and the brackets or quotes on this line"
         raise ConfigError(f"{where}: not valid YAML: {problem}{hint}") from None
-    duplicates = _duplicate_keys(node) if node is not None else []
+    duplicates = duplicate_keys(node) if node is not None else []
     if duplicates:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(
             f"{path}:{mark.line + 1}:{mark.column + 1}: {_format_loc(loc)}: the key appears twice in one mapping "
             f"(first on line {first.line + 1}); YAML would keep only the last: remove one"
             for loc, mark, first in duplicates))
-    return data, (_mark_map(node) if node is not None else {})
-
-
-def _duplicate_keys(node: yaml.Node, path: tuple = ()) -> list[tuple[tuple, yaml.Mark, yaml.Mark]]:
-    """(path, where, where first) of every key given twice in one mapping."""
-    found = []
-    if isinstance(node, yaml.MappingNode):
-        seen: dict[Any, yaml.Mark] = {}
-        for key_node, value_node in node.value:
-            key = key_node.value
-            if key in seen:
-                found.append((path + (key,), key_node.start_mark, seen[key]))
-            seen.setdefault(key, key_node.start_mark)
-            found += _duplicate_keys(value_node, path + (key,))
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            found += _duplicate_keys(item, path + (i,))
-    return found
+    return data, (mark_map(node) if node is not None else {})
 
 
 def load_config(path: str | Path) -> RunConfig:

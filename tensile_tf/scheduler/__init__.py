@@ -11,7 +11,7 @@ from tensile_tf.scheduler.latency import ColdStartLatency, LatencyModel, Latency
 from tensile_tf.scheduler.peak_analysis import JobFootprint, PeakAnalysis, PoolTimeline, gpu_memory_peak_analysis
 from tensile_tf.scheduler.plan import JobPlan, Plan, RecomputeEvent, ReleaseEvent, SwapEvent
 from tensile_tf.scheduler.planner import DEFAULT_BANDWIDTH_BYTES_PER_S, Planner, PlannerJob, plan_graphs
-from tensile_tf.scheduler.swap_scheduling import SwapChannel
+from tensile_tf.scheduler.swap_channel import SwapChannel
 
 __all__ = [
     "ColdStartLatency", "DEFAULT_BANDWIDTH_BYTES_PER_S", "GraphBuilder", "JobFootprint", "JobGraph", "JobPlan", "LatencyModel",

@@ -39,7 +39,8 @@ from tensile_tf.scheduler.peak_analysis import gpu_memory_peak_analysis
 from tensile_tf.scheduler.planner import UNPLANNED_FITS, Planner
 from tensile_tf.scheduler.recompute import recomputation_scheduling
 from tensile_tf.scheduler.state import JobState, SwapDecision
-from tensile_tf.scheduler.swap_scheduling import IN, OUT, SwapChannel, find_gap
+from tensile_tf.scheduler.swap_channel import IN, OUT, SwapChannel
+from tensile_tf.scheduler.swap_scheduling import find_gap
 
 #: Op types that are "layers" in vDNN's sense when they read a parameter:
 #: their other inputs are the layer's input feature maps.

@@ -58,7 +58,7 @@ import numpy as np
 from tensile_tf.scheduler.access_sequence import TensorAccessSequence
 from tensile_tf.scheduler.peak_analysis import JobFootprint, PoolTimeline
 from tensile_tf.scheduler.planner import PlannerJob
-from tensile_tf.scheduler.swap_scheduling import lane_bandwidth
+from tensile_tf.scheduler.swap_channel import lane_bandwidth
 
 
 @dataclass

@@ -59,7 +59,8 @@ from tensile_tf.scheduler.plan import JobPlan, Plan, ReleaseEvent, SwapEvent
 from tensile_tf.scheduler.planner_passes import FITS_UNPLANNED, UNPLANNED_FITS, UNPLANNED_FITS_IN_ORDER, PlannerPasses
 from tensile_tf.scheduler.planner_rebuilds import PlannerRebuilds
 from tensile_tf.scheduler.state import JobState, SwapDecision
-from tensile_tf.scheduler.swap_scheduling import SwapChannel, swap_scheduling
+from tensile_tf.scheduler.swap_channel import SwapChannel
+from tensile_tf.scheduler.swap_scheduling import swap_scheduling
 from tensile_tf.scheduler.unchained_runs import unchained_runs
 
 #: PCIe 3.0 x16 as seen by cudaMemcpyAsync from pinned memory, ~12 GiB/s.

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from tensile_tf.scheduler import GraphBuilder, LatencyTable, Plan, Planner, PlannerJob
 from tensile_tf.scheduler.baselines import CapuchinPlanner, VDNNPlanner
 from tensile_tf.scheduler.link_bound import swap_link_bound
-from tensile_tf.scheduler.swap_scheduling import IN, OUT, SwapChannel, lane_bandwidth
+from tensile_tf.scheduler.swap_channel import IN, OUT, SwapChannel, lane_bandwidth
 from tests.scheduler.test_link_bound import short_return_graph
 from tests.scheduler.test_planner_properties import scenarios
 

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 
 from benchmarks.captures.capture import load_capture
 from tensile_tf.scheduler import JobGraph, Planner, PlannerJob
-from tensile_tf.scheduler.swap_scheduling import SwapChannel
+from tensile_tf.scheduler.swap_channel import SwapChannel
 from tests.scheduler.test_planner_properties import check_invariants, scenarios
 
 CAPTURES = Path(__file__).resolve().parents[2] / "benchmarks" / "captures"

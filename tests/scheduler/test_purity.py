@@ -24,6 +24,7 @@ CHECKED_FILES = sorted([
     REPO_ROOT / "tensile_tf" / "config" / "__init__.py",
     REPO_ROOT / "tensile_tf" / "config" / "schema.py",
     REPO_ROOT / "tensile_tf" / "config" / "device_links.py",
+    REPO_ROOT / "tensile_tf" / "config" / "yaml_nodes.py",
     REPO_ROOT / "tensile_tf" / "units.py",
     REPO_ROOT / "tf_plugin" / "nodegroup" / "partition.py",
     REPO_ROOT / "tf_plugin" / "nodegroup" / "schedule.py",
