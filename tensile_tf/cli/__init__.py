@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("config")
     plan.add_argument("--out", help="output directory for plan.json (default: the config's run.out_dir)")
     plan.add_argument("--budget", help="most bytes the jobs may use together, e.g. 512MiB (default: the config's "
-                      "run.plan_budget, else the pool less its 10%% headroom, as `tensile run` plans)")
+                      "run.plan_budget, else the pool less its 10%% headroom, as `tensile run` plans; never above that)")
     plan.add_argument("--bandwidth", help="swap link bandwidth per second, e.g. 12GiB, or a device link: h200-pcie5, "
                       "h200-pcie5-bf16 (default: PCIe 3 x16)")
     plan.set_defaults(func=cmd_plan)

@@ -26,6 +26,13 @@ def cmd_plan(args) -> int:
             run = run.model_copy(update={"swap_bandwidth": parse_swap_link(args.bandwidth, "--bandwidth")})
     except ValueError as e:
         raise UserError(str(e)) from None
+    if args.budget:
+        from tensile_tf.runtime.admission import POOL_HEADROOM
+
+        cap = int(cfg.pool * (1 - POOL_HEADROOM))
+        if run.plan_budget > cap:     # start_budget takes the smaller: say so rather than plan for less in silence
+            print(f"tensile plan: --budget {args.budget} is above the pool less its {POOL_HEADROOM:.0%} headroom; "
+                  f"planning for {cap} bytes (raise `pool:` to plan for more)", file=sys.stderr)
     out = check_output_dir(Path(args.out) if args.out else Path(cfg.run.out_dir),
                            "--out" if args.out else "run.out_dir")
     check_references(cfg, args.config, marks)
