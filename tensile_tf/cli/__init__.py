@@ -42,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
     validate = sub.add_parser("validate", help="check a YAML config without running it")
     validate.add_argument("config")
+    validate.add_argument("--data", action="store_true",
+                          help="also read every job's examples (decode every image, load every array) as a run would")
     validate.set_defaults(func=cmd_validate)
     plan = sub.add_parser("plan", help="trace the config's jobs and plan swaps/recomputation without training")
     plan.add_argument("config")

@@ -29,9 +29,31 @@ def cmd_validate(args) -> int:
         return 0
     cfg, marks = load_checked(args.config)
     check_references(cfg, args.config, marks, install_pool=False)
+    if getattr(args, "data", False):
+        _read_every_example(cfg)
     print(f"{args.config}: valid: pool {cfg.pool} bytes, {len(cfg.jobs)} jobs "
           f"({_names(j.name for j in cfg.jobs)}); every reference resolves and every size fits")
     return 0
+
+
+def _read_every_example(cfg) -> None:
+    """``--data``: every job's examples read as a run reads them (every image decoded, every array
+    loaded and checked against the job), so a corrupt file is named before anything trains."""
+    from tensile_tf.config.schema import FILE_KINDS
+    from tensile_tf.jobs.datasets import DataError, load_examples, load_validation_examples
+
+    problems = []
+    for spec in cfg.jobs:
+        if spec.data.kind not in FILE_KINDS:
+            continue
+        try:
+            load_examples(spec)
+            if spec.data.validation_path:
+                load_validation_examples(spec)
+        except DataError as e:
+            problems.append(str(e))
+    if problems:
+        raise UserError("the data does not read:\n  " + "\n  ".join(problems))
 
 
 def _names(names, shown: int = 6) -> str:

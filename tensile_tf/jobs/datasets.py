@@ -99,7 +99,18 @@ def _load_image_dir(spec: JobSpec) -> tuple[np.ndarray, np.ndarray]:
         raise DataError(f"job {job!r}: {data.path!r} has {classes} class directories but classes is "
                         f"{spec.classes}; set classes: {classes}")
     xs, ys = [], []
-    for image, label in ds:
+    files = list(getattr(ds, "file_paths", ()))   # in the dataset's order (shuffle=False)
+    examples = iter(ds)
+    while True:
+        try:
+            image, label = next(examples)
+        except StopIteration:
+            break
+        except tf.errors.InvalidArgumentError as e:   # TensorFlow's "jpeg::Uncompress failed" names no file
+            name = files[len(xs)] if len(xs) < len(files) else "an image"
+            raise DataError(f"job {job!r}: data.path {data.path!r}: cannot decode {name} "
+                            f"({e.message.splitlines()[0] if e.message else type(e).__name__}); "
+                            "remove or replace the file (`tensile validate --data` checks every file)") from None
         xs.append(image.numpy() / 255.0)
         ys.append(int(label))
     if not xs:

@@ -48,6 +48,11 @@ def _write_data(folder) -> dict[str, str]:
         sub.mkdir(parents=True, exist_ok=True)
         pixels = tf.constant((image * 255 / 16).astype(np.uint8)[..., None])
         tf.io.write_file(str(sub / f"{k}.png"), tf.io.encode_png(pixels))
+    corrupt = folder / "corrupt_images"
+    for k in range(2):   # a good image first: the bad one is the second file the loader reads
+        (corrupt / f"digit_{k}").mkdir(parents=True)
+        tf.io.write_file(str(corrupt / f"digit_{k}" / "a.png"), tf.io.encode_png(tf.zeros([8, 8, 1], tf.uint8)))
+    (corrupt / "digit_0" / "b.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a jpeg at all")
     return {
         "digits": "{kind: digits, validation_split: 0.2}",
         "npz": f"{{kind: npz, path: {folder / 'digits.npz'}, x_key: images, y_key: labels, validation_split: 0.25}}",
@@ -57,6 +62,7 @@ def _write_data(folder) -> dict[str, str]:
                     "validation_split: 0.25}",
         "images": f"{{kind: image_dir, path: '{folder / 'images'}', validation_split: 0.25}}",
         "wrong_key": f"{{kind: npz, path: {folder / 'wrong.npz'}, y_key: labels, validation_split: 0.2}}",
+        "corrupt_image": f"{{kind: image_dir, path: '{corrupt}', validation_split: 0.25}}",
     }
 
 
@@ -66,14 +72,32 @@ def data_run(tmp_path_factory):
     one whose file lacks the array its y_key names: it fails alone)."""
     folder = tmp_path_factory.mktemp("real_data")
     data = _write_data(folder)
-    jobs = "".join(JOB.format(name=name, data=d, shape="[8, 8, 1]" if name == "images" else "[64]")
+    jobs = "".join(JOB.format(name=name, data=d, shape="[8, 8, 1]" if "image" in name else "[64]")
                    + ("    checkpoint_every: 25\n" if name == "digits" else "") for name, d in data.items())
     cfg = write(folder, "pool: 512MiB\nrun: {out_dir: unused, concurrency: 3}\njobs:" + jobs)
     out = folder / "out"
     proc = tensile("run", str(cfg), "--out", str(out))
-    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]   # wrong_key failed, alone
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]   # wrong_key and corrupt_image failed, alone
     jobs = {j["name"]: j for j in json.loads((out / "results.json").read_text())["jobs"]}
     return out, jobs
+
+
+def test_an_image_that_does_not_decode_is_named_with_data_path(data_run, tmp_path):
+    """Issue 57: TensorFlow's "jpeg::Uncompress failed" named neither the file nor data.path. The
+    job fails alone, naming both; `tensile validate --data` finds it before anything trains, and
+    plain `tensile validate` (no data read) passes the same config."""
+    out, jobs = data_run
+    job = jobs["corrupt_image"]
+    assert job["status"] in ("failed", "rejected"), job
+    assert "b.jpg" in job["error"] and "corrupt_images" in job["error"] and "data.path" in job["error"], job["error"]
+    folder = out.parent
+    cfg = write(tmp_path, "pool: 64MiB\njobs:" + JOB.format(
+        name="corrupt_image", shape="[8, 8, 1]",
+        data=f"{{kind: image_dir, path: '{folder / 'corrupt_images'}', validation_split: 0.25}}"))
+    assert tensile("validate", str(cfg)).returncode == 0
+    checked = tensile("validate", "--data", str(cfg))
+    assert checked.returncode == 2, checked.stdout + checked.stderr
+    assert "b.jpg" in checked.stderr and "cannot decode" in checked.stderr and "Traceback" not in checked.stderr
 
 
 def _trained_and_validated(job) -> None:
@@ -145,7 +169,7 @@ def test_a_file_without_the_named_array_fails_that_job_alone(data_run):
     jobs = data_run[1]
     job = jobs["wrong_key"]
     assert job["status"] == "failed" and "has no array 'labels'" in job["error"] and "y_key" in job["error"], job
-    assert all(j["status"] == "finished" for name, j in jobs.items() if name != "wrong_key")
+    assert all(j["status"] == "finished" for name, j in jobs.items() if name not in ("wrong_key", "corrupt_image"))
 
 
 def test_bad_data_is_refused_with_where_and_what_to_do(tmp_path):
