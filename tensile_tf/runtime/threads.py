@@ -47,6 +47,11 @@ T5 instantiation workers, ``tensile-instantiate_N`` (at most four, a
    table itself is written by the job's own thread before each call of a
    plan's step (``TableCall``), and its next step reads it (Note [Plans
    read at run time] in tf_plugin/swap/plan_table.h, policy 1).
+T6 KerasTuner slots, ``kt-slot-N`` (``PackedTuner.search``,
+   tensile_tf/search/packed_tuner.py), one per concurrent trial while a
+   packed KerasTuner search runs: each asks the oracle for a trial, builds
+   its model and hands its fit to the run loop (H12), then waits for the
+   fit's end.
 Not started by the runtime, but sharing its data: TensorFlow's inter-op and
 intra-op threads run each step's ops (a job's allocations are attributed to
 its stream by the step's graph and, for eager work, by a thread-local stream
@@ -131,6 +136,16 @@ H11 Snapshots read without a lock: the run loop reads a running job's
    (Python 3.11 here: one attribute or list operation is atomic and seen in
    program order); a free-threaded build would need these to become
    hand-offs too.
+H12 Packed fits, T6 <-> T1: ``_PackedFits`` (packed_tuner.py), one
+   Condition guarding every field: the queue of fits, the counts, the ended
+   fits, and the first error a slot raised (``failed``; several slots may
+   fail at once). A slot queues a fit and waits for its end; the run loop's
+   ``job_source`` takes fits off the queue and the job's ``on_end`` posts
+   its end. The search re-raises the error after joining every slot.
+H13 A search's trials, T1 -> T4: the driver's ``runs`` list grows on the run
+   loop (``job_source``) under the driver's lock, and ``in_flight`` copies
+   the trials not told yet under the same lock, so the reporter's heartbeat
+   never walks the list while it grows.
 """
 from __future__ import annotations
 

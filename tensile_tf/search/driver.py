@@ -129,7 +129,14 @@ class SearchDriver:
 
     @property
     def in_flight(self) -> list[TrialRun]:
-        return [r for r in self.runs if r.told is None]
+        """The trials not told yet: a copy taken under the driver's lock, so the reporter's heartbeat
+        (another thread) never walks ``runs`` while the run loop appends to it (H10)."""
+        with self._lock:
+            return [r for r in self.runs if r.told is None]
+
+    def _add_run(self, run: TrialRun) -> None:
+        with self._lock:
+            self.runs.append(run)
 
     def _recover(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -187,7 +194,7 @@ class SearchDriver:
                 spec = trial_job_spec(self.base_job, params, name)
             except (ValidationError, ValueError) as e:
                 run = TrialRun(trial=trial, job=None, params=params)  # type: ignore[arg-type]
-                self.runs.append(run)
+                self._add_run(run)
                 msg = e.errors()[0]["msg"] if isinstance(e, ValidationError) else str(e)
                 self._tell(run, TrialState.FAIL, facts=TrialFacts(status="invalid", error=f"invalid job: {msg}",
                                                                 error_type="ValidationError"))
@@ -196,7 +203,7 @@ class SearchDriver:
                            retry_of=trial.user_attrs.get(st.RETRY_ATTR))
             run.job = dataclasses.replace(Job.from_spec(spec), on_step=self._on_step_for(run),
                                           on_end=self._on_end)
-            self.runs.append(run)
+            self._add_run(run)
             self._by_job[name] = run
             self._event("asked", run)
             if trial.user_attrs.get(OOM_RETRIES_ATTR):

@@ -89,6 +89,11 @@ class _PackedFits:
                 self.cond.notify_all()
             return self.ended.pop(job.name)
 
+    def failed(self, error: BaseException) -> None:
+        """A slot's exception: the first one is kept (several slots may fail at once)."""
+        with self.cond:
+            self.error = self.error or error
+
     def slot_done(self) -> None:
         with self.cond:
             self.slots_running -= 1
@@ -182,7 +187,7 @@ class PackedSearch:
                 self._try_run_and_update_trial(trial, *fit_args, **fit_kwargs)
                 self.on_trial_end(trial)
         except BaseException as e:  # noqa: BLE001 - re-raised by search(), after every slot has ended
-            fits.error = fits.error or e
+            fits.failed(e)
             _release_oracle_lock(self.oracle)
         finally:
             fits.slot_done()
