@@ -161,6 +161,7 @@ class Planner(PlannerPasses, PlannerRebuilds):
             raise ValueError(f"planner: max_chain must be one or more chain lengths >= 1, got {max_chain!r}")
         self.max_chain = self.chain_limits[0]
         self.recompute_rounds = 0
+        self.chain_limit_hits = [0]   # Note [Chain limits tried] in planner_passes
         self.pass_costs: dict[int, tuple[int, float, int]] = {}   # chain limit -> _pass_cost of its pass
         self.max_iterations = max_iterations
         self.coincident_peaks = coincident_peaks  # Note [Coincident peaks] in peak_analysis

@@ -21,7 +21,10 @@ default) and keeps the best (``_pass_cost``): the lowest predicted peak,
 every peak within the budget counting as the budget, then the shortest
 planned iteration, then the fewest bytes swapped. A pass that tried no
 recomputation (the budget met by swaps, or no budget) ends the trials, as a
-longer chain would plan the same. Re-planning (§IV-E) keeps the chosen limit.
+longer chain would plan the same, and so does a pass in which the limit cut
+no chain short (``recompute_chain``'s ``limit_hits``): every rebuild it
+looked for was found, or failed for another reason, within the limit, so a
+longer one finds the same. Re-planning (§IV-E) keeps the chosen limit.
 The baselines plan with one limit, the first (``scheduler.baselines``).
 
 Note [Bottleneck first]. Algorithm 2 serves whichever step is the pool peak
@@ -139,6 +142,7 @@ class PlannerPasses:
     minimise_series_steps = 4000      # passes after the first while passes x steps of all jobs stay under this
     minimise_recompute_step = 0.01    # a chasing recomputation round aims this fraction of the peak lower
     recompute_first_passes = True     # Note [Recomputation first]: passes that recompute before they swap
+    skip_uncut_chain_limits = True    # Note [Chain limits tried]: no longer limit after a pass no limit cut
 
     def _plan_each_chain_limit(self) -> None:
         """Note [Chain limits tried]: one pass per chain limit, the best
@@ -156,8 +160,8 @@ class PlannerPasses:
                 self.pass_costs[limit] = min(self.pass_costs.get(limit, key), key)
                 if best is None or key < best[0]:
                     best = (key, {a: getattr(self, a) for a in self._PASS_STATE})
-                if not self.recompute_rounds:
-                    break            # no recomputation was tried: a longer chain changes nothing
+                if not self.recompute_rounds or (self.skip_uncut_chain_limits and not self.chain_limit_hits[0]):
+                    break            # no recomputation was tried, or no chain was cut: a longer limit plans the same
         for a, v in best[1].items():
             setattr(self, a, v)
 
@@ -201,7 +205,8 @@ class PlannerPasses:
                         break
                     self.minimise_target, more = target, more - 1
                     self._plan_pass()
-                    recomputed = recomputed or self.recompute_rounds > 0
+                    recomputed = recomputed or (self.recompute_rounds > 0 and (
+                        self.chain_limit_hits[0] > 0 or not self.skip_uncut_chain_limits))
                     key = self._pass_cost()
                     limit_best = min(limit_best or key, key)
                     if best is None or key < best[0]:
@@ -220,7 +225,7 @@ class PlannerPasses:
                 lo, hi = (lo, peak) if peak <= target else (target, hi)
             self.pass_costs[limit] = limit_best
             if not recomputed:
-                break            # no recomputation was tried: a longer chain changes nothing
+                break            # no recomputation was tried, or no chain was cut: a longer limit plans the same
         for a, v in best[1].items():
             setattr(self, a, v)
 
@@ -229,7 +234,8 @@ class PlannerPasses:
         the pool peak, False when they did not (the first is not tried again), None
         when there was none to try."""
         self.recompute_rounds += 1
-        picked = recomputation_scheduling(self.jobs, pa, need, max_chain=self.max_chain)
+        picked = recomputation_scheduling(self.jobs, pa, need, max_chain=self.max_chain,
+                                          limit_hits=self.chain_limit_hits)
         if not picked:
             return None
         before = pa.peak_bytes
@@ -278,6 +284,7 @@ class PlannerPasses:
         (Note [Bottleneck first], Note [Transfers that lower no peak])."""
         self.bottlenecks = []
         self.recompute_rounds = 0
+        self.chain_limit_hits = [0]   # Note [Chain limits tried]: recomputations the chain limit cut short
         self._init_state()
         self._loop()
         kept = ("jobs", "order", "timeline", "channel", "stop_reason", "iterations")

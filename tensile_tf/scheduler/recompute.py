@@ -54,15 +54,22 @@ def _resident_for_rerun(js: JobState, x: int, q: int, since: int) -> bool:
     return not (pos < len(w) and w[pos] < q)
 
 
-def recompute_chain(js: JobState, i: int, p: int, q: int, max_chain: int = 4) -> list[str] | None:
-    """Ops (execution order) that rebuild tensor i before step q, or None if impossible."""
+def recompute_chain(js: JobState, i: int, p: int, q: int, max_chain: int = 4,
+                    limit_hits: list[int] | None = None) -> list[str] | None:
+    """Ops (execution order) that rebuild tensor i before step q, or None if impossible.
+    ``limit_hits[0]`` counts the calls that ``max_chain`` cut short (Note [Chain limits tried] in
+    scheduler.planner_passes: where none was, a longer limit plans the same)."""
     tas = js.tas
     ops: list[str] = []
     seen: set[str] = set()
 
     def build(t: int, depth: int) -> bool:
         prod_name = tas.producer_of[tas.tensor_names[t]]
-        if prod_name is None or depth > max_chain:
+        if prod_name is None:
+            return False
+        if depth > max_chain:
+            if limit_hits is not None:
+                limit_hits[0] += 1
             return False
         op = tas.ops_by_name[prod_name]
         if op.stateful or op.updates:
@@ -80,14 +87,18 @@ def recompute_chain(js: JobState, i: int, p: int, q: int, max_chain: int = 4) ->
         ops.append(prod_name)
         return True
 
-    if not build(i, 1) or len(ops) > max_chain:
+    if not build(i, 1):
+        return None
+    if len(ops) > max_chain:
+        if limit_hits is not None:
+            limit_hits[0] += 1
         return None
     order = {name: tas.step_index[name] for name in ops}
     return sorted(ops, key=order.__getitem__)
 
 
 def recomputation_scheduling(jobs: Sequence[JobState], peak: PeakAnalysis, need_bytes: int, *,
-                             max_chain: int = 4) -> dict[int, list[RecomputeEvent]]:
+                             max_chain: int = 4, limit_hits: list[int] | None = None) -> dict[int, list[RecomputeEvent]]:
     """Picks recomputation events for tensors resident at the pool peak, highest
     MSPS first, until about ``need_bytes`` are saved. Picks never depend on each
     other (no pick's target is another pick's input). Returns job -> new events;
@@ -108,7 +119,7 @@ def recomputation_scheduling(jobs: Sequence[JobState], peak: PeakAnalysis, need_
         p, q = A[pos - 1], A[pos]
         if not tas.is_original[q]:
             continue
-        ops = recompute_chain(js, i, p, q, max_chain)
+        ops = recompute_chain(js, i, p, q, max_chain, limit_hits)
         if not ops:
             js.no_recompute.add(i)
             continue

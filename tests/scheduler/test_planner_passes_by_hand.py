@@ -1,8 +1,11 @@
 """The passes around Algorithm 3 by hand (scheduler.planner_passes): reverse
 delete (Note [Transfers that lower no peak]) and chain limits tried (Note
 [Chain limits tried]), on small graphs whose answers are worked out here."""
+from hypothesis import HealthCheck, given, settings
+
 from tensile_tf.scheduler import GraphBuilder, JobGraph, Planner, PlannerJob, UniformLatency
 from tests.scheduler.graphs import FIG1_STEP_BYTES, fig1_graph
+from tests.scheduler.test_planner_properties import scenarios
 
 UNIT = UniformLatency(1.0)
 
@@ -111,3 +114,35 @@ def test_a_plan_that_tries_no_recomputation_is_planned_once():
                       pool_bytes=max(FIG1_STEP_BYTES) - 100)
     planner.plan()
     assert planner.recompute_rounds == 0 and list(planner.pass_costs) == [4] and planner.max_chain == 4
+
+
+def _events(plan):
+    return {name: (sorted((e.tensor, str(e.trigger_op), round(e.delta_s, 9)) for e in jp.swap_outs + jp.swap_ins),
+                   sorted((e.target, tuple(e.ops)) for e in jp.recomputes)) for name, jp in plan.jobs.items()}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_a_longer_limit_is_not_planned_when_no_chain_was_cut(scenario):
+    """Note [Chain limits tried]: the pass at 6 is skipped where the pass at 4 cut no chain short;
+    the control plans every limit, and both make the same plan."""
+    jobs, bandwidth, frac = scenario
+    vanilla = Planner(jobs, bandwidth_bytes_per_s=bandwidth, max_iterations=0).plan().pool_vanilla_peak_bytes
+    budget = None if frac is None else max(1, int(vanilla * frac))
+
+    class EveryLimit(Planner):
+        skip_uncut_chain_limits = False
+
+    skipping = Planner(jobs, bandwidth_bytes_per_s=bandwidth, pool_bytes=budget)
+    plan = skipping.plan()
+    control = EveryLimit(jobs, bandwidth_bytes_per_s=bandwidth, pool_bytes=budget).plan()
+    assert plan.pool_planned_peak_bytes == control.pool_planned_peak_bytes
+    assert _events(plan) == _events(control)
+
+
+def test_a_pass_that_cut_a_chain_is_counted():
+    """The chain limit's cuts are counted (``limit_hits``): the five-op chain at a limit of 4."""
+    planner = Planner([PlannerJob(_five_op_chain_graph(), UNIT)], bandwidth_bytes_per_s=1.0, pool_bytes=410,
+                      max_chain=4)
+    planner.plan()
+    assert planner.chain_limit_hits[0] > 0
