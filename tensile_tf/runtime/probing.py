@@ -12,33 +12,9 @@ serially, while no other job builds).
   planning.py) and a probed job is captured for planning.
 * ``teardown``: drop every reference, collect garbage, check that the
   stream's bytes went back to zero, release the stream.
-
-Note [Teardown without a full collection]
-A job's Keras model, optimizer and traced functions hold reference cycles,
-so its pool bytes return only after a garbage collection. A full
-collection walks every object Python tracks; with TensorFlow and Keras
-loaded that took 0.25 s per teardown on a 2-core machine, on the run loop's
-thread, while no other job could be built or started: 3.0 s of a 12.2 s
-search of 12 trials waiting on data (issue 43). ``JobHost.run`` therefore
-collects once and freezes what exists when it starts (``gc.freeze``:
-modules, TensorFlow's registries, jobs handed over already built), and a
-teardown's collection walks only what was made since: 0.02-0.05 s. If the
-job's bytes are still held after it (a cycle older than the run, e.g. a
-``TrainStep`` built before it and handed over), the teardown unfreezes and
-collects everything, so nothing is ever left held that a full collection
-would free; the rest of the run then collects in full, as before (freezing
-again would freeze the running jobs' cycles, and each of their teardowns
-would need the full collection anyway). If even the full collection frees
-none of the job's bytes, no old cycle held them (something else does, and
-the teardown reports them as leaked): the run freezes again and goes on as
-before. (2 of 6 packed searches of 12 trials waiting on data spent 2.9 and
-5.2 s tearing down against 0.4 s, as teardowns do once they collect in
-full; what held the bytes that sent them there was not caught, issue 43.)
-The run unfreezes at its end.
 """
 from __future__ import annotations
 
-import contextlib
 import gc
 from enum import Enum
 from typing import Callable, Sequence
@@ -54,6 +30,7 @@ from tensile_tf.runtime.job_thread import RunClock, run_step
 from tensile_tf.runtime.nodegroup import SPLIT_PROBE_RUNS, NodeGroupCoordinator
 from tensile_tf.runtime.planning import COLD_START_HEADROOMS, JobPlanning
 from tensile_tf.runtime.records import FINAL_STATUSES, JobState, JobStatus
+from tensile_tf.runtime.teardown_memory import collect_garbage, wait_for_late_frees
 from tensile_tf.runtime.traced_step_reuse import TracedStepShelf, trace_step
 from tf_plugin.tf_internals import custom_gradient_names, forget_custom_gradients
 
@@ -398,34 +375,12 @@ class JobLifecycle:
         if self.pipeline is not None:
             self.pipeline.job_ended(state.name, state.stream)
         collect_garbage(lambda: stream.stats()["current"] > 0)
+        state.late_free_s = wait_for_late_frees(lambda: stream.stats()["current"] > 0)
         stats = stream.stats()
         state.peak_bytes = max(state.peak_bytes, stats.get("peak", 0))
         state.leaked_bytes = stats.get("current", 0)
         stream.release()
         state.job_stream = None
-
-
-@contextlib.contextmanager
-def objects_before_the_run_frozen():
-    """Note [Teardown without a full collection]: for one ``JobHost.run``."""
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
-def collect_garbage(still_held: Callable[[], bool]) -> None:
-    """A teardown's collection (Note [Teardown without a full collection]):
-    what was made since the run began; everything, if ``still_held()``
-    says the job's bytes are still held then (a cycle older than the run)."""
-    gc.collect()
-    if still_held() and gc.get_freeze_count():
-        gc.unfreeze()   # for the rest of the run: freezing again would freeze the running jobs' cycles too
-        gc.collect()
-        if still_held():
-            gc.freeze()   # the full collection freed none of it (held elsewhere, not by an old cycle): as before
 
 
 class _ProbeEnded(Exception):

@@ -116,6 +116,7 @@ class JobState:
     temporary_bytes: int | None = None
     peak_bytes: int = 0              # the job's own peak pool bytes, first step included
     leaked_bytes: int = 0            # bytes still attributed to it after teardown
+    late_free_s: float = 0.0         # how long the teardown waited for its last bytes (Note [Late frees are not leaks])
     stream: int | None = None
     attempts: int = 0                # probes / builds
     admitted_at_s: float | None = None
@@ -250,6 +251,7 @@ class JobRecord:
     times: dict[str, float] = field(default_factory=dict)   # seconds per phase (Note [Where a trial's time goes])
     plan_segments: list[PlanSegment] = field(default_factory=list)   # its steps, plan by plan (Note [Plan segments])
     traced_step_from: str | None = None   # the ended job whose traced step it trained (None: its own trace)
+    late_free_s: float = 0.0              # the teardown's wait for its last bytes (Note [Late frees are not leaks])
 
     @classmethod
     def of(cls, s: JobState) -> "JobRecord":
@@ -266,7 +268,8 @@ class JobRecord:
             arrived_at_s=s.arrived_at_s, waits=list(s.waits), admitted_at_s=s.admitted_at_s, ended_at_s=s.ended_at_s, weights_digest=s.weights_digest,
             validation=list(s.validation), model_path=s.model_path,
             checkpoints=list(s.checkpoints), plan=s.plan, plan_error=s.plan_error, times=s.times.to_dict(),
-            plan_segments=plan_segments(s.records, s.plan_history), traced_step_from=s.traced_step_from)
+            plan_segments=plan_segments(s.records, s.plan_history), traced_step_from=s.traced_step_from,
+            late_free_s=round(s.late_free_s, 4))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -52,7 +52,8 @@ from tensile_tf.runtime.job_thread import JobThread, RunClock
 from tensile_tf.runtime.nodegroup import NodeGroupCoordinator
 from tensile_tf.runtime.outcome import MemorySampler, RunWindow, held_outside_jobs, run_result
 from tensile_tf.runtime.planning import JobPlanning, PlanningSettings, SavedPlan
-from tensile_tf.runtime.probing import JobLifecycle, ProbeOutcome, objects_before_the_run_frozen
+from tensile_tf.runtime.probing import JobLifecycle, ProbeOutcome
+from tensile_tf.runtime.teardown_memory import objects_before_the_run_frozen
 from tensile_tf.runtime.replanning import LatencyMonitor, Replanner, ReplanRequest
 from tensile_tf.runtime.traced_step_reuse import TracedStepShelf
 from tensile_tf.runtime.records import FINAL_STATUSES, JobState, JobStatus, RunResult
@@ -187,7 +188,7 @@ class JobHost:
         Meanwhile an allocation that does not fit waits up to
         ``allocation_wait_ms`` for the other jobs' frees (Note [Waiting for
         frees] in tf_plugin/allocator/tf_pool_allocator.cc)."""
-        # Note [Teardown without a full collection] in probing.py
+        # Note [Teardown without a full collection] in teardown_memory.py
         with allocation_wait(self.allocation_wait_ms), objects_before_the_run_frozen():
             return self._run(job_source)
 
