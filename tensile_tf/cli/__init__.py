@@ -86,14 +86,17 @@ def _terminate_like_interrupt():
     def interrupted(signum, frame):
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
-    return signal.signal(signal.SIGTERM, interrupted)
+    # SIGINT too: a process started with SIGINT ignored (a background job, a test runner's worker)
+    # would otherwise not hear Ctrl-C until the run's own handler is in place
+    return {signal.SIGTERM: signal.signal(signal.SIGTERM, interrupted),
+            signal.SIGINT: signal.signal(signal.SIGINT, interrupted)}
 
 
 def _restore_terminate(previous) -> None:
     import signal
 
-    if previous is not None:
-        signal.signal(signal.SIGTERM, previous)
+    for sig, handler in (previous or {}).items():
+        signal.signal(sig, handler)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -401,7 +401,9 @@ def read_yaml(path: str | Path) -> tuple[Any, dict[tuple, yaml.Mark]]:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
         problem = getattr(e, "problem", None) or str(e)
-        hint = "; YAML indents with spaces, never tabs" if "'\\t'" in problem or "tab" in problem else \
+        line = text.splitlines()[mark.line] if mark and mark.line < len(text.splitlines()) else ""
+        tabs = "'\\t'" in problem or "tab" in problem or "\t" in line[:mark.column + 1 if mark else 0]
+        hint = "; YAML indents with spaces, never tabs" if tabs else \
             "; check the indentation and the brackets or quotes on this line"
         raise ConfigError(f"{where}: not valid YAML: {problem}{hint}") from None
     duplicates = duplicate_keys(node) if node is not None else []

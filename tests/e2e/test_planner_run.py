@@ -186,10 +186,10 @@ def test_a_cold_start_runs_in_plan_order_where_its_unplanned_step_ran_out_beyond
     peak fits, so its cold plan has no swaps, and it runs in plan order (it
     was refused before), peaking at 112 MiB. (At 112 MiB the plan-order step
     had 3 MiB to spare and once, on a loaded machine, ran out.) Its
-    plan-order probe can run out too (once, on a quiet fresh clone): then it
-    is planned again with 25% free (Note [Cold-start headroom]), a plan that
-    swaps. Either way the runtime's record says which ran, and the job runs
-    in plan order and trains bit for bit."""
+    plan-order probe can run out too (twice, on quiet fresh clones): then it
+    is planned again with 25% free (Note [Cold-start headroom]). Either way
+    the runtime's record says which ran, and the job runs in plan order and
+    trains bit for bit."""
     runs = _cold_start_runs("128MiB", "none,tensile", "cnn")
     vanilla, cold = runs["none"], runs["tensile"]
     assert vanilla["status"] == "finished", vanilla
@@ -198,7 +198,8 @@ def test_a_cold_start_runs_in_plan_order_where_its_unplanned_step_ran_out_beyond
     assert plan["cold_start"] and plan["step_order"] == "plan", plan
     if plan["headroom"] == 0.10:     # the first planned probe fit: the plan that only orders the step ran
         assert plan["order_only"] and plan["swap_outs"] == 0 and plan["recomputes"] == 0, plan
-    else:                            # it ran out: planned again with more room, a plan with events
-        assert plan["headroom"] == 0.25 and (plan["swap_outs"] or plan["recomputes"] or plan["order_only"]), plan
+    else:   # its planned probe ran out too (the pool's waits are off, so when an allocation fails depends on
+        # the executor's interleaving): planned again with 25% free, alone or in the start's joint plan
+        assert plan["budget_bytes"] <= int(128 * 2**20 * 0.75), plan
     assert cold["losses"] == vanilla["losses"] and cold["weights"] == vanilla["weights"]
     assert cold["leaked"] == 0 and cold["host_current"] == 0
