@@ -336,16 +336,22 @@ class SwapLinkRecord:
     #: cap on both directions together (None: none)
     lanes: int = 1
     combined_bytes_per_s: float | None = None
+    # what the planner planned the link for: the same bandwidth, or where the link is unlimited (None
+    # above) PCIe 3 x16's 12 GiB/s (scheduler.planner.DEFAULT_BANDWIDTH_BYTES_PER_S; docs/planner.md)
+    planned_bytes_per_s: float | None = None
 
     @classmethod
     def of(cls, bandwidth: int | None, stats: dict[str, Any], device_link: str | None = None,
            lanes: int = 1) -> "SwapLinkRecord":
+        from tensile_tf.scheduler.planner import DEFAULT_BANDWIDTH_BYTES_PER_S
+
         channel, host = stats.get("channel", {}), stats.get("host", {})
         return cls(bandwidth, int(channel.get("bytes_out", 0)), int(channel.get("bytes_in", 0)),
                    int(channel.get("late_swap_ins", 0)), int(channel.get("checked_swap_ins", 0)),
                    int(host.get("peak", 0)), channel, host, device_link,
                    describe_swap_link(bandwidth, device_link, lanes), lanes,
-                   channel.get("combined_bytes_per_s") or None)
+                   channel.get("combined_bytes_per_s") or None,
+                   float(bandwidth) if bandwidth else float(DEFAULT_BANDWIDTH_BYTES_PER_S))
 
 
 @dataclass

@@ -61,6 +61,7 @@ def test_compare_vanilla_with_room_to_spare_changes_nothing(tmp_path):
     link = runs["planned"]["planner"]["swap"]
     assert link["device_link"] == "h200-pcie5" and link["bandwidth_bytes_per_s"] > 0
     assert link["channel"]["bandwidth_bytes_per_s"] == link["bandwidth_bytes_per_s"]  # the channel ran at it
+    assert link["planned_bytes_per_s"] == link["bandwidth_bytes_per_s"]                # and the planner planned for it
     # Note [Lanes of a device link]: a lane per direction, both together capped at 92/55 of each way
     assert link["lanes"] == link["channel"]["lanes"] == 2
     assert link["combined_bytes_per_s"] == pytest.approx(link["bandwidth_bytes_per_s"] * 92 / 55)

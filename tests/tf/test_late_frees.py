@@ -53,3 +53,4 @@ def test_the_control_without_a_wait_counts_the_held_tensor(monkeypatch):
     state = _run(monkeypatch, 0.0)
     assert state.status == JobStatus.finished
     assert state.leaked_bytes >= 512 * 256 * 4 and state.late_free_s < 0.01
+
