@@ -2,32 +2,27 @@
 
 Lifecycle of one trial, in order:
 
-1. ``JobHost.run`` asks ``SearchDriver.job_source`` for a job whenever no job
-   waits and a concurrency slot is free. The driver asks the study for a
-   trial (``study.ask`` with the space's distributions; enqueued trials
-   first), unless ``n_trials`` trials already count or ``max_concurrent`` of
-   its own trials are in flight.
-2. The trial's job is ``base_job`` with each dotted param set
-   (``trial_job_spec``). A param set that makes no valid job is told FAIL at
-   once and the driver asks again.
-3. The host probes the job (P and T measured, or predicted from a measured
-   trial of the same model at another batch size) and admits it when the
-   Salus condition holds, so trials of different sizes pack the pool.
-4. While it trains, ``on_step`` (the job's thread) hands the objective metric
-   so far to the reporter thread every ``report_every`` steps; the reporter
-   calls ``trial.report`` and ``trial.should_prune`` and raises the trial's
-   prune flag, which the next ``on_step`` answers with False (host status
-   ``stopped``). Job threads never wait on the study's storage.
-5. When the job has ended and released its memory, the driver tells the
-   study: COMPLETE with the objective value, PRUNED, or FAIL (failed,
-   rejected, or a non-finite objective), and records the job's facts in the
-   trial's ``tensile_job`` user attr. Failed trials never stop the search. A
-   trial that ran out of memory beside other trials failed through packing,
-   not through its params: it is failed as interrupted and re-queued (at
-   most MAX_OOM_RETRIES times; see ``_packing_oom``), and the retry runs
-   alone: it starts once this driver's other trials have ended, and no
-   trial starts beside it (``job_source``), so packing never loses a trial
-   to memory it would have had alone. results.json counts the retries.
+1. ``JobHost.run`` asks ``SearchDriver.job_source`` for a job whenever no job waits and a
+   concurrency slot is free. The driver asks the study for a trial (``study.ask`` with the
+   space's distributions; enqueued trials first), unless ``n_trials`` trials already count or
+   ``max_concurrent`` of its own trials are in flight.
+2. The trial's job is ``base_job`` with each dotted param set (``trial_job_spec``). A param set
+   that makes no valid job is told FAIL at once and the driver asks again.
+3. The host probes the job (P and T measured, or predicted from a measured trial of the same
+   model at another batch size) and admits it when the Salus condition holds, so trials of
+   different sizes pack the pool.
+4. While it trains, ``on_step`` (the job's thread) hands the objective metric so far to the
+   reporter thread every ``report_every`` steps; the reporter calls ``trial.report`` and
+   ``trial.should_prune`` and raises the trial's prune flag, which the next ``on_step`` answers
+   with False (host status ``stopped``). Job threads never wait on the study's storage.
+5. When the job has ended and released its memory, the driver tells the study: COMPLETE with the
+   objective value, PRUNED, or FAIL (failed, rejected, or a non-finite objective), and records
+   the job's facts in the trial's ``tensile_job`` user attr. Failed trials never stop the
+   search. A trial that ran out of memory beside other trials failed through packing, not
+   through its params: it is failed as interrupted and re-queued (at most MAX_OOM_RETRIES times;
+   see ``_packing_oom``), and the retry runs alone: it starts once this driver's other trials
+   have ended, and no trial starts beside it (``job_source``), so packing never loses a trial to
+   memory it would have had alone. results.json counts the retries.
 
 The host calls ``on_end`` once for every job that reached a final status,
 including jobs failed or rejected while probed and jobs never admitted; a
@@ -37,7 +32,7 @@ is a second, idempotent path to the same ``_finish``.
 The pieces: trials.py (``TrialRun``, ``SearchResult``, the space),
 reporter.py (the reporter thread); this module re-exports their public
 names. Which thread runs what, and the hand-offs between them: Note [Threads
-and hand-offs] in tensile_tf/runtime/threads.py (T4, H10).
+and hand-offs] in tensile_tf/runtime/threads.py (T4, H10, H13).
 """
 from __future__ import annotations
 
@@ -129,9 +124,7 @@ class SearchDriver:
 
     @property
     def in_flight(self) -> list[TrialRun]:
-        """The trials not told yet: a copy taken under the driver's lock, so the reporter's heartbeat
-        (another thread) never walks ``runs`` while the run loop appends to it (H10)."""
-        with self._lock:
+        with self._lock:   # H13 in runtime/threads.py: a copy, never ``runs`` walked while it grows
             return [r for r in self.runs if r.told is None]
 
     def _add_run(self, run: TrialRun) -> None:
