@@ -28,7 +28,7 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Str
                       ValidationInfo, field_validator, model_validator)
 
 from tensile_tf.config.device_links import parse_swap_link
-from tensile_tf.config.yaml_nodes import duplicate_keys, mark_map, parse_once
+from tensile_tf.config.yaml_nodes import LazyMarks, duplicate_keys, parse_data, parse_once
 from tensile_tf.units import parse_bytes
 
 
@@ -396,7 +396,8 @@ def read_yaml(path: str | Path) -> tuple[Any, dict[tuple, yaml.Mark]]:
         raise ConfigError(f"{path}:{line}:{column}: the file is not UTF-8 text (byte 0x{raw[e.start]:02x}); "
                           "save it as UTF-8") from None
     try:
-        node, data = parse_once(text)
+        data, twice = parse_data(text)           # Note [Marks only for errors] in config/yaml_nodes.py
+        node = parse_once(text)[0] if twice else None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
@@ -412,7 +413,7 @@ def read_yaml(path: str | Path) -> tuple[Any, dict[tuple, yaml.Mark]]:
             f"{path}:{mark.line + 1}:{mark.column + 1}: {_format_loc(loc)}: the key appears twice in one mapping "
             f"(first on line {first.line + 1}); YAML would keep only the last: remove one"
             for loc, mark, first in duplicates))
-    return data, (mark_map(node) if node is not None else {})
+    return data, LazyMarks(text)
 
 
 def load_config(path: str | Path) -> RunConfig:

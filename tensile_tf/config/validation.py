@@ -88,6 +88,8 @@ def host_batch_problem(spec: JobSpec, input_shape: tuple[int, ...], loc: tuple =
     """The job's synthetic input batch is made in host memory first: it must
     fit in what the machine has free (with the same again for the copy)."""
     batch = synthetic_batch_bytes(spec, input_shape)
+    if 2 * batch <= machine_memory_bytes():
+        return None      # fits even the whole machine: no need to read what is free (a 50,000-job config)
     free = available_memory_bytes()
     if 2 * batch <= free:
         return None
@@ -124,6 +126,19 @@ def _resolve(ref: str) -> tuple[Callable | None, str, str]:
 
 
 def _signature(fn: Callable) -> inspect.Signature | None:
+    """``fn``'s signature, once per function (every job of a large config names the same builder)."""
+    try:
+        return _cached_signature(fn)
+    except TypeError:    # an unhashable callable: not cached
+        return _signature_of(fn)
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_signature(fn: Callable) -> inspect.Signature | None:
+    return _signature_of(fn)
+
+
+def _signature_of(fn: Callable) -> inspect.Signature | None:
     try:
         return inspect.signature(fn)
     except (TypeError, ValueError):

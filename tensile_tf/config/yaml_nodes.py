@@ -1,11 +1,81 @@
 """A YAML config's node tree: where each key is (for errors that say file:line:column), the keys
 given twice, and one parse that yields both the tree and the data (libyaml's C loader where
-PyYAML has it: a 50,000-job config validated in 110 s with three pure-Python parses, issue 57)."""
+PyYAML has it: a 50,000-job config validated in 110 s with three pure-Python parses, issue 57).
+
+Note [Marks only for errors]
+Where each key is (``mark_map``) is needed only to say where a mistake is, and the node tree
+that holds it cost a 50,000-job config more than its data (PyYAML's resolver and the tree, in
+Python, per scalar). So a config is read once for its data (``parse_data``, the C parser,
+noting whether any mapping gives a key twice), and the marks are a ``LazyMarks`` that parses
+the text again for its tree only when an error is formatted. A key given twice is reported
+from the tree (``duplicate_keys``), parsed then.
+"""
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Iterator
 
 import yaml
+
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _FlaggingLoader(_Loader):
+    """The C loader that notes a mapping giving one key twice (reported from the tree), and that
+    resolves each distinct plain scalar's tag once (PyYAML's resolver is Python: 800,000 scalars
+    of a 50,000-job config took most of its parse)."""
+
+    twice = False
+
+    def __init__(self, text):
+        super().__init__(text)
+        self._tags: dict = {}
+
+    def resolve(self, kind, value, implicit):
+        if kind is not yaml.ScalarNode:
+            return super().resolve(kind, value, implicit)
+        key = (value, implicit)
+        tag = self._tags.get(key)
+        if tag is None:
+            tag = self._tags[key] = super().resolve(kind, value, implicit)
+        return tag
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            keys = [k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode)]
+            self.twice = self.twice or len(keys) != len(set(keys))
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_data(text: str) -> tuple[Any, bool]:
+    """The YAML's data, and whether a mapping in it gives a key twice (Note [Marks only for errors])."""
+    loader = _FlaggingLoader(text)
+    try:
+        return loader.get_single_data(), loader.twice
+    finally:
+        loader.dispose()
+
+
+class LazyMarks(Mapping):
+    """``mark_map`` of a YAML text, made on first use (Note [Marks only for errors])."""
+
+    def __init__(self, text: str):
+        self._text, self._marks = text, None
+
+    def _loaded(self) -> dict:
+        if self._marks is None:
+            node = parse_once(self._text)[0]
+            self._marks = mark_map(node) if node is not None else {}
+        return self._marks
+
+    def __getitem__(self, key):
+        return self._loaded()[key]
+
+    def __iter__(self) -> Iterator:
+        return iter(self._loaded())
+
+    def __len__(self) -> int:
+        return len(self._loaded())
 
 
 def mark_map(node: yaml.Node, path: tuple = ()) -> dict[tuple, yaml.Mark]:
@@ -25,7 +95,7 @@ def mark_map(node: yaml.Node, path: tuple = ()) -> dict[tuple, yaml.Mark]:
 def parse_once(text: str):
     """The YAML's node tree (key locations, duplicate keys) and its data, from one parse with
     libyaml's C loader where PyYAML has it (a 50,000-job config: issue 57)."""
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)
+    loader = _Loader(text)
     try:
         node = loader.get_single_node()
         return node, (loader.construct_document(node) if node is not None else None)
