@@ -175,3 +175,19 @@ def test_no_gpu_probe_noise_on_the_console(tmp_path):
     for noise in ("cuda drivers", "cuInit", "absl::InitializeLog"):
         assert noise not in proc.stderr + proc.stdout, proc.stderr[-2000:]
     assert json.loads((tmp_path / "out" / "results.json").read_text())["status"] == "finished"
+
+
+def test_a_large_config_validates_with_its_names_summarised(tmp_path):
+    """Issue 57: a config of many jobs is parsed once (Note [Marks only for errors] in
+    tensile_tf/config/yaml_nodes.py) and the valid line names a few jobs, not all; a key given
+    twice deep in it is still found and placed."""
+    jobs = "".join(f"  - {{name: job-{i}, model: {{builder: 'tensile_tf.jobs.zoo:mlp'}}, input_shape: [8], "
+                   f"batch_size: 4, steps: 2, seed: {i}}}\n" for i in range(2000))
+    path = tmp_path / "many.yaml"
+    path.write_text("pool: 256MiB\njobs:\n" + jobs)
+    code, out, err = cli_in_process("validate", str(path))
+    assert code == 0, err
+    assert "2000 jobs (job-0, job-1, job-2, job-3, job-4, ... 1994 more ..., job-1999)" in out
+    path.write_text("pool: 256MiB\njobs:\n" + jobs + "  - {name: last, steps: 2, steps: 3, model: {builder: x:y}}\n")
+    code, _, err = cli_in_process("validate", str(path))
+    assert code == 2 and f"{path}:2003:" in err and "the key appears twice" in err, err
