@@ -52,7 +52,7 @@ def fit_concurrently(fits: Sequence[KerasFit], *, pool: int | str | None = None,
     and tensorboard/ there, as ``tensile run`` does."""
     from rich.console import Console
 
-    from tensile_tf.cli.run import RichProgress, _summary_table
+    from tensile_tf.reports.console import RichProgress, summary_table
     from tensile_tf.jobs.job import Job
     from tensile_tf.reports.outputs import write_outputs
     from tensile_tf.runtime import JobHost
@@ -69,7 +69,7 @@ def fit_concurrently(fits: Sequence[KerasFit], *, pool: int | str | None = None,
     if bars is not None:
         with bars:
             result = host.run()
-        _summary_table(result, console)
+        summary_table(result, console)
     else:
         result = host.run()
     paths = write_outputs(result, out_dir) if out_dir is not None else {}

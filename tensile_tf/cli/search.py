@@ -10,7 +10,6 @@ none, 2 for a bad configuration or storage.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -234,14 +233,3 @@ def cmd_search(args) -> int:
                       "(their errors are in the table above and in results.json)", highlight=False)
         return 1
     return 0 if study_has_best(study) else 1
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m tensile_tf.cli.search search CONFIG ...``: the same as ``tensile search``."""
-    from tensile_tf.cli import main as tensile_main
-
-    return tensile_main(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -46,12 +46,15 @@ def module_imports(root: Path, package: str) -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                subs = [f"{node.module}.{a.name}" for a in node.names]
+                # `from pkg import submodule` depends on the submodule; importing pkg's __init__ first is
+                # what importing any module of pkg does, not a dependency. Any other name from a package
+                # (an ancestor's included: issue 57) is a dependency on its __init__.
+                targets = subs if all(x in modules for x in subs) else [node.module] + subs
             else:
                 continue
             deps |= {t for t in targets if t in modules and t != name}
-        # a package's __init__ is what importing any of its modules runs first, not a dependency of them
-        graph[name] = {d for d in deps if not name.startswith(d + ".")}
+        graph[name] = deps
     return graph
 
 
@@ -101,3 +104,10 @@ def test_the_cycle_check_itself_can_fail(tmp_path):
     assert cycles(module_imports(tmp_path, "pkg")) == [["pkg.a", "pkg.b"]]
     (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import a\n")
     assert cycles(module_imports(tmp_path, "pkg")) == []   # an annotation's import never runs
+    # an ancestor package's name is a dependency (issue 57: two cycles hid behind it); its submodules are not
+    (pkg / "__init__.py").write_text("def f():\n    from pkg import b\n    return b.g\n")
+    (pkg / "b.py").write_text("import pkg\n")
+    assert cycles(module_imports(tmp_path, "pkg")) == [["pkg", "pkg.b"]]
+    (pkg / "a.py").write_text("")
+    (pkg / "b.py").write_text("from pkg import a\n")     # the submodule a, not pkg's __init__
+    assert cycles(module_imports(tmp_path, "pkg")) == []
