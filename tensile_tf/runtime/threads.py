@@ -277,6 +277,11 @@ class StepGate:
                 self._cv.wait(0.1)
             self._parked.discard(name)
 
+    @property
+    def is_closed(self) -> bool:
+        with self._cv:
+            return self._closed
+
     def leave(self, name: str) -> None:
         """A job thread that steps no more (its job ended)."""
         with self._cv:

@@ -1,7 +1,8 @@
 """StepGate (Note [Joint re-plan on arrival]): the host parks the running
 jobs' threads at a step boundary while it builds a newcomer. Checked with
-real threads, synchronised by events only (no timing)."""
+real threads, synchronised by events and the gate's own state only (no timing)."""
 import threading
+import time
 
 from tensile_tf.runtime.threads import StepGate
 
@@ -36,6 +37,12 @@ def test_closed_waits_until_every_job_is_parked_and_holds_them_until_it_opens():
     closer.start()
     for t in threads:
         t.start()
+    # `a` may reach its boundary only once the gate is closed (issue 57: released before, it could
+    # pass an open gate, never park, and leave the closer waiting for it)
+    deadline = time.monotonic() + 60
+    while not gate.is_closed:
+        assert time.monotonic() < deadline, "the gate never closed"
+        time.sleep(0.001)
     release_a.set()          # `a` reaches its boundary and parks; `b` has left
     inside.wait()
     assert holder["a_steps_while_closed"] == 0 and holder["a_parked"]
