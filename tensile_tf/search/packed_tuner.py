@@ -51,7 +51,7 @@ mark the trial), ``Oracle.create_trial(tuner_id)`` semantics per tuner id.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import keras_tuner
 from keras_tuner.src.engine import trial as trial_module
@@ -69,6 +69,7 @@ class _PackedFits:
         self.in_flight = 0
         self.slots_running = slots
         self.alone = 0              # trials waiting to run alone, or running alone
+        self.held = 0               # trials waiting while one runs alone
         self.ended: dict[str, Any] = {}
         self.error: BaseException | None = None   # the first exception a slot raised (search() re-raises it)
 
@@ -78,9 +79,13 @@ class _PackedFits:
         with self.cond:
             if alone:
                 self.alone += 1
+                self.cond.notify_all()
                 self.cond.wait_for(lambda: self.in_flight == 0 and not self.queue)
             else:   # while a trial runs alone, others wait
+                self.held += 1
+                self.cond.notify_all()
                 self.cond.wait_for(lambda: self.alone == 0)
+                self.held -= 1
             self.queue.append(job)
             self.cond.notify_all()
             self.cond.wait_for(lambda: job.name in self.ended)
@@ -88,6 +93,11 @@ class _PackedFits:
                 self.alone -= 1
                 self.cond.notify_all()
             return self.ended.pop(job.name)
+
+    def waiting(self, what: Callable[["_PackedFits"], bool], timeout_s: float = 60) -> bool:
+        """Waits until ``what(self)`` holds (the counts above), for tests and the search's own checks."""
+        with self.cond:
+            return self.cond.wait_for(lambda: what(self), timeout=timeout_s)
 
     def failed(self, error: BaseException) -> None:
         """A slot's exception: the first one is kept (several slots may fail at once)."""

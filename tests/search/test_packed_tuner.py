@@ -141,12 +141,14 @@ def test_a_trial_run_alone_waits_for_the_others_and_holds_new_ones_back():
     assert fits.job_source().name == "a"                      # the host takes a
     b = threading.Thread(target=trial, args=("b", True))       # b must run alone
     b.start()
-    assert fits.job_source() is None                           # a runs: b is not given out beside it
+    assert fits.waiting(lambda f: f.alone == 1)                # b has asked (issue 57: before, the check below
+    assert fits.job_source() is None                           # could pass before b asked): a runs, b waits
     fits.on_end(_State("a"))
     a.join()
     assert fits.job_source().name == "b"                       # alone, once a has ended
     c = threading.Thread(target=trial, args=("c", False))
     c.start()
+    assert fits.waiting(lambda f: f.held == 1)                 # c has asked, and waits
     assert fits.job_source() is None                           # c is held back while b runs alone
     fits.on_end(_State("b"))
     b.join()
