@@ -116,3 +116,44 @@ def wait_for_file(path) -> None:
 
     while path is not None and not Path(path).exists():
         time.sleep(0.01)
+
+
+def meet_peers(folder, peers=2, at_step=2, deadline_s=120):
+    """For a batch source: at its call ``at_step`` (the probe's is call 0: the run loop's, never
+    held), note this job in ``folder`` and wait until ``peers`` jobs have (at most ``deadline_s``).
+    Tests that assert admission packed trials then see them overlap whatever the machine's speed,
+    and with few steps (issue 57: 400-1,000 steps made the overlap likely, not certain); where
+    admission ran one at a time, the deadline passes and the test's check of what was recorded
+    fails, as it should."""
+    import time
+    import uuid
+    from pathlib import Path
+
+    calls = {"n": 0}
+
+    def arrived() -> None:
+        calls["n"] += 1
+        if calls["n"] != at_step + 1:
+            return
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / uuid.uuid4().hex).touch()
+        deadline = time.monotonic() + deadline_s
+        while len(list(Path(folder).iterdir())) < peers and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    return arrived
+
+
+def batches_meeting_peers(folder, peers=2, input_dim=32, classes=4, batch_size=32, seed=0, **_):
+    """A data function (``data: {kind: function}``): random (x, y) batches whose source waits for
+    its peers (``meet_peers``)."""
+    rng = np.random.default_rng(seed)
+    x = tf.constant(rng.standard_normal((batch_size, input_dim)).astype("float32"))
+    y = tf.constant(rng.integers(0, classes, batch_size).astype("int32"))
+    arrived = meet_peers(folder, peers)
+
+    def batches():
+        arrived()
+        return (x, y)
+
+    return batches
