@@ -50,9 +50,7 @@ def fit_concurrently(fits: Sequence[KerasFit], *, pool: int | str | None = None,
     yet) and returns their Histories and the run's record. ``progress``: ``tensile run``'s bars
     and summary table on the terminal. ``out_dir``: write results.json, trace.json, memory.png
     and tensorboard/ there, as ``tensile run`` does."""
-    from rich.console import Console
-
-    from tensile_tf.reports.console import RichProgress, summary_table
+    from tensile_tf.reports.console import RichProgress, summary_table, wide_console
     from tensile_tf.jobs.job import Job
     from tensile_tf.reports.outputs import write_outputs
     from tensile_tf.runtime import JobHost
@@ -61,7 +59,7 @@ def fit_concurrently(fits: Sequence[KerasFit], *, pool: int | str | None = None,
     if len(set(names)) != len(names):
         raise ValueError(f"fit_concurrently: job names must differ (got {names})")
     jobs = [Job.from_keras(f.name, f.model, f.x, f.y, **f.fit_args) for f in fits]
-    console = Console(width=max(Console().width, 120)) if progress else None
+    console = wide_console() if progress else None
     bars = RichProgress(console) if progress else None
     host = JobHost(pool_bytes=pool, progress=bars, **run_settings)
     for job in jobs:

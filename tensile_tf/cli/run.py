@@ -52,12 +52,11 @@ def cmd_run(args) -> int:
             raise UserError(f"{args.plan}: cannot read the plan ({e}); write one with "
                             f"`tensile plan {args.config}`") from None
     check_references(cfg, args.config, marks)   # installs the runtime with the config's pool
-    from rich.console import Console
-
+    from tensile_tf.reports.console import wide_console
     from tensile_tf.reports.outputs import write_outputs
     from tensile_tf.runtime import SavedPlanMismatch
 
-    console = Console(width=max(Console().width, 120))
+    console = wide_console()
     if args.compare_vanilla:
         return _compare_vanilla(cfg, console, out_dir)
     planner = PlannerKind.tensile if saved_plan is not None else cfg.run.planner

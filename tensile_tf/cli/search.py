@@ -164,8 +164,7 @@ def cmd_search(args) -> int:
     except ConfigError as e:
         raise UserError(str(e)) from None
     import optuna
-    from rich.console import Console
-
+    from tensile_tf.reports.console import wide_console
     from tensile_tf.runtime import JobHost
     from tensile_tf.search import storage as st
     from tensile_tf.search.driver import SearchDriver
@@ -194,7 +193,7 @@ def cmd_search(args) -> int:
     except st.SearchStorageError as e:
         raise UserError(str(e)) from None
 
-    console = Console(width=max(Console().width, 120))
+    console = wide_console()
     n_trials = search.total_trials
     console.print(f"study {search.study_name!r} in {st.redact(storage_url)}: {search.sampler.name.value} "
                   f"sampler, {n_trials} trials, objective {search.objective.metric.value} "

@@ -6,6 +6,18 @@ from __future__ import annotations
 
 from typing import Any
 
+#: the width of output that is not a terminal (a file, a CI log): wide enough that no table is cut
+FILE_WIDTH = 400
+
+
+def wide_console(file=None):
+    """A rich Console at least 120 columns wide on a terminal, and FILE_WIDTH where the output is a
+    file or a CI log (issue 57: a summary table written to a log was cut to 80 columns)."""
+    from rich.console import Console
+
+    probe = Console(file=file)
+    return Console(file=file, width=max(probe.width, 120) if probe.is_terminal else FILE_WIDTH)
+
 
 class RichProgress:
     """One bar per job: steps, loss, steps/s, the job's pool bytes, status."""
