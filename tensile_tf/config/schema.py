@@ -28,7 +28,7 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Str
                       ValidationInfo, field_validator, model_validator)
 
 from tensile_tf.config.device_links import parse_swap_link
-from tensile_tf.config.yaml_nodes import LazyMarks, duplicate_keys, parse_data, parse_once
+from tensile_tf.config.yaml_nodes import LazyMarks, duplicate_keys, parse_data, parse_tree
 from tensile_tf.units import parse_bytes
 
 
@@ -397,7 +397,7 @@ def read_yaml(path: str | Path) -> tuple[Any, dict[tuple, yaml.Mark]]:
                           "save it as UTF-8") from None
     try:
         data, twice = parse_data(text)           # Note [Marks only for errors] in config/yaml_nodes.py
-        node = parse_once(text)[0] if twice else None
+        node = parse_tree(text) if twice else None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)

@@ -1,5 +1,5 @@
-"""A YAML config's node tree: where each key is (for errors that say file:line:column), the keys
-given twice, and one parse that yields both the tree and the data (libyaml's C loader where
+"""A YAML config's data, and its node tree: where each key is (for errors that say
+file:line:column) and the keys given twice (libyaml's C loader where
 PyYAML has it: a 50,000-job config validated in 110 s with three pure-Python parses, issue 57).
 
 Note [Marks only for errors]
@@ -64,7 +64,7 @@ class LazyMarks(Mapping):
 
     def _loaded(self) -> dict:
         if self._marks is None:
-            node = parse_once(self._text)[0]
+            node = parse_tree(self._text)
             self._marks = mark_map(node) if node is not None else {}
         return self._marks
 
@@ -92,13 +92,12 @@ def mark_map(node: yaml.Node, path: tuple = ()) -> dict[tuple, yaml.Mark]:
     return marks
 
 
-def parse_once(text: str):
-    """The YAML's node tree (key locations, duplicate keys) and its data, from one parse with
-    libyaml's C loader where PyYAML has it (a 50,000-job config: issue 57)."""
+def parse_tree(text: str) -> yaml.Node | None:
+    """The YAML's node tree (key locations, keys given twice), with libyaml's C parser where PyYAML
+    has it; only where an error is to be placed (Note [Marks only for errors])."""
     loader = _Loader(text)
     try:
-        node = loader.get_single_node()
-        return node, (loader.construct_document(node) if node is not None else None)
+        return loader.get_single_node()
     finally:
         loader.dispose()
 

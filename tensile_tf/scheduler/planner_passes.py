@@ -160,10 +160,15 @@ class PlannerPasses:
                 self.pass_costs[limit] = min(self.pass_costs.get(limit, key), key)
                 if best is None or key < best[0]:
                     best = (key, {a: getattr(self, a) for a in self._PASS_STATE})
-                if not self.recompute_rounds or (self.skip_uncut_chain_limits and not self.chain_limit_hits[0]):
-                    break            # no recomputation was tried, or no chain was cut: a longer limit plans the same
+                if not self._longer_limit_may_differ():
+                    break
         for a, v in best[1].items():
             setattr(self, a, v)
+
+    def _longer_limit_may_differ(self) -> bool:
+        """Note [Chain limits tried]: whether the pass just planned could differ at a longer chain
+        limit: it tried recomputation and the limit cut a chain short (or cuts are not counted)."""
+        return self.recompute_rounds > 0 and (self.chain_limit_hits[0] > 0 or not self.skip_uncut_chain_limits)
 
     def _recompute_first_helps(self, peak: int, target: int | None) -> bool:
         """Note [Recomputation first]: whether a pass that recomputes first is planned after the
@@ -205,8 +210,7 @@ class PlannerPasses:
                         break
                     self.minimise_target, more = target, more - 1
                     self._plan_pass()
-                    recomputed = recomputed or (self.recompute_rounds > 0 and (
-                        self.chain_limit_hits[0] > 0 or not self.skip_uncut_chain_limits))
+                    recomputed = recomputed or self._longer_limit_may_differ()
                     key = self._pass_cost()
                     limit_best = min(limit_best or key, key)
                     if best is None or key < best[0]:
@@ -225,7 +229,7 @@ class PlannerPasses:
                 lo, hi = (lo, peak) if peak <= target else (target, hi)
             self.pass_costs[limit] = limit_best
             if not recomputed:
-                break            # no recomputation was tried, or no chain was cut: a longer limit plans the same
+                break
         for a, v in best[1].items():
             setattr(self, a, v)
 
