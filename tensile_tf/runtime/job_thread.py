@@ -25,6 +25,7 @@ from tensile_tf.runtime.failures import NonFiniteLoss, record_failure
 from tensile_tf.runtime.records import JobState, JobStatus, StepRecord
 from tensile_tf.runtime.replanning import take_switch
 from tensile_tf.runtime.threads import RunLoopInbox, StepGate, StopRequest
+from tensile_tf.runtime.work_outside_steps import OutsideStepsMeter, predict_within_allowance
 
 
 class RunClock:
@@ -119,7 +120,9 @@ def save_model(state: JobState, model_dir: Path, *, checkpoint: bool = False) ->
     if state.first_batch is not None:   # a job whose only step was its probe
         release_first_batch(state)
     x = validator.x[:16] if validator is not None else state.sample_inputs
-    np.savez(model_dir / f"{state.name}.sample.npz", x=x, predictions=model(x, training=False).numpy())
+    # Note [Work outside the steps, inside the allowance] in work_outside_steps.py
+    predictions = predict_within_allowance(state, lambda xb: model(xb, training=False).numpy(), x)
+    np.savez(model_dir / f"{state.name}.sample.npz", x=x, predictions=predictions)
     state.model_path = str(Path(model_dir.name) / path.name)
 
 
@@ -170,8 +173,11 @@ class JobThread:
 
     def _validate(self, state: JobState, *, between_steps: bool) -> None:
         """Validation sees the real variables (``_variables_on_device``)."""
+        validator = state.train.validator
         with self._variables_on_device(state, between_steps):
-            state.validation.append(state.train.validator.run(state.steps_done, self.clock.now()))
+            meter = OutsideStepsMeter(state)   # Note [Work outside the steps, inside the allowance]: measured
+            state.validation.append(validator.run(state.steps_done, self.clock.now()))
+            meter.done()
 
     def _checkpoint(self, state: JobState) -> None:
         """The model so far, in Keras' format (``checkpoint_every``)."""

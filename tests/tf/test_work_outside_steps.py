@@ -1,0 +1,69 @@
+"""Note [Work outside the steps, inside the allowance] (runtime/work_outside_steps.py):
+the saved sample runs within the temporary bytes admission counted for the
+job, and validation is measured. A conv net trained at batch 1 validates 16
+examples in batches of 4 and saves a sample of 16: predicted whole (the
+control) the sample takes more than the job's T; in calls sized by the
+measured bytes of one example it stays within it, and the saved predictions
+are the whole batch's."""
+from pathlib import Path
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tensile_tf.jobs.datasets import Validator
+from tensile_tf.jobs.job import Job, TrainStep
+from tensile_tf.runtime import JobHost, JobStatus
+from tensile_tf.runtime import work_outside_steps
+
+
+def _job(name: str) -> Job:
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((96, 96, 3)), keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
+                              keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
+                              keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)])
+    opt = keras.optimizers.SGD(0.01)
+    lossf = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(1, 96, 96, 3)).astype(np.float32), np.array([1])
+    vx, vy = rng.normal(size=(16, 96, 96, 3)).astype(np.float32), rng.integers(0, 10, 16)
+
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = lossf(yb, model(xb, training=True))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    validator = Validator(model, lossf, vx, vy, batch_size=4, metric_names=[], every=1)
+    train = TrainStep(step_fn=step, batches=[(x, y)], variables=model.trainable_variables, model=model,
+                      optimizer=opt, validator=validator)
+    return Job.from_train_step(name, train, steps=3)
+
+
+def _run(tmp_path: Path, name: str):
+    host = JobHost(model_dir=tmp_path / "models")
+    state = host.submit(_job(name))
+    host.run()
+    assert state.status == JobStatus.finished, state.error
+    return state
+
+
+def test_validation_and_the_sample_stay_within_the_jobs_temporary_bytes(tmp_path, monkeypatch):
+    kept = _run(tmp_path, "kept")
+    allowance = kept.outside_steps_allowance_bytes
+    assert allowance == kept.temporary_bytes and allowance > 0
+    assert 0 < kept.outside_steps_peak_bytes <= allowance
+    assert 1 <= work_outside_steps.examples_per_call(kept, 16) < 16     # it ran in calls of fewer examples
+    sample = np.load(tmp_path / "models" / "kept.sample.npz")
+    whole = kept.train.model if kept.train is not None else None
+    if whole is not None:      # the runtime objects may be dropped at teardown
+        np.testing.assert_allclose(whole(sample["x"], training=False).numpy(), sample["predictions"], rtol=1e-5,
+                                   atol=1e-6)
+    reloaded = keras.models.load_model(tmp_path / "models" / "kept.keras")
+    np.testing.assert_allclose(reloaded(sample["x"], training=False).numpy(), sample["predictions"], rtol=1e-5,
+                               atol=1e-6)
+    assert [v.step for v in kept.validation] == [2, 3]      # between two steps, and after the last
+
+    monkeypatch.setattr(work_outside_steps, "KEEP_WITHIN_ALLOWANCE", False)
+    whole_run = _run(tmp_path, "whole")      # the control: the same work, each call whole
+    assert whole_run.outside_steps_peak_bytes > whole_run.outside_steps_allowance_bytes
