@@ -39,8 +39,7 @@ ENVIRONMENT = (
                         "the GPU the C interface's CUDA backend allocates on"),
     EnvironmentVariable("TENSILE_SWAP_BANDWIDTH", "tf_plugin/swap/swap_channel.cc", "unset: unlimited",
                         "bytes per second", "caps the emulated swap link before a run sets it (a run's "
-                        "`run.swap_bandwidth` wins; unset, a run's link is unlimited while the planner plans for "
-                        "12 GiB/s: docs/planner.md)"),
+                        "`run.swap_bandwidth` wins, 12 GiB/s where unset: docs/planner.md)"),
     EnvironmentVariable("TENSILE_SWAP_THREAD_NICE", "tf_plugin/swap/swap_channel.cc", "-10", "nice value",
                         "the swap link's copy threads' priority; 0 or more leaves them at the process's"),
     EnvironmentVariable("TENSILE_HOST_BYTES", "tf_plugin/swap/host_store.cc", "16GiB", "bytes",

@@ -241,7 +241,7 @@ class RunSpec(_Strict):
     planner: PlannerKind = Field(
         PlannerKind.none, description="tensile: plan swaps and recomputation for the jobs so they fit the pool together")
     swap_bandwidth: int | str | None = Field(None, description="planner: the emulated swap link, bytes per second "
-        "(e.g. 2GiB) or a device link (h200-pcie5, h200-pcie5-bf16) (default: unlimited, planned as PCIe 3.0 x16)")
+        "(e.g. 2GiB) or a device link (h200-pcie5, h200-pcie5-bf16) (default: 12GiB, PCIe 3.0 x16: the emulated link runs at it and the planner plans for it)")
     link_lanes: Literal[1, 2] | None = Field(None, description="planner: the swap link's lanes, 1 (the seed's) or 2 "
         "(one per direction; tensile_tf/config/device_links.py) (default: 2 for a device link, else 1)")
     plan_budget: int | None = Field(

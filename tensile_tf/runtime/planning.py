@@ -109,7 +109,7 @@ class SavedPlan:
 @dataclass
 class PlanningSettings:
     plan_peaks: PlanPeaks
-    swap_bandwidth: int | None = None     # the emulated link (None: unlimited; the planner assumes PCIe 3 x16)
+    swap_bandwidth: int | None = None     # the link the planner plans for and the emulated link runs at
     plan_budget: int | None = None        # most bytes the start's joint plan may use
     saved_plan: SavedPlan | None = None
     plan_order: PlanOrder = PlanOrder.plan   # Note [Free-order plans] in tensile_tf.scheduler.peak_analysis

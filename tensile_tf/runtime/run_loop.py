@@ -58,6 +58,7 @@ from tensile_tf.runtime.replanning import LatencyMonitor, Replanner, ReplanReque
 from tensile_tf.runtime.traced_step_reuse import TracedStepShelf
 from tensile_tf.runtime.records import FINAL_STATUSES, JobState, JobStatus, RunResult
 from tensile_tf.runtime.threads import RunLoopInbox, StepGate, StopRequest
+from tensile_tf.scheduler import DEFAULT_BANDWIDTH_BYTES_PER_S
 
 
 class ProgressSink(Protocol):
@@ -109,7 +110,8 @@ class JobHost:
         self.plan_peaks = spec.plan_peaks if spec.plan_peaks is not None else PlanPeaks.for_pipeline(spec.pipeline)
         # Note [Links named for a device]: a named link becomes bytes per second at the first plan
         self.device_link = spec.swap_bandwidth if isinstance(spec.swap_bandwidth, str) else None
-        self.swap_bandwidth = None if self.device_link else (spec.swap_bandwidth or None)
+        # unset: PCIe 3 x16, 12 GiB/s, for the emulated link and the planner alike (one meaning, issue 57)
+        self.swap_bandwidth = None if self.device_link else (spec.swap_bandwidth or DEFAULT_BANDWIDTH_BYTES_PER_S)
         self.record_weights = record_weights
         self.model_dir = Path(model_dir) if model_dir is not None else None   # each finished job's model, saved
         self.allocation_wait_ms = spec.allocation_wait_ms   # Note [Waiting for frees], while run() runs
