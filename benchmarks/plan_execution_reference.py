@@ -333,9 +333,7 @@ def run(args: argparse.Namespace, tag: str = "") -> dict:
     import threading
 
     pool = tf_plugin.device_pool()
-    swap.set_swap_bandwidth(args.bandwidth)
-    swap.set_swap_lanes(args.link_lanes)
-    swap.set_swap_combined_bandwidth(args.combined_bandwidth)
+    swap.configure_swap_link(args.bandwidth, args.link_lanes, args.combined_bandwidth)
     held_before = pool.stats()["current"]   # Note [Runs that share a process]
     jobs = [build(args, f"job{j}", j, f"{tag}job{j}") for j in range(args.jobs)]
     # the plan tables an earlier run in this process left (none: each goes with its step)

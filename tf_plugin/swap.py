@@ -62,6 +62,15 @@ def set_swap_combined_bandwidth(bytes_per_s: float | None) -> None:
     _plugin.set_swap_combined_bandwidth(float(bytes_per_s or 0))
 
 
+def configure_swap_link(bytes_per_s: float | None, lanes: int, combined_bytes_per_s: float | None) -> None:
+    """The run's swap link in one call, from wherever the run settles it (the run's start, and a
+    link named for a device at its first plan): each lane's cap (None or 0: unlimited), the lanes,
+    and the cap on both directions together (None: none)."""
+    set_swap_bandwidth(bytes_per_s or 0)
+    set_swap_lanes(lanes)
+    set_swap_combined_bandwidth(combined_bytes_per_s)
+
+
 def swap_channel_stats() -> dict[str, Any]:
     return _plugin.swap_channel_stats()
 

@@ -60,9 +60,8 @@ class RunWindow:
         if planner:
             from tf_plugin import swap
 
-            swap.set_swap_bandwidth(swap_bandwidth or 0)
-            swap.set_swap_lanes(lanes)    # Note [Lanes of a device link] in tensile_tf/config/device_links.py
-            swap.set_swap_combined_bandwidth(combined_bytes_per_s)
+            # Note [Lanes of a device link] in tensile_tf/config/device_links.py
+            swap.configure_swap_link(swap_bandwidth, lanes, combined_bytes_per_s)
             swap.reset_swap_stats()
         return cls(started_at, before, time.monotonic_ns())
 

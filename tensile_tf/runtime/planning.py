@@ -233,8 +233,7 @@ class JobPlanning:
         measured = [unplanned_peak_and_period(c.planner_job) for c in captured]
         s.swap_bandwidth = device_link_bandwidth(DEVICE_LINKS[s.device_link], [p for p, _ in measured],
                                                  [t for _, t in measured])
-        swap.set_swap_bandwidth(s.swap_bandwidth)
-        swap.set_swap_combined_bandwidth(s.combined_bytes_per_s)
+        swap.configure_swap_link(s.swap_bandwidth, s.link_lanes, s.combined_bytes_per_s)
 
     def plan_captured(self, captured: Sequence[CapturedJob], budget: int, current=None, on_step_made=None):
         """``execution.plan_captured`` with the run's settings (peak model,
