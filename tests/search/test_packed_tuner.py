@@ -104,7 +104,7 @@ def test_packed_hyperband_continues_trials_from_their_checkpoints(tmp_path):
     initial_epoch: both pass through the packed fit."""
     from tensile_tf.search.packed_tuner import PackedHyperband
 
-    tuner = PackedHyperband(build, objective="val_loss", max_epochs=4, factor=2, hyperband_iterations=1, seed=3,
+    tuner = PackedHyperband(build, objective="val_loss", max_epochs=2, factor=2, hyperband_iterations=1, seed=3,
                             directory=str(tmp_path), project_name="hb", concurrent_trials=2)
     tuner.search(X, Y, batch_size=32, validation_data=(XV, YV), shuffle=False, verbose=0)
     trials = list(tuner.oracle.trials.values())
