@@ -10,6 +10,7 @@ wins and the row says so.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 
@@ -59,6 +60,12 @@ NOT_ENVIRONMENT = {
     "TENSILE_BUILT_AGAINST_TF": "the TensorFlow version macro the plugin is built with (setup.py)",
     "TENSILE_OPS": "the rewrite's set of tensile op types (tensile_tf/tf/rewrite/graph_edit.py)",
 }
+
+
+def in_effect() -> dict[str, str | None]:
+    """Each variable's value in this process (None: unset, its default applies): results.json's
+    ``settings.environment``."""
+    return {v.name: os.environ.get(v.name) for v in ENVIRONMENT}
 
 
 def markdown_table() -> str:

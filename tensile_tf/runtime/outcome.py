@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import tf_plugin
+from tensile_tf.config import environment
 from tensile_tf.runtime.job_thread import RunClock
 from tensile_tf.runtime.records import (
     MemorySample,
@@ -135,4 +136,6 @@ def run_result(host: "JobHost", window: RunWindow, samples: list[MemorySample]) 
     return RunResult(capacity=host.capacity, pool=pool_record, jobs=list(host.states), samples=samples,
                      pool_events=kept, started_at=window.started_at, wall_s=wall,
                      trace_origin_ns=window.origin_ns, trace=coverage, most_jobs_running=host.most_running,
-                     interrupted=host.stop.reason, planner=planner, plans=list(host.plans))
+                     interrupted=host.stop.reason, planner=planner, plans=list(host.plans),
+                     settings={"run": host.run_spec.model_dump(mode="json"), "pool_bytes": host.capacity,
+                               "environment": environment.in_effect()})

@@ -416,6 +416,7 @@ class RunResult:
     interrupted: str | None = None      # why the run was stopped early (a signal), None if it ran to its end
     planner: PlannerRecord | None = None
     plans: list[Any] = field(default_factory=list, repr=False)   # every scheduler.Plan made, in order
+    settings: dict[str, Any] = field(default_factory=dict)   # the run's keys as resolved, and TENSILE_* in effect
 
     @property
     def failed_jobs(self) -> list[JobState]:
@@ -441,4 +442,5 @@ class RunResult:
             "trace": trace,
             "jobs": [JobRecord.of(s).to_dict() for s in self.jobs],
             "planner": asdict(self.planner) if self.planner is not None else None,
+            "settings": self.settings,
         }

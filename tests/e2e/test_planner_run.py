@@ -67,6 +67,9 @@ def test_compare_vanilla_with_room_to_spare_changes_nothing(tmp_path):
     assert link["combined_bytes_per_s"] == pytest.approx(link["bandwidth_bytes_per_s"] * 92 / 55)
     assert link["stands_for"].startswith("h200-pcie5 (NVIDIA H200") and "MiB/s here" in link["stands_for"]
     assert f"swap link {link['stands_for']}:" in proc.stdout
+    settings = runs["planned"]["settings"]      # issue 57: the run's keys as resolved, and TENSILE_* in effect
+    assert settings["run"]["swap_bandwidth"] == "h200-pcie5" and settings["run"]["planner"] == "tensile"
+    assert settings["pool_bytes"] == 256 * 2**20 and "TENSILE_POOL_BYTES" in settings["environment"]
 
 
 @pytest.mark.parametrize("plan_peaks", ["timeline", None])
