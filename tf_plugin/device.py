@@ -42,5 +42,11 @@ def device_pool():
 
 
 def bind_step_op(stream: int):
-    """Runs the TensileBindStep op: inside a tf.function, binds the step to `stream`."""
-    return _ops.tensile_bind_step(stream=int(stream))
+    """Runs the TensileBindStep op: inside a tf.function, binds the step to `stream`. Its node is
+    named for the stream (``bind_step_node_name``): a profile tells the job's steps apart by it."""
+    return _ops.tensile_bind_step(stream=int(stream), name=bind_step_node_name(stream))
+
+
+def bind_step_node_name(stream: int) -> str:
+    """Note [Profiles of one job's steps] in tensile_tf/tf/profile_events.py."""
+    return f"TensileBindStep_stream{int(stream)}"

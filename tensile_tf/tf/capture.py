@@ -36,6 +36,7 @@ from tensile_tf.tf.pool import traced_op_matches  # noqa: E402
 from tf_plugin.tf_internals import called_function_graph, new_xspace
 from tensile_tf.scheduler.job_graph import VARIABLE_PREFIX, JobGraph, OpNode, TensorInfo
 from tensile_tf.scheduler.latency import LatencyTable
+from tensile_tf.tf.profile_events import bind_node_names, op_durations
 
 CALL_OPS = frozenset({"StatefulPartitionedCall", "PartitionedCall"})
 SKIP_OPS = frozenset({"NoOp", "Placeholder", "Const", "VarHandleOp"})
@@ -337,19 +338,9 @@ def measure_op_latencies(step_fn: Callable, args: Sequence, *, graph: JobGraph |
 
 def _latencies_from_xspace(xs, graph: JobGraph | None, repeats: int) -> LatencyTable:
     """Per-op mean seconds over ``repeats`` steps recorded in an XSpace."""
-    total_ps: dict[str, int] = defaultdict(int)
-    for plane in xs.planes:
-        if not plane.name.startswith("/host:CPU"):
-            continue
-        for line in plane.lines:
-            if not line.name.startswith("tf_"):
-                continue
-            for ev in line.events:
-                md = plane.event_metadata[ev.metadata_id]
-                node, sep, _ = md.name.rpartition(":")
-                if sep:
-                    total_ps[node] += ev.duration_ps
-    seconds = {k: v * 1e-12 / repeats for k, v in total_ps.items()}
+    # Note [Profiles of one job's steps] in tensile_tf/tf/profile_events.py: only this job's steps' events
+    events = op_durations(xs, bind_node_names(graph))
+    seconds = {k: sum(v) * 1e-12 / repeats for k, v in events.items()}
     op_types = {}
     if graph is not None:
         op_types = {o.name: o.op_type for o in graph.ops}

@@ -1,0 +1,65 @@
+"""Note [Profiles of one job's steps] (tensile_tf/tf/profile_events.py): two jobs
+whose raw ``tf.function`` steps run ops of the same names (``MatMul``, ``Sum``),
+both recorded in one profile, one after the other. Each job's latency table
+holds only its own steps' events; the control, every event by node name (the
+reading before the note), sums both jobs' into one."""
+import shutil
+import tempfile
+
+import pytest
+import tensorflow as tf
+
+from tensile_tf.tf.capture import _latencies_from_xspace, _load_xspace, capture_job_graph
+from tensile_tf.tf.pool import JobStream
+from tensile_tf.tf.profile_events import bind_node_names, op_durations
+
+
+def _job(name: str, n: int):
+    w = tf.Variable(tf.ones((n, n)))
+
+    @tf.function
+    def raw(x):
+        return tf.reduce_sum(tf.matmul(x, w))
+
+    stream = JobStream(name)
+    step = stream.step_function(raw)
+    x = tf.ones((n, n))
+    step(x)                       # traced and warm
+    return stream, step, x, capture_job_graph(name, step, (x,))
+
+
+@pytest.fixture(scope="module")
+def profile():
+    small, big = _job("small", 32), _job("big", 512)
+    logdir = tempfile.mkdtemp(prefix="tensile_test_profile_")
+    try:
+        tf.profiler.experimental.start(logdir)
+        try:
+            small[1](small[2])
+            big[1](big[2])
+        finally:
+            tf.profiler.experimental.stop()
+        xs = _load_xspace(logdir)
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)
+    yield xs, small[3], big[3]
+    small[0].release()
+    big[0].release()
+
+
+def _matmul(events: dict) -> list[int]:
+    return [d for node, ds in events.items() if node.rsplit("/", 1)[-1] == "MatMul" for d in ds]
+
+
+def test_each_jobs_table_holds_only_its_own_steps_events(profile):
+    xs, small, big = profile
+    assert bind_node_names(small) != bind_node_names(big)          # the bind ops are named per stream
+    everyone = op_durations(xs)                                     # the control: by node name alone
+    mine, theirs = op_durations(xs, bind_node_names(small)), op_durations(xs, bind_node_names(big))
+    assert len(_matmul(everyone)) == 2                              # both jobs' MatMul, under one name
+    assert len(_matmul(mine)) == 1 and len(_matmul(theirs)) == 1
+    assert sorted(_matmul(mine) + _matmul(theirs)) == sorted(_matmul(everyone))
+    # the latency table of each job is made of its own events
+    table = _latencies_from_xspace(xs, small, 1)
+    matmul = next(o.name for o in small.ops if o.op_type == "MatMul")
+    assert table.seconds[matmul] == pytest.approx(_matmul(mine)[0] * 1e-12)
