@@ -113,7 +113,10 @@ H7 Node-group schedule, T1 <-> T2: ``NodeGroupCoordinator`` (nodegroup.py)
    thread. The C++ pipeline it installs schedules into is thread-safe.
 H8 The profiler, T1 <-> T2: ``_PROFILER`` in tensile_tf/tf/capture.py, one
    profiler per process. The run loop's capture waits for it; a job thread's
-   profiled step only tries it and runs unprofiled when it is taken.
+   profiled step only tries it and runs unprofiled when it is taken. The
+   profile records every job's ops while it runs; each job's table keeps only
+   the events of its own steps (Note [Profiles of one job's steps] in
+   tensile_tf/tf/profile_events.py).
 H9 Memory samples, T3 -> T1: the sampler starts after the run's clock was
    restarted (the clock is never restarted while it runs), reads the pool's
    counters (C++, locked) and appends to its own list; the run loop reads the
