@@ -429,7 +429,7 @@ void* StreamAwarePool::AllocateImpl(size_t bytes, StreamId stream,
   const size_t rounded =
       std::max<size_t>(1, (bytes + kMinChunkBytes - 1) / kMinChunkBytes) *
       kMinChunkBytes;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (stream < 0 || stream >= static_cast<StreamId>(unsynced_.size()) ||
       stream_names_[stream].empty()) {
     stream = kDefaultStream;  // unknown streams are attributed to default
@@ -520,7 +520,7 @@ void StreamAwarePool::DeallocateStitchedLocked(void* ptr, std::string_view op) {
 
 void StreamAwarePool::Deallocate(void* ptr, std::string_view op) {
   if (ptr == nullptr) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (InWindow(ptr)) {
     DeallocateStitchedLocked(ptr, op);
     return;
@@ -573,17 +573,17 @@ void StreamAwarePool::ReturnChunk(ChunkHandle h, StreamId stream) {
 }
 
 void StreamAwarePool::SyncAndCoalesce() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   SyncAndCoalesceLocked(/*forced_by_allocate=*/false);
 }
 
 void StreamAwarePool::SetStreamRuleForTesting(bool on) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   stream_rule_ = on;
 }
 
 void StreamAwarePool::SetSyncWaitsForTesting(bool on) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   sync_waits_ = on;
 }
 
@@ -626,7 +626,7 @@ void StreamAwarePool::SyncAndCoalesceLocked(bool forced_by_allocate) {
 }
 
 StreamId StreamAwarePool::RegisterStream(const std::string& name) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (StreamId s = 1; s < static_cast<StreamId>(stream_names_.size()); ++s) {
     // Reuse a released id only once nothing of its old job is live.
     if (stream_names_[s].empty() && stream_counters_[s].current == 0) {
@@ -650,7 +650,7 @@ StreamId StreamAwarePool::RegisterStream(const std::string& name) {
 }
 
 void StreamAwarePool::ReleaseStream(StreamId stream) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (stream <= kDefaultStream ||
       stream >= static_cast<StreamId>(stream_names_.size())) {
     return;
@@ -668,7 +668,7 @@ void StreamAwarePool::ReleaseStream(StreamId stream) {
 }
 
 void StreamAwarePool::RenameStream(StreamId stream, const std::string& name) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (stream <= kDefaultStream ||
       stream >= static_cast<StreamId>(stream_names_.size()) ||
       stream_names_[stream].empty() || name.empty()) {
@@ -688,7 +688,7 @@ bool StreamAwarePool::Accessible(const void* ptr, size_t bytes) const {
       bytes <= static_cast<size_t>(base_ + capacity_ - p)) {
     return true;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!InWindow(p)) {
     return false;
   }
@@ -715,21 +715,21 @@ char* StreamAwarePool::AddressOf(int64_t offset) const {
 }
 
 size_t StreamAwarePool::RequestedSize(const void* ptr) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (const Stitched* s = StitchedFor(ptr)) return s->requested;
   ChunkHandle h = HandleFor(ptr);
   return h == kNoChunk ? 0 : chunks_[h].requested;
 }
 
 size_t StreamAwarePool::AllocatedSize(const void* ptr) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (const Stitched* s = StitchedFor(ptr)) return s->size;
   ChunkHandle h = HandleFor(ptr);
   return h == kNoChunk ? 0 : chunks_[h].size;
 }
 
 int64_t StreamAwarePool::AllocationId(const void* ptr) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (const Stitched* s = StitchedFor(ptr)) return s->allocation_id;
   ChunkHandle h = HandleFor(ptr);
   return h == kNoChunk ? 0 : chunks_[h].allocation_id;
@@ -744,12 +744,12 @@ int64_t StreamAwarePool::LargestFreeChunkLocked() const {
 }
 
 int64_t StreamAwarePool::SyncCount() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return num_syncs_;
 }
 
 PoolStats StreamAwarePool::Stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   PoolStats s;
   s.name = name_;
   s.backend = backend_->Name();
@@ -784,7 +784,7 @@ PoolStats StreamAwarePool::Stats() const {
 }
 
 std::vector<StreamStats> StreamAwarePool::AllStreamStats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::vector<StreamStats> out;
   for (StreamId s = 0; s < static_cast<StreamId>(stream_names_.size()); ++s) {
     const MemoryCounters& m = stream_counters_[s];
@@ -801,19 +801,19 @@ std::vector<StreamStats> StreamAwarePool::AllStreamStats() const {
 }
 
 void StreamAwarePool::ResetPeak() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   counters_.peak = counters_.current;
   for (auto& m : stream_counters_) m.peak = m.current;
 }
 
 void StreamAwarePool::ResetStreamPeak(StreamId stream) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (stream < 0 || stream >= static_cast<StreamId>(stream_counters_.size())) return;
   stream_counters_[stream].peak = stream_counters_[stream].current;
 }
 
 std::vector<ChunkInfo> StreamAwarePool::Chunks() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::vector<ChunkInfo> out;
   for (ChunkHandle h = 0; h != kNoChunk; h = chunks_[h].next) {
     const Chunk& c = chunks_[h];
@@ -826,23 +826,23 @@ std::vector<ChunkInfo> StreamAwarePool::Chunks() const {
 }
 
 std::vector<PoolEvent> StreamAwarePool::Trace() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return trace_.Snapshot();
 }
 
 void StreamAwarePool::ClearTrace() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   trace_.Clear();
 }
 
 void StreamAwarePool::SetTraceEnabled(bool enabled) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   trace_.set_enabled(enabled);
 }
 
 std::string StreamAwarePool::DescribeOom(size_t bytes, StreamId stream,
                                          std::string_view op) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const bool known = stream >= 0 &&
                      stream < static_cast<StreamId>(stream_names_.size()) &&
                      !stream_names_[stream].empty();
@@ -874,7 +874,7 @@ std::string StreamAwarePool::DescribeOom(size_t bytes, StreamId stream,
 }
 
 std::string StreamAwarePool::CheckInvariants() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::ostringstream err;
   ChunkHandle h = 0;
   size_t expect_offset = 0;

@@ -87,7 +87,9 @@
 // with the rule off on purpose, SetStreamRuleForTesting(false), it finds the
 // corruption).
 //
-// Thread safe: one mutex guards all state (as TF's BFCAllocator).
+// Thread safe: one mutex guards all state (as TF's BFCAllocator); the
+// compiler checks which (Note [Locks a compiler checks] in
+// tf_plugin/thread_annotations.h).
 // No TensorFlow in this file.
 #ifndef TF_PLUGIN_ALLOCATOR_STREAM_AWARE_POOL_H_
 #define TF_PLUGIN_ALLOCATOR_STREAM_AWARE_POOL_H_
@@ -104,6 +106,7 @@
 #include "tf_plugin/allocator/event_trace.h"
 #include "tf_plugin/allocator/free_chunk_set.h"
 #include "tf_plugin/allocator/pool_backend.h"
+#include "tf_plugin/thread_annotations.h"
 
 namespace tensile {
 
@@ -290,95 +293,96 @@ class StreamAwarePool {
   };
 
 
-  // All private methods require mu_ held.
-  FreeChunkSet& SetFor(StreamId owner);
-  void InsertFree(ChunkHandle h, StreamId owner);
-  void RemoveFree(ChunkHandle h);
+  // Private methods require mu_ held unless they say otherwise (the compiler
+  // checks: TENSILE_REQUIRES).
+  FreeChunkSet& SetFor(StreamId owner) TENSILE_REQUIRES(mu_);
+  void InsertFree(ChunkHandle h, StreamId owner) TENSILE_REQUIRES(mu_);
+  void RemoveFree(ChunkHandle h) TENSILE_REQUIRES(mu_);
   // Hands `bytes` of free chunk h to `stream`, splitting off the rest.
   void* AllocateImpl(size_t bytes, StreamId stream, std::string_view op,
-                     bool count_oom);
+                     bool count_oom) TENSILE_EXCLUDES(mu_);  // takes mu_
   void* Carve(ChunkHandle h, size_t bytes, size_t requested, StreamId stream,
-              std::string_view op);
+              std::string_view op) TENSILE_REQUIRES(mu_);
   // Counts a new live allocation of `size` bytes for `stream`, and its free.
-  void CountAllocation(int64_t size, size_t requested, StreamId stream);
-  void CountFree(int64_t size, size_t requested, StreamId stream);
+  void CountAllocation(int64_t size, size_t requested, StreamId stream) TENSILE_REQUIRES(mu_);
+  void CountFree(int64_t size, size_t requested, StreamId stream) TENSILE_REQUIRES(mu_);
   // Whether ptr lies in the stitch window.
-  bool InWindow(const void* ptr) const;
+  bool InWindow(const void* ptr) const;  // reads only what the constructor set
   // Note [Stitched allocations]: [lo, hi), the whole pages of chunk c; false
   // when it holds none.
-  bool PageInterior(const Chunk& c, size_t* lo, size_t* hi) const;
+  bool PageInterior(const Chunk& c, size_t* lo, size_t* hi) const TENSILE_REQUIRES(mu_);
   // Puts live chunk h, just freed by `stream`, into the stream's unsynced
   // set, coalescing with free neighbours in that set (policy 5).
-  void ReturnChunk(ChunkHandle h, StreamId stream);
+  void ReturnChunk(ChunkHandle h, StreamId stream) TENSILE_REQUIRES(mu_);
   // ReturnChunk after stamping the free with the backend's ticket; with the
   // stream rule off (tests), straight to the synced set instead.
-  void ReturnChunkStamped(ChunkHandle h, StreamId stream);
+  void ReturnChunkStamped(ChunkHandle h, StreamId stream) TENSILE_REQUIRES(mu_);
   // Waits for `stream`'s newest unsynced free, if any (policy 6).
-  void WaitForStreamLocked(StreamId stream);
+  void WaitForStreamLocked(StreamId stream) TENSILE_REQUIRES(mu_);
   // Note [Stitched allocations]. Requires every free chunk synced.
   void* StitchLocked(size_t bytes, size_t rounded, StreamId stream,
-                     std::string_view op);
+                     std::string_view op) TENSILE_REQUIRES(mu_);
   // Cuts chunk h after its first `keep` bytes; returns the handle of the
   // rest, in no free set.
-  ChunkHandle SplitOff(ChunkHandle h, size_t keep);
+  ChunkHandle SplitOff(ChunkHandle h, size_t keep) TENSILE_REQUIRES(mu_);
   // Splits [at, at + bytes) out of free chunk h (removed from its set); the
   // rest stays free in the synced set. Returns the handle of the piece.
-  ChunkHandle SplitOut(ChunkHandle h, size_t at, size_t bytes);
-  void DeallocateStitchedLocked(void* ptr, std::string_view op);
-  const Stitched* StitchedFor(const void* ptr) const;
+  ChunkHandle SplitOut(ChunkHandle h, size_t at, size_t bytes) TENSILE_REQUIRES(mu_);
+  void DeallocateStitchedLocked(void* ptr, std::string_view op) TENSILE_REQUIRES(mu_);
+  const Stitched* StitchedFor(const void* ptr) const TENSILE_REQUIRES(mu_);
   // Window address ranges: first fit over window_free_ (offset -> bytes).
-  bool TakeWindowRange(size_t bytes, size_t* offset);
-  void GiveWindowRange(size_t offset, size_t bytes);
+  bool TakeWindowRange(size_t bytes, size_t* offset) TENSILE_REQUIRES(mu_);
+  void GiveWindowRange(size_t offset, size_t bytes) TENSILE_REQUIRES(mu_);
   // Merges free chunk `b` (the next neighbour of `a`) into `a`; neither may
   // be in a FreeChunkSet.
-  void Merge(ChunkHandle a, ChunkHandle b);
-  ChunkHandle NewChunk();
-  void SyncAndCoalesceLocked(bool forced_by_allocate);
-  ChunkHandle HandleFor(const void* ptr) const;
-  MemoryCounters& CountersFor(StreamId stream);
-  int64_t LargestFreeChunkLocked() const;
+  void Merge(ChunkHandle a, ChunkHandle b) TENSILE_REQUIRES(mu_);
+  ChunkHandle NewChunk() TENSILE_REQUIRES(mu_);
+  void SyncAndCoalesceLocked(bool forced_by_allocate) TENSILE_REQUIRES(mu_);
+  ChunkHandle HandleFor(const void* ptr) const TENSILE_REQUIRES(mu_);
+  MemoryCounters& CountersFor(StreamId stream) TENSILE_REQUIRES(mu_);
+  int64_t LargestFreeChunkLocked() const TENSILE_REQUIRES(mu_);
 
   const std::string name_;
   std::unique_ptr<PoolBackend> backend_;
   size_t capacity_ = 0;
   char* base_ = nullptr;
 
-  mutable std::mutex mu_;
-  std::vector<Chunk> chunks_;
-  std::vector<ChunkHandle> free_handles_;
+  mutable Mutex mu_;
+  std::vector<Chunk> chunks_ TENSILE_GUARDED_BY(mu_);
+  std::vector<ChunkHandle> free_handles_ TENSILE_GUARDED_BY(mu_);
   // Live chunk lookup by address: index (offset / kMinChunkBytes) holds
   // handle + 1 (0 = none). Allocated with calloc so untouched pages cost
   // nothing, as BFC's RegionManager.
-  int32_t* handle_by_slot_ = nullptr;
-  FreeChunkSet synced_;
-  std::vector<std::unique_ptr<FreeChunkSet>> unsynced_;  // by stream id
-  int64_t unsynced_bytes_ = 0;  // sum over unsynced_
+  int32_t* handle_by_slot_ TENSILE_GUARDED_BY(mu_) = nullptr;
+  FreeChunkSet synced_ TENSILE_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<FreeChunkSet>> unsynced_ TENSILE_GUARDED_BY(mu_);  // by stream id
+  int64_t unsynced_bytes_ TENSILE_GUARDED_BY(mu_) = 0;  // sum over unsynced_
 
-  MemoryCounters counters_;
-  int64_t requested_current_ = 0;
-  std::vector<MemoryCounters> stream_counters_;  // by stream id
-  std::vector<std::string> stream_names_;        // "" = free id
-  int64_t num_syncs_ = 0;
-  int64_t num_allocator_syncs_ = 0;
-  int64_t next_allocation_id_ = 1;
+  MemoryCounters counters_ TENSILE_GUARDED_BY(mu_);
+  int64_t requested_current_ TENSILE_GUARDED_BY(mu_) = 0;
+  std::vector<MemoryCounters> stream_counters_ TENSILE_GUARDED_BY(mu_);  // by stream id
+  std::vector<std::string> stream_names_ TENSILE_GUARDED_BY(mu_);        // "" = free id
+  int64_t num_syncs_ TENSILE_GUARDED_BY(mu_) = 0;
+  int64_t num_allocator_syncs_ TENSILE_GUARDED_BY(mu_) = 0;
+  int64_t next_allocation_id_ TENSILE_GUARDED_BY(mu_) = 1;
   // Note [Stream order on an asynchronous device]: whether the backend's
   // streams are asynchronous, and per stream id the ticket of its newest free
   // since its unsynced set was last emptied (0: none).
   bool async_backend_ = false;
-  std::vector<FreeTicket> unsynced_ticket_;
-  int64_t num_stream_waits_ = 0;
-  bool stream_rule_ = true;
-  bool sync_waits_ = true;
+  std::vector<FreeTicket> unsynced_ticket_ TENSILE_GUARDED_BY(mu_);
+  int64_t num_stream_waits_ TENSILE_GUARDED_BY(mu_) = 0;
+  bool stream_rule_ TENSILE_GUARDED_BY(mu_) = true;
+  bool sync_waits_ TENSILE_GUARDED_BY(mu_) = true;
   // Note [Stitched allocations]: the window is twice the arena's address
   // space (reserved, inaccessible until a stitch maps pieces into it).
   char* window_ = nullptr;
   size_t window_bytes_ = 0;
   size_t granularity_ = 0;
-  std::map<size_t, size_t> window_free_;
-  std::map<size_t, Stitched> stitched_;  // by window offset
-  int64_t num_stitched_ = 0;
-  int64_t stitched_current_ = 0;
-  EventTrace trace_;
+  std::map<size_t, size_t> window_free_ TENSILE_GUARDED_BY(mu_);
+  std::map<size_t, Stitched> stitched_ TENSILE_GUARDED_BY(mu_);  // by window offset
+  int64_t num_stitched_ TENSILE_GUARDED_BY(mu_) = 0;
+  int64_t stitched_current_ TENSILE_GUARDED_BY(mu_) = 0;
+  EventTrace trace_ TENSILE_GUARDED_BY(mu_);
 };
 
 // "64.0 MiB": human-readable bytes for messages.

@@ -30,7 +30,7 @@ NodeGroupPipeline::NodeGroupPipeline(std::function<void()> on_pair_start)
 NodeGroupPipeline::~NodeGroupPipeline() {
   std::vector<Release> left;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
     for (auto& [id, w] : waiters_) {
       left.push_back({std::move(w.done), {Code::kAborted, "nodegroup pipeline shut down"}});
@@ -64,7 +64,7 @@ int64_t NodeGroupPipeline::SetSchedule(const std::map<JobKey, JobSchedule>& jobs
       v->barriers[(pair + 1) % num_pairs].prev.insert(job);
     }
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   v->number = latest_->number + 1;
   for (const auto& [job, js] : jobs) job_names_[job] = js.name;
   latest_ = v;
@@ -72,17 +72,17 @@ int64_t NodeGroupPipeline::SetSchedule(const std::map<JobKey, JobSchedule>& jobs
 }
 
 void NodeGroupPipeline::SetTimeout(double seconds) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   timeout_s_ = seconds;
 }
 
 double NodeGroupPipeline::timeout() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return timeout_s_;
 }
 
 uint64_t NodeGroupPipeline::NewWaiterId() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   issued_.insert(next_waiter_id_);
   return next_waiter_id_++;
 }
@@ -186,7 +186,7 @@ void NodeGroupPipeline::Leave(JobKey job) {
   std::vector<Release> out;
   bool pair_start = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     RemoveJobFromVersionsLocked(job, /*keep=*/nullptr, &out, &pair_start);
     job_version_.erase(job);
     RunHandOversLocked(&out, &pair_start);
@@ -201,7 +201,7 @@ void NodeGroupPipeline::Boundary(uint64_t waiter_id, JobKey job, int boundary, i
   Outcome now_outcome;
   bool parked = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     counters_.boundaries += 1;
     issued_.erase(waiter_id);
     if (cancelled_early_.erase(waiter_id) > 0) {
@@ -320,7 +320,7 @@ void NodeGroupPipeline::RunHandOversLocked(std::vector<Release>* out, bool* pair
 void NodeGroupPipeline::Cancel(uint64_t waiter_id) {
   std::vector<Release> out;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = waiters_.find(waiter_id);
     if (it == waiters_.end()) {
       // Not parked: already released (nothing to do), or Boundary has not
@@ -376,14 +376,14 @@ void NodeGroupPipeline::Deliver(std::vector<Release> releases, bool pair_start) 
   if (pair_start && on_pair_start_) on_pair_start_();
   if (releases.empty()) return;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (Release& r : releases) ready_.push_back(std::move(r));
   }
   cv_.notify_all();
 }
 
 void NodeGroupPipeline::NotifierLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   while (true) {
     auto earliest = std::chrono::steady_clock::time_point::max();
     for (const auto& [id, w] : waiters_) {
@@ -391,9 +391,9 @@ void NodeGroupPipeline::NotifierLoop() {
     }
     if (ready_.empty() && !stopping_) {
       if (earliest == std::chrono::steady_clock::time_point::max()) {
-        cv_.wait(lock);
+        cv_.wait(lock.native());
       } else {
-        cv_.wait_until(lock, earliest);
+        cv_.wait_until(lock.native(), earliest);
       }
     }
     if (stopping_ && ready_.empty()) return;
@@ -417,14 +417,14 @@ void NodeGroupPipeline::NotifierLoop() {
       }
     }
     if (run.empty()) continue;
-    lock.unlock();
+    lock.Unlock();
     for (Release& r : run) r.done(r.outcome);
-    lock.lock();
+    lock.Lock();
   }
 }
 
 PipelineStats NodeGroupPipeline::Stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   PipelineStats s = counters_;
   s.version = latest_->number;
   s.num_pairs = latest_->num_pairs;

@@ -98,6 +98,8 @@
 #include <unordered_set>
 #include <vector>
 
+#include "tf_plugin/thread_annotations.h"
+
 namespace tensile {
 namespace nodegroup {
 
@@ -218,64 +220,65 @@ class NodeGroupPipeline {
     Outcome outcome;
   };
 
-  // All private methods require mu_ held.
-  bool ReadyLocked(const Version& v, int k, int64_t generation) const;
+  // Private methods require mu_ held unless they say otherwise (the compiler
+  // checks: Note [Locks a compiler checks] in tf_plugin/thread_annotations.h).
+  bool ReadyLocked(const Version& v, int k, int64_t generation) const TENSILE_REQUIRES(mu_);
   // Marks generation `generation` of barrier k opened; true if that is new
   // (the pair-start hook must run).
-  bool OpenLocked(Version& v, int k, int64_t generation);
+  bool OpenLocked(Version& v, int k, int64_t generation) TENSILE_REQUIRES(mu_);
   // Releases every parked waiter of barrier k that is ready now.
   void ReleaseReadyLocked(Version& v, int k, std::vector<Release>* out, bool* pair_start,
-                          bool by_leave);
-  void RemoveJobLocked(Version& v, JobKey job, std::vector<Release>* out, bool* pair_start);
+                          bool by_leave) TENSILE_REQUIRES(mu_);
+  void RemoveJobLocked(Version& v, JobKey job, std::vector<Release>* out, bool* pair_start) TENSILE_REQUIRES(mu_);
   // RemoveJobLocked on the latest version and every version a job runs
   // under, except `keep` (nullptr: all).
   void RemoveJobFromVersionsLocked(JobKey job, const Version* keep, std::vector<Release>* out,
-                                   bool* pair_start);
+                                   bool* pair_start) TENSILE_REQUIRES(mu_);
   // Note [A step that did not finish]: counts the arrivals and passes of
   // boundaries [from, num_groups] that the job's aborted step skipped.
   void FastForwardLocked(Version& v, JobKey job, int from, std::vector<Release>* out,
-                         bool* pair_start);
+                         bool* pair_start) TENSILE_REQUIRES(mu_);
   // Boundary 0 of `job` in the newest version, after leaving the older ones:
   // done goes to *out, or the job parks (true) under `waiter_id`.
   bool EnterLatestLocked(uint64_t waiter_id, JobKey job, int num_groups, DoneFn* done,
-                         std::vector<Release>* out, bool* pair_start, Outcome* outcome);
+                         std::vector<Release>* out, bool* pair_start, Outcome* outcome) TENSILE_REQUIRES(mu_);
   // Boundary `boundary` of `job` in version `current`; parks (true) or sets *outcome.
   bool BoundaryInVersionLocked(uint64_t waiter_id, JobKey job, int boundary, int num_groups,
                                const std::shared_ptr<Version>& current, DoneFn* done,
-                               std::vector<Release>* out, bool* pair_start, Outcome* outcome);
+                               std::vector<Release>* out, bool* pair_start, Outcome* outcome) TENSILE_REQUIRES(mu_);
   // The job's next wait at barrier k of `version` (the seed's succ_count
   // decrement): opens it if ready, else parks `done` there (true).
   bool WaitLocked(uint64_t waiter_id, JobKey job, const std::shared_ptr<Version>& version, int k,
-                  DoneFn* done, bool* pair_start, bool hand_over, int num_groups);
+                  DoneFn* done, bool* pair_start, bool hand_over, int num_groups) TENSILE_REQUIRES(mu_);
   // Moves the hand-over waiters that ReleaseReadyLocked released into the
   // newest version, until none is left.
-  void RunHandOversLocked(std::vector<Release>* out, bool* pair_start);
-  std::string JobLabelLocked(const Version& v, JobKey job) const;
-  std::string TimeoutMessageLocked(const Waiter& w, double waited_s) const;
-  void Deliver(std::vector<Release> releases, bool pair_start);
-  void NotifierLoop();
+  void RunHandOversLocked(std::vector<Release>* out, bool* pair_start) TENSILE_REQUIRES(mu_);
+  std::string JobLabelLocked(const Version& v, JobKey job) const TENSILE_REQUIRES(mu_);
+  std::string TimeoutMessageLocked(const Waiter& w, double waited_s) const TENSILE_REQUIRES(mu_);
+  void Deliver(std::vector<Release> releases, bool pair_start) TENSILE_EXCLUDES(mu_);
+  void NotifierLoop() TENSILE_EXCLUDES(mu_);
 
   std::function<void()> on_pair_start_;
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::condition_variable cv_;
-  bool stopping_ = false;
-  std::shared_ptr<Version> latest_;
-  std::map<JobKey, std::shared_ptr<Version>> job_version_;  // version a job runs under
-  std::map<JobKey, std::string> job_names_;
-  std::map<uint64_t, Waiter> waiters_;
-  std::unordered_set<uint64_t> issued_;           // ids not yet given to Boundary
-  std::unordered_set<uint64_t> cancelled_early_;  // ... and cancelled meanwhile
-  std::deque<Release> ready_;
+  bool stopping_ TENSILE_GUARDED_BY(mu_) = false;
+  std::shared_ptr<Version> latest_ TENSILE_GUARDED_BY(mu_);
+  std::map<JobKey, std::shared_ptr<Version>> job_version_ TENSILE_GUARDED_BY(mu_);  // version a job runs under
+  std::map<JobKey, std::string> job_names_ TENSILE_GUARDED_BY(mu_);
+  std::map<uint64_t, Waiter> waiters_ TENSILE_GUARDED_BY(mu_);
+  std::unordered_set<uint64_t> issued_ TENSILE_GUARDED_BY(mu_);           // ids not yet given to Boundary
+  std::unordered_set<uint64_t> cancelled_early_ TENSILE_GUARDED_BY(mu_);  // ... and cancelled meanwhile
+  std::deque<Release> ready_ TENSILE_GUARDED_BY(mu_);
   struct HandOver {
     uint64_t waiter_id;
     JobKey job;
     int num_groups;
     DoneFn done;
   };
-  std::vector<HandOver> hand_overs_;  // released hand-over waits, to move on
-  uint64_t next_waiter_id_ = 1;
-  double timeout_s_ = 60.0;
-  PipelineStats counters_;
+  std::vector<HandOver> hand_overs_ TENSILE_GUARDED_BY(mu_);  // released hand-over waits, to move on
+  uint64_t next_waiter_id_ TENSILE_GUARDED_BY(mu_) = 1;
+  double timeout_s_ TENSILE_GUARDED_BY(mu_) = 60.0;
+  PipelineStats counters_ TENSILE_GUARDED_BY(mu_);
   std::thread notifier_;
 };
 

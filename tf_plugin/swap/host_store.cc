@@ -25,7 +25,7 @@ void HostBufferReturn::operator()(char* buffer) const {
 }
 
 HostStore::~HostStore() {
-  std::lock_guard<std::mutex> lock(cache_mu_);
+  MutexLock lock(cache_mu_);
   for (auto& [size, buffers] : cache_) {
     for (char* b : buffers) delete[] b;
   }
@@ -34,7 +34,7 @@ HostStore::~HostStore() {
 
 char* HostStore::TakeBuffer(size_t capacity) {
   {
-    std::lock_guard<std::mutex> lock(cache_mu_);
+    MutexLock lock(cache_mu_);
     auto it = cache_.find(capacity);
     if (it != cache_.end() && !it->second.empty()) {
       char* b = it->second.back();
@@ -50,7 +50,7 @@ char* HostStore::TakeBuffer(size_t capacity) {
 
 void HostStore::ReturnBuffer(char* buffer, size_t capacity) {
   {
-    std::lock_guard<std::mutex> lock(cache_mu_);
+    MutexLock lock(cache_mu_);
     if (cached_bytes_ + static_cast<int64_t>(capacity) <= static_cast<int64_t>(cache_limit_)) {
       cache_[capacity].push_back(buffer);
       cached_bytes_ += static_cast<int64_t>(capacity);
@@ -73,7 +73,7 @@ void HostStore::TrimCacheLocked() {
 }
 
 void HostStore::SetCacheLimit(size_t cache_limit) {
-  std::lock_guard<std::mutex> lock(cache_mu_);
+  MutexLock lock(cache_mu_);
   cache_limit_ = cache_limit;
   TrimCacheLocked();
 }
@@ -82,7 +82,7 @@ std::shared_ptr<HostEntry> HostStore::Reserve(size_t bytes,
                                               const std::string& label,
                                               std::string* error) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     const int64_t free_bytes = static_cast<int64_t>(capacity_) - stats_.current;
     if (static_cast<int64_t>(bytes) > free_bytes) {
       stats_.num_rejected += 1;
@@ -117,17 +117,17 @@ void HostStore::FreeLocked(const HostEntry& e) {
 }
 
 void HostStore::Unreserve(const std::shared_ptr<HostEntry>& entry) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   FreeLocked(*entry);
 }
 
 void HostStore::Insert(int64_t handle, std::shared_ptr<HostEntry> entry) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   activations_[handle] = std::move(entry);
 }
 
 std::shared_ptr<HostEntry> HostStore::Acquire(int64_t handle) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = activations_.find(handle);
   if (it == activations_.end()) return nullptr;
   std::shared_ptr<HostEntry> e = it->second;
@@ -142,7 +142,7 @@ std::shared_ptr<HostEntry> HostStore::Acquire(int64_t handle) {
 
 void HostStore::PutVariable(const std::string& key,
                             std::shared_ptr<HostEntry> entry) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = variables_.find(key);
   if (it != variables_.end()) {
     FreeLocked(*it->second);
@@ -153,18 +153,18 @@ void HostStore::PutVariable(const std::string& key,
 }
 
 std::shared_ptr<HostEntry> HostStore::GetVariable(const std::string& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = variables_.find(key);
   return it == variables_.end() ? nullptr : it->second;
 }
 
 bool HostStore::HasVariable(const std::string& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return variables_.count(key) != 0;
 }
 
 void HostStore::DropVariable(const std::string& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = variables_.find(key);
   if (it == variables_.end()) return;
   FreeLocked(*it->second);
@@ -172,7 +172,7 @@ void HostStore::DropVariable(const std::string& key) {
 }
 
 int64_t HostStore::ReleaseStream(int32_t stream) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   int64_t freed = 0;
   for (auto it = activations_.begin(); it != activations_.end();) {
     if (it->second->stream == stream) {
@@ -187,15 +187,15 @@ int64_t HostStore::ReleaseStream(int32_t stream) {
 }
 
 void HostStore::SetCapacity(size_t capacity) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   capacity_ = capacity;
 }
 
 HostStoreStats HostStore::Stats() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   HostStoreStats s = stats_;
   s.capacity = static_cast<int64_t>(capacity_);
-  std::lock_guard<std::mutex> cache_lock(cache_mu_);
+  MutexLock cache_lock(cache_mu_);
   s.cached = cached_bytes_;
   s.cache_hits = cache_hits_;
   s.cache_misses = cache_misses_;
@@ -203,7 +203,7 @@ HostStoreStats HostStore::Stats() {
 }
 
 void HostStore::ResetPeak() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   stats_.peak = stats_.current;
 }
 

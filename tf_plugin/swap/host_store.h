@@ -38,6 +38,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "tf_plugin/thread_annotations.h"
+
 namespace tensile {
 
 // Byte counters (the pool's vocabulary).
@@ -112,26 +114,26 @@ class HostStore {
 
  private:
   friend struct HostBufferReturn;
-  void FreeLocked(const HostEntry& e);
+  void FreeLocked(const HostEntry& e) TENSILE_REQUIRES(mu_);
   // Policy 5: a buffer of `capacity` bytes, cached or new.
-  char* TakeBuffer(size_t capacity);
-  void ReturnBuffer(char* buffer, size_t capacity);
-  void TrimCacheLocked();
+  char* TakeBuffer(size_t capacity) TENSILE_EXCLUDES(cache_mu_);
+  void ReturnBuffer(char* buffer, size_t capacity) TENSILE_EXCLUDES(cache_mu_);
+  void TrimCacheLocked() TENSILE_REQUIRES(cache_mu_);
 
   // cache_mu_ is never taken before mu_: an entry can die (and return its
   // buffer) while mu_ is held.
-  std::mutex cache_mu_;
-  size_t cache_limit_;
-  std::unordered_map<size_t, std::vector<char*>> cache_;
-  int64_t cached_bytes_ = 0;
-  int64_t cache_hits_ = 0;
-  int64_t cache_misses_ = 0;
+  Mutex cache_mu_;
+  size_t cache_limit_ TENSILE_GUARDED_BY(cache_mu_);
+  std::unordered_map<size_t, std::vector<char*>> cache_ TENSILE_GUARDED_BY(cache_mu_);
+  int64_t cached_bytes_ TENSILE_GUARDED_BY(cache_mu_) = 0;
+  int64_t cache_hits_ TENSILE_GUARDED_BY(cache_mu_) = 0;
+  int64_t cache_misses_ TENSILE_GUARDED_BY(cache_mu_) = 0;
 
-  std::mutex mu_;
-  size_t capacity_;
-  HostStoreStats stats_;
-  std::unordered_map<int64_t, std::shared_ptr<HostEntry>> activations_;
-  std::unordered_map<std::string, std::shared_ptr<HostEntry>> variables_;
+  Mutex mu_;
+  size_t capacity_ TENSILE_GUARDED_BY(mu_);
+  HostStoreStats stats_ TENSILE_GUARDED_BY(mu_);
+  std::unordered_map<int64_t, std::shared_ptr<HostEntry>> activations_ TENSILE_GUARDED_BY(mu_);
+  std::unordered_map<std::string, std::shared_ptr<HostEntry>> variables_ TENSILE_GUARDED_BY(mu_);
 };
 
 // The process-wide store. Capacity: TENSILE_HOST_BYTES, else 16 GiB.

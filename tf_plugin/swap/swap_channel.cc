@@ -20,7 +20,7 @@ SwapChannel::SwapChannel() { lanes_[0].thread = std::thread([this] { Loop(0); })
 
 SwapChannel::~SwapChannel() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
   for (Lane& lane : lanes_) {
@@ -32,7 +32,7 @@ SwapChannel::~SwapChannel() {
 void SwapChannel::Submit(Transfer t) {
   int lane = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     lane = num_lanes_ == 2 && t.kind == TransferKind::kSwapIn ? 1 : 0;  // policy 2
     const int64_t now = NowNs();
     lanes_[lane].queue.push(Queued{std::max(t.not_before_ns, now), next_seq_++, now, std::move(t)});
@@ -44,18 +44,18 @@ void SwapChannel::Submit(Transfer t) {
 }
 
 void SwapChannel::SetBandwidth(double bytes_per_s) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   bandwidth_ = bytes_per_s > 0 ? bytes_per_s : 0;
 }
 
 void SwapChannel::SetCombinedBandwidth(double bytes_per_s) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   combined_ = bytes_per_s > 0 ? bytes_per_s : 0;
 }
 
 bool SwapChannel::SetLanes(int lanes) {
   if (lanes != 1 && lanes != 2) return false;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   num_lanes_ = lanes;
   if (lanes == 2 && !lanes_[1].thread.joinable()) {
     lanes_[1].thread = std::thread([this] { Loop(1); });  // waits for mu_ before it reads anything
@@ -64,7 +64,7 @@ bool SwapChannel::SetLanes(int lanes) {
 }
 
 int SwapChannel::Lanes() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return num_lanes_;
 }
 
@@ -79,23 +79,23 @@ double SwapChannel::LaneRateLocked() const {
 }
 
 double SwapChannel::Bandwidth() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return bandwidth_;
 }
 
 void SwapChannel::Drain() {
-  std::unique_lock<std::mutex> lock(mu_);
-  idle_cv_.wait(lock, [this] { return stats_.pending == 0; });
+  MutexLock lock(mu_);
+  idle_cv_.wait(lock.native(), [this]() TENSILE_REQUIRES(mu_) { return stats_.pending == 0; });
 }
 
 void SwapChannel::RecordLateness(bool late) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   stats_.checked_swap_ins += 1;
   if (late) stats_.late_swap_ins += 1;
 }
 
 SwapChannelStats SwapChannel::Stats() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   SwapChannelStats s = stats_;
   s.bandwidth_bytes_per_s = bandwidth_;
   s.combined_bytes_per_s = combined_;
@@ -105,7 +105,7 @@ SwapChannelStats SwapChannel::Stats() {
 }
 
 void SwapChannel::ResetStats() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const int64_t pending = stats_.pending;
   const bool raised = stats_.thread_priority_raised;
   stats_ = SwapChannelStats();
@@ -114,14 +114,14 @@ void SwapChannel::ResetStats() {
 }
 
 void SwapChannel::SetLogCapacity(size_t capacity) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   log_capacity_ = capacity;
   log_.assign(capacity, TransferRecord());
   log_next_ = 0;
 }
 
 std::vector<TransferRecord> SwapChannel::Log() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::vector<TransferRecord> out;
   if (log_capacity_ == 0) return out;
   const uint64_t n = std::min<uint64_t>(log_next_, log_capacity_);
@@ -145,23 +145,23 @@ static bool RaiseThreadPriority() {
 
 void SwapChannel::Loop(int lane) {
   const bool raised = RaiseThreadPriority();
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   stats_.thread_priority_raised = lane == 0 ? raised : stats_.thread_priority_raised && raised;
   Lane& mine = lanes_[lane];
   while (true) {
-    mine.cv.wait(lock, [&] { return stop_ || !mine.queue.empty(); });
+    mine.cv.wait(lock.native(), [&]() TENSILE_REQUIRES(mu_) { return stop_ || !mine.queue.empty(); });
     if (stop_ && mine.queue.empty()) return;
     const int64_t due = mine.queue.top().not_before_ns;
     const int64_t now = NowNs();
     if (due > now) {
       // An earlier transfer may arrive meanwhile: wake on submit too.
-      mine.cv.wait_for(lock, std::chrono::nanoseconds(due - now));
+      mine.cv.wait_for(lock.native(), std::chrono::nanoseconds(due - now));
       continue;
     }
     Queued q = std::move(const_cast<Queued&>(mine.queue.top()));
     mine.queue.pop();
     const double bandwidth = LaneRateLocked();
-    lock.unlock();
+    lock.Unlock();
 
     const int64_t start = NowNs();
     const int64_t bytes = q.t.work ? q.t.work() : 0;
@@ -177,7 +177,7 @@ void SwapChannel::Loop(int lane) {
     if (q.t.done) q.t.done();
     const int64_t done_end = NowNs();
 
-    lock.lock();
+    lock.Lock();
     stats_.pending -= 1;
     if (stats_.pending == 0) idle_cv_.notify_all();
     (q.t.kind == TransferKind::kSwapOut ? stats_.swap_outs : stats_.swap_ins) += 1;

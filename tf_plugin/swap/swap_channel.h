@@ -65,6 +65,8 @@
 #include <thread>
 #include <vector>
 
+#include "tf_plugin/thread_annotations.h"
+
 namespace tensile {
 
 enum class TransferKind { kSwapOut = 0, kSwapIn = 1 };
@@ -156,21 +158,23 @@ class SwapChannel {
     std::condition_variable cv;
     std::thread thread;
   };
-  void Loop(int lane);
-  double LaneRateLocked() const;  // policy 3; 0: unlimited
+  void Loop(int lane) TENSILE_EXCLUDES(mu_);
+  double LaneRateLocked() const TENSILE_REQUIRES(mu_);  // policy 3; 0: unlimited
 
-  std::mutex mu_;
+  mutable Mutex mu_;
   std::condition_variable idle_cv_;
+  // A lane's queue is read and written under mu_; its cv is notified and its
+  // thread joined without it (so the array is not guarded as a whole).
   Lane lanes_[2];
-  int num_lanes_ = 1;
-  uint64_t next_seq_ = 0;
-  bool stop_ = false;
-  double bandwidth_ = 0;
-  double combined_ = 0;
-  SwapChannelStats stats_;
-  std::vector<TransferRecord> log_;  // ring of log_capacity_
-  size_t log_capacity_ = 0;
-  uint64_t log_next_ = 0;
+  int num_lanes_ TENSILE_GUARDED_BY(mu_) = 1;
+  uint64_t next_seq_ TENSILE_GUARDED_BY(mu_) = 0;
+  bool stop_ TENSILE_GUARDED_BY(mu_) = false;
+  double bandwidth_ TENSILE_GUARDED_BY(mu_) = 0;
+  double combined_ TENSILE_GUARDED_BY(mu_) = 0;
+  SwapChannelStats stats_ TENSILE_GUARDED_BY(mu_);
+  std::vector<TransferRecord> log_ TENSILE_GUARDED_BY(mu_);  // ring of log_capacity_
+  size_t log_capacity_ TENSILE_GUARDED_BY(mu_) = 0;
+  uint64_t log_next_ TENSILE_GUARDED_BY(mu_) = 0;
 };
 
 // The process-wide channel. Bandwidth: TENSILE_SWAP_BANDWIDTH (bytes/s),
