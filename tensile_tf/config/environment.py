@@ -60,6 +60,9 @@ NOT_ENVIRONMENT = {
     "TENSILE_BUILT_AGAINST_TF": "the TensorFlow version macro the plugin is built with (setup.py)",
     "TENSILE_OPS": "the rewrite's set of tensile op types (tensile_tf/tf/rewrite/graph_edit.py)",
 }
+NOT_ENVIRONMENT.update({f"TENSILE_{m}": "a thread-safety attribute macro (tf_plugin/thread_annotations.h)" for m in (
+    "THREAD_ANNOTATION", "CAPABILITY", "SCOPED_CAPABILITY", "GUARDED_BY", "PT_GUARDED_BY", "REQUIRES", "ACQUIRE",
+    "RELEASE", "EXCLUDES", "NO_THREAD_SAFETY_ANALYSIS")})
 
 
 def in_effect() -> dict[str, str | None]:
