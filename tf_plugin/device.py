@@ -2,6 +2,8 @@
 that attributes a job's step to its stream."""
 from __future__ import annotations
 
+import re
+
 import tensorflow as tf
 
 from tf_plugin._loader import load_plugin
@@ -41,12 +43,13 @@ def device_pool():
     return pool
 
 
-def bind_step_op(stream: int):
+def bind_step_op(stream: int, job: str = ""):
     """Runs the TensileBindStep op: inside a tf.function, binds the step to `stream`. Its node is
-    named for the stream (``bind_step_node_name``): a profile tells the job's steps apart by it."""
-    return _ops.tensile_bind_step(stream=int(stream), name=bind_step_node_name(stream))
+    named for the job (``bind_step_node_name``): a profile tells the job's steps apart by it."""
+    return _ops.tensile_bind_step(stream=int(stream), name=bind_step_node_name(job))
 
 
-def bind_step_node_name(stream: int) -> str:
-    """Note [Profiles of one job's steps] in tensile_tf/tf/profile_events.py."""
-    return f"TensileBindStep_stream{int(stream)}"
+def bind_step_node_name(job: str) -> str:
+    """Note [Profiles of one job's steps] in tensile_tf/tf/profile_events.py: named for the job, not its
+    stream, so that a job's graph (and a plan saved for it) is the same in every run of its config."""
+    return "TensileBindStep_" + re.sub(r"[^A-Za-z0-9_.\-]", "_", job) if job else "TensileBindStep"

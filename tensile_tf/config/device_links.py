@@ -109,7 +109,7 @@ def describe_swap_link(bandwidth_bytes_per_s: float | None, device_link: str | N
 
 
 def parse_swap_link(value: Any, what: str) -> int | str | None:
-    """A swap link: None (unlimited), bytes per second ("2GiB", 2147483648) or a
+    """A swap link: None (unset: a run's link is 12 GiB/s), bytes per second ("2GiB", 2147483648) or a
     device link's name (tensile_tf/config/device_links.py)."""
     if value is None:
         return None

@@ -330,7 +330,7 @@ class TraceCoverage:
 class SwapLinkRecord:
     """The swap link over the run (planner runs): tf_plugin.swap's stats."""
 
-    bandwidth_bytes_per_s: int | None     # None: unlimited
+    bandwidth_bytes_per_s: int | None     # the emulated link's cap (None: none was set, as in a run before issue 57)
     bytes_out: int
     bytes_in: int
     late_swap_ins: int

@@ -110,7 +110,7 @@ class JobHost:
         self.plan_peaks = spec.plan_peaks if spec.plan_peaks is not None else PlanPeaks.for_pipeline(spec.pipeline)
         # Note [Links named for a device]: a named link becomes bytes per second at the first plan
         self.device_link = spec.swap_bandwidth if isinstance(spec.swap_bandwidth, str) else None
-        # unset: PCIe 3 x16, 12 GiB/s, for the emulated link and the planner alike (one meaning, issue 57)
+        # unset (or 0): PCIe 3 x16, 12 GiB/s, for the emulated link and the planner alike (one meaning, issue 57)
         self.swap_bandwidth = None if self.device_link else (spec.swap_bandwidth or DEFAULT_BANDWIDTH_BYTES_PER_S)
         self.record_weights = record_weights
         self.model_dir = Path(model_dir) if model_dir is not None else None   # each finished job's model, saved

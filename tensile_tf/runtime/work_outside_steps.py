@@ -62,6 +62,8 @@ class OutsideStepsMeter:
         self.stream = state.job_stream
         self.base = 0
         if self.stream is not None:
+            # the job's peak so far (its last validation included) is kept before the reset
+            state.peak_bytes = max(state.peak_bytes, int(self.stream.stats().get("peak", 0)))
             self.stream.reset_peak()
             self.base = int(self.stream.stats().get("current", 0))
 
@@ -71,6 +73,8 @@ class OutsideStepsMeter:
     def done(self) -> None:
         s = self.state
         s.outside_steps_peak_bytes = max(s.outside_steps_peak_bytes, self.above_base())
+        if self.stream is not None:
+            s.peak_bytes = max(s.peak_bytes, int(self.stream.stats().get("peak", 0)))
         s.outside_steps_allowance_bytes = allowance_bytes(s)
 
 
@@ -91,7 +95,7 @@ def predict_within_allowance(state, predict: Callable[[Any], Any], x) -> np.ndar
     first = measure_bytes_per_example(state, predict, x) if len(x) > 1 else None
     meter = OutsideStepsMeter(state)
     start = 0 if first is None else 1
-    size = examples_per_call(state, len(x))
+    size = max(1, examples_per_call(state, len(x)))
     parts = ([] if first is None else [first]) + [np.asarray(predict(x[i:i + size]))
                                                  for i in range(start, len(x), size)]
     meter.done()

@@ -77,14 +77,15 @@ class PlannerRebuilds:
         """Note [Sequences built once per recomputation set]: the job's sequence with its recomputations,
         its structure shared with every earlier build for the same graph, latencies and recomputations."""
         cache: OrderedDict = self.__dict__.setdefault("_recompute_structures", OrderedDict())
-        key = (id(js.graph.ops), tuple((ev.target, ev.release_after_op, ev.before_op, tuple(ev.ops))
+        key = (id(js.graph.ops), id(js.graph.tensors), tuple((ev.target, ev.release_after_op, ev.before_op, tuple(ev.ops))
                                        for ev in js.recomputes))
         kept = cache.get(key)
-        if kept is not None and kept[0] is js.latencies and kept[1] is js.graph.ops:
+        if kept is not None and kept[0] is js.latencies and kept[1] is js.graph.ops and kept[3] is js.graph.tensors:
             cache.move_to_end(key)
             self.recompute_structures_reused += 1
         else:
-            kept = (js.latencies, js.graph.ops, TensorAccessSequence(js.graph, js.latencies, js.recomputes))
+            kept = (js.latencies, js.graph.ops, TensorAccessSequence(js.graph, js.latencies, js.recomputes),
+                    js.graph.tensors)
             if self.recompute_structures_kept > 0:
                 cache[key] = kept
                 if len(cache) > self.recompute_structures_kept:

@@ -190,12 +190,12 @@ class JobStream:
         ``graph_transform(func_graph)``, if given, edits each trace of the step
         right after tracing (e.g. inserts node-group barriers).
         """
-        stream = self.stream
+        stream, job = self.stream, self.name
         if graph_transform is not None:
             register_func_graph_transform()
 
         def attributed_step(*args, **kwargs):
-            bind = bind_step_op(stream)
+            bind = bind_step_op(stream, job)   # named for the job (Note [Profiles of one job's steps])
             with tf.control_dependencies([bind]):
                 out = fn(*args, **kwargs)
             if graph_transform is not None:

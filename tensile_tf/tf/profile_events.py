@@ -10,10 +10,12 @@ their ops alike) fed one job's latency table with the other's time. An op
 event runs inside its executor's ``ExecutorState::Process`` event on the
 same thread, whose ``id`` stat is the step id of the function run, shared by
 the functions that run calls. Each job's step starts with its bind op,
-whose node is named for the job's stream (``tf_plugin.device.bind_step_node_name``),
+whose node is named for the job (``tf_plugin.device.bind_step_node_name``; the
+job's name, not its stream, so that a plan saved for the job's graph fits the
+same job in the next run),
 so the step ids of the job's steps are those of the Process events that ran
-its bind op, and only the op events inside Process events of those ids are
-the job's. Where the graph has no bind op (a step not made by
+its bind op, and only the op events inside Process events of those ids (the
+innermost one open at the event) are the job's. Where the graph has no bind op (a step not made by
 ``JobStream.step_function``), or the profile holds none of its events,
 every event counts, as before.
 """
@@ -62,7 +64,9 @@ def op_durations(xs, binds: set[str] = frozenset()) -> dict[str, list[int]]:
             for offset, node, duration in ops:
                 everyone[node].append(duration)
                 k = bisect_right(starts, offset) - 1
-                if k >= 0 and offset <= steps[k][1] and steps[k][2] is not None:
+                while k >= 0 and steps[k][1] < offset:    # the innermost Process event still open
+                    k -= 1
+                if k >= 0 and steps[k][2] is not None:
                     by_step[steps[k][2]].append((node, duration))
     mine = [sid for sid, evs in by_step.items() if binds and any(_is_bind(n, binds) for n, _ in evs)]
     if not mine:

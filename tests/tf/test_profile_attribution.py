@@ -63,3 +63,24 @@ def test_each_jobs_table_holds_only_its_own_steps_events(profile):
     table = _latencies_from_xspace(xs, small, 1)
     matmul = next(o.name for o in small.ops if o.op_type == "MatMul")
     assert table.seconds[matmul] == pytest.approx(_matmul(mine)[0] * 1e-12)
+
+
+def test_an_op_after_a_nested_process_event_belongs_to_the_outer_one():
+    """A call run inline opens a Process event inside its caller's on the same thread: the caller's
+    ops after it ended are still the caller's step's (the innermost event open at the op)."""
+    from types import SimpleNamespace as NS
+
+    def event(meta, start, duration, step=None):
+        return NS(metadata_id=meta, offset_ps=start, duration_ps=duration,
+                  stats=[NS(metadata_id=1, int64_value=step)] if step is not None else [])
+
+    plane = NS(name="/host:CPU", stat_metadata={1: NS(name="id")},
+               event_metadata={1: NS(name="ExecutorState::Process"), 2: NS(name="TensileBindStep_a:TensileBindStep"),
+                                3: NS(name="MatMul:MatMul"), 4: NS(name="TensileBindStep_b:TensileBindStep")},
+               lines=[NS(name="tf_Compute/1", events=[
+                   event(1, 0, 100, step=7), event(2, 5, 1), event(1, 10, 10, step=7), event(3, 50, 30),
+                   event(1, 200, 100, step=9), event(4, 205, 1), event(3, 250, 40)])])
+    xs = NS(planes=[plane])
+    assert op_durations(xs, {"TensileBindStep_a"})["MatMul"] == [30]
+    assert op_durations(xs, {"TensileBindStep_b"})["MatMul"] == [40]
+    assert sorted(op_durations(xs)["MatMul"]) == [30, 40]        # the control: by node name alone
