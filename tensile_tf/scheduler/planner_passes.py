@@ -119,8 +119,11 @@ and on the saved captures lowers the residual net b8 at 110 MiB/s from
 33.24 to 31.24 MiB and meets the small CNN b16's 50% budget the
 swap-first pass missed by 3%. It costs step time (recomputation is not
 free where swaps overlap compute), so it is a second pass, never the only
-one: a budgeted plan tries it only where the swap-first passes missed the
-budget, and minimise mode aims it at each target the swap-first pass
+one: a budgeted plan tries it at each chain limit whose swap-first pass
+missed the budget (per limit: with limits 2 and 4, a pass at 4 that met the
+budget once kept the cheaper recomputing pass at 2 from being planned, and
+the plan kept cost more than planning at 2 alone, 57.35 s against 57.10 at
+the same peak, a case the property test found), and minimise mode aims it at each target the swap-first pass
 missed (``aimed`` in ``_plan_minimised``); ``_pass_cost`` picks, so it is
 kept only where it peaks lower, or as low in less time. Re-planning keeps
 the order of the pass kept (``recompute_first`` in ``_PASS_STATE``).
@@ -162,14 +165,18 @@ class PlannerPasses:
         pass's state kept (``_pass_cost``)."""
         best = None
         self.pass_costs = {}
+        swap_first_peaks: dict[int, int] = {}     # limit -> its swap-first pass's peak
         for recompute_first in (False, True):
-            if recompute_first and not self._recompute_first_helps(best[0][0], self.pool_bytes):
-                break            # Note [Recomputation first]: only where swaps first missed the budget
             self.recompute_first = recompute_first
             for limit in self.chain_limits:
+                if recompute_first and not self._recompute_first_helps(
+                        self._swap_first_peak(swap_first_peaks, limit), self.pool_bytes):
+                    continue     # Note [Recomputation first]: only at limits whose swap-first pass missed
                 self.max_chain = limit
                 self._plan_pass()
                 key = self._pass_cost()
+                if not recompute_first:
+                    swap_first_peaks[limit] = key[0]
                 self.pass_costs[limit] = min(self.pass_costs.get(limit, key), key)
                 if best is None or key < best[0]:
                     best = (key, {a: getattr(self, a) for a in self._PASS_STATE})
@@ -177,6 +184,13 @@ class PlannerPasses:
                     break
         for a, v in best[1].items():
             setattr(self, a, v)
+
+    @staticmethod
+    def _swap_first_peak(peaks: dict[int, int], limit: int) -> int:
+        """The swap-first peak at ``limit``: its own pass's, or where no pass was planned at it (Note
+        [Chain limits tried]: it would plan as the longest shorter limit planned) that one's."""
+        planned = [k for k in peaks if k <= limit]
+        return peaks[max(planned)] if planned else peaks[min(peaks)]
 
     def _longer_limit_may_differ(self) -> bool:
         """Note [Chain limits tried]: whether the pass just planned could differ at a longer chain
