@@ -50,13 +50,11 @@ def allowance_bytes(state) -> int | None:
     return int(state.temporary_bytes) if state.temporary_bytes is not None else None
 
 
-def next_call_size(allowance: int | None, last_size: int, last_bytes: int, left: int) -> int:
+def next_call_size(allowance: int, last_size: int, last_bytes: int, left: int) -> int:
     """Note [Work outside the steps, inside the allowance]: the examples of the next call, from the
     last call's: as many as ``last_bytes / last_size`` a piece fits into ``allowance`` (an upper
     bound where the bytes are a fixed cost plus a cost per example, as the next call is no smaller),
-    at most twice the last call, at least one; ``left`` where no allowance is known."""
-    if not KEEP_WITHIN_ALLOWANCE or allowance is None:
-        return left
+    at most twice the last call, at least one (and at most ``left``)."""
     fits = allowance * last_size // max(1, last_bytes)
     return int(max(1, min(left, 2 * last_size, fits)))
 
@@ -69,10 +67,12 @@ class OutsideStepsMeter:
         self.stream = state.job_stream
         self.base = 0
         if self.stream is not None:
-            # the job's peak so far (its last validation included) is kept before the reset
-            state.peak_bytes = max(state.peak_bytes, int(self.stream.stats().get("peak", 0)))
+            self._keep_job_peak()   # the job's peak so far (its last validation included), before the reset
             self.stream.reset_peak()
             self.base = int(self.stream.stats().get("current", 0))
+
+    def _keep_job_peak(self) -> None:
+        self.state.peak_bytes = max(self.state.peak_bytes, int(self.stream.stats().get("peak", 0)))
 
     def above_base(self) -> int:
         return max(0, int(self.stream.stats().get("peak", 0)) - self.base) if self.stream is not None else 0
@@ -81,7 +81,7 @@ class OutsideStepsMeter:
         s = self.state
         s.outside_steps_peak_bytes = max(s.outside_steps_peak_bytes, self.above_base())
         if self.stream is not None:
-            s.peak_bytes = max(s.peak_bytes, int(self.stream.stats().get("peak", 0)))
+            self._keep_job_peak()
         s.outside_steps_allowance_bytes = allowance_bytes(s)
 
 

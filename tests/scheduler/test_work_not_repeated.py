@@ -3,14 +3,11 @@ Note [Sequences built once per recomputation set] (scheduler/planner_rebuilds.py
 work the planner leaves out because it would repeat work done. Each is checked
 against its control (the planner that repeats it) on saved captures: the same
 plan, decision for decision, and the mechanism ran."""
-from pathlib import Path
-
 import pytest
 
-from benchmarks.captures.capture import load_capture
-from tensile_tf.scheduler import JobGraph, Planner, PlannerJob
+from tensile_tf.scheduler import Planner
+from tests.scheduler.test_planner_rebuilds import _jobs
 
-CAPTURES = Path(__file__).resolve().parents[2] / "benchmarks" / "captures"
 CAPPED = 110 * 2**20
 
 
@@ -20,14 +17,6 @@ class EveryRestartRun(Planner):
 
 class EverySequenceBuilt(Planner):
     recompute_structures_kept = 0
-
-
-def _jobs(stem: str, k: int) -> list[PlannerJob]:
-    graph, lat = load_capture(CAPTURES / f"{stem}.json")
-    if k == 1:
-        return [PlannerJob(graph, lat)]
-    return [PlannerJob(JobGraph(f"{graph.name}-{i}", graph.ops, graph.tensors), lat, start_offset_s=0.01 * i)
-            for i in range(k)]
 
 
 def _events(plan):
