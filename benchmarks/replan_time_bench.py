@@ -74,19 +74,19 @@ def main() -> None:
     admitted = host._probe_start(deque(), deque())  # noqa: SLF001 - the run's own start, without training
     start = host.plans[-1]
     print(f"{len(admitted)} jobs probed and planned; predicted combined vanilla peak "
-          f"{start.pool_vanilla_peak_bytes / 2**20:.0f} MiB, {sum(len(s.captured.graph.ops) for s in admitted)} ops")
+          f"{start.pool_vanilla_peak_bytes / 2**20:.0f} MiB, {sum(len(s.rt.captured.graph.ops) for s in admitted)} ops")
     host.planning.settings.plan_budget = int(start.pool_vanilla_peak_bytes * args.budget)
     if args.plan_steps == "table":   # each job's plan-table step is built once, by its first plan that swaps
         t0 = time.perf_counter()
         record = host.replanner.replan(admitted, "benchmark: build the plan-table steps")
         for s in admitted:
-            waiting = s.switch.peek()
+            waiting = s.rt.switch.peek()
             if waiting is not None and waiting.step is not None:
                 waiting.step.wait_ready()
-            with s.job_stream.eager_scope():
+            with s.rt.job_stream.eager_scope():
                 take_switch(s)
-                s.step_fn(*s.first_batch)
-        carried = [s.planned_step.report.plan_table for s in admitted if s.planned_step is not None]
+                s.rt.step_fn(*s.rt.first_batch)
+        carried = [s.rt.planned_step.report.plan_table for s in admitted if s.rt.planned_step is not None]
         print(f"plan-table steps built (once per job, not timed below): {time.perf_counter() - t0:.2f} s with one "
               f"step each, rewrite {record.rewrite_s:.2f} s; carried by their tables: {carried.count('table')} of "
               f"{len(admitted)} jobs", flush=True)
@@ -96,8 +96,8 @@ def main() -> None:
         new = k % 2 == 0
         if new:
             for s in admitted:
-                lat = s.captured.planner_job.latencies
-                s.captured.planner_job.latencies = replace(lat, seconds={
+                lat = s.rt.captured.planner_job.latencies
+                s.rt.captured.planner_job.latencies = replace(lat, seconds={
                     op: v * (1 + rng.uniform(-args.jitter, args.jitter)) for op, v in lat.seconds.items()})
         pauses.clear()
         t0 = time.perf_counter()
@@ -106,21 +106,21 @@ def main() -> None:
             raise SystemExit(f"re-plan failed: {record.error}")
         rewritten = time.perf_counter() - t0
         for s in admitted:   # Note [Instantiated off the job's thread]: each new step instantiated on a worker
-            waiting = s.switch.peek()
+            waiting = s.rt.switch.peek()
             if waiting is not None and waiting.step is not None:
                 waiting.step.wait_ready()
         ready = time.perf_counter() - t0
         first, instantiated = [], []
         for s in admitted:   # the switch and the first step, as each job thread takes them
-            with s.job_stream.eager_scope():
+            with s.rt.job_stream.eager_scope():
                 switch = take_switch(s)
                 if switch is not None and switch.replan.instantiate_s is not None:
                     instantiated.append(switch.replan.instantiate_s)
                 t = time.perf_counter()
-                s.step_fn(*s.first_batch)
+                s.rt.step_fn(*s.rt.first_batch)
                 first.append(time.perf_counter() - t)
         rows.append((new, ready, record.planning_s, record.rewrite_s, first, rewritten))
-        carried = [s.planned_step.report.plan_table for s in admitted if s.planned_step is not None]
+        carried = [s.rt.planned_step.report.plan_table for s in admitted if s.rt.planned_step is not None]
         long_gc = ", ".join(f"{p:.2f} s" for _, p in pauses if p > 0.05) or "none"
         print(f"re-plan {k} ({'new latencies' if new else 'same tables'}): "
               f"{sum(j.swaps_after for j in record.jobs)} swaps; planner {record.planning_s:.2f} s, "

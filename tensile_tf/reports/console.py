@@ -46,10 +46,11 @@ class RichProgress:
             self.tasks[state.name] = self.progress.add_task(
                 state.name, total=state.job.steps, loss="-", rate="-", mem="-", status="")
         job_mem = pool["jobs"].get(state.name, {}).get("current", 0)
-        median = state.median_step_s
+        done = state.progress   # one frozen snapshot its job thread replaced (Note [Record apart from runtime])
+        median = done.median_step_s
         self.progress.update(
-            self.tasks[state.name], completed=state.steps_done,
-            loss=f"{state.last_loss:.4f}" if state.last_loss is not None else "-",
+            self.tasks[state.name], completed=done.steps_done,
+            loss=f"{done.last_loss:.4f}" if done.last_loss is not None else "-",
             rate=f"{1 / median:.1f}" if median else "-", mem=human_bytes(job_mem),
             status=state.status.value)
 

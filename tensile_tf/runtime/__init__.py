@@ -14,6 +14,7 @@ Files in the order a run goes through them:
 * ``outcome.py``   the memory sampler and the RunResult
 * ``failures.py``  how a job's failure is recorded
 * ``records.py``   the typed records and the results.json schema
+* ``job_runtime.py`` Note [Record apart from runtime]: a job's TensorFlow side, and its progress snapshot
 * ``replan_records.py`` the re-plan and drift-check records (``records.py`` re-exports them)
 * ``plan_segments.py`` Note [Plan segments]: a job's steps, plan by plan
 * ``job_times.py`` Note [Where a trial's time goes]: each job's wall time, phase by phase

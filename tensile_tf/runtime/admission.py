@@ -100,7 +100,7 @@ class AdmissionControl:
         plan switch pending counts the larger of its needs and the switch's."""
         # A switch offered and not yet applied (Note [Threads and hand-offs], H3):
         # peek first, then planned_needs, which the job thread writes before it settles.
-        switch = state.switch.peek()
+        switch = state.rt.switch.peek()
         planned = state.planned_needs
         if planned is not None:
             if switch is not None:   # the larger of the two until the job has switched

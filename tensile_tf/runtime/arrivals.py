@@ -108,13 +108,13 @@ class Arrivals:
                     host.note_wait(state, "its measured needs do not fit the pool left to jobs")
                 continue
             waiting.remove(state)
-            if state.train is None and not host.lifecycle.build(state):
+            if state.rt.train is None and not host.lifecycle.build(state):
                 if state.status == JobStatus.queued:
                     waiting.append(state)
                 host.report(state)
                 host.notify_end(state)
                 continue
-            if host.planning is not None and state.planned_step is None and state.captured is None:
+            if host.planning is not None and state.rt.planned_step is None and state.rt.captured is None:
                 host.planning.capture(state)
             self.plan_alone(state, active)
             host.start_job(state)
@@ -143,7 +143,7 @@ class Arrivals:
         gate = host.gate.closed([s.name for s in active], host.stop) if parked else contextlib.nullcontext()
         with gate:
             paused_from = time.perf_counter()
-            if host.stopping or (state.train is None and not host.lifecycle.build(state)):
+            if host.stopping or (state.rt.train is None and not host.lifecycle.build(state)):
                 if state.status not in (JobStatus.queued, JobStatus.pending):   # failed or rejected building
                     self.waiting.remove(state)
                 elif not host.stopping:
@@ -167,7 +167,7 @@ class Arrivals:
             return
         if record is not None:
             host.note_wait(state, f"the joint plan with the running jobs failed ({record.error})" + later)
-        state.captured = None   # planned later, from a real capture, when it is admitted
+        state.rt.captured = None   # planned later, from a real capture, when it is admitted
         if state.job.rebuildable:
             host.lifecycle.teardown(state)
 
@@ -176,7 +176,7 @@ class Arrivals:
         parked while ``state`` builds (None: they need not be). Its build
         holds about its predicted persistent bytes; the running steps may
         still take their temporaries out of what the pool has free."""
-        if state.train is not None:
+        if state.rt.train is not None:
             return None    # built already: nothing more is allocated before the plan
         host = self.host
         needs = host.admission.predict(state)
@@ -193,7 +193,7 @@ class Arrivals:
         """Probes (its planned step) and starts a job planned on arrival once
         every running job runs the joint plan (Note [Hot swap]): its switch
         taken and applied (Note [Threads and hand-offs], H3)."""
-        if any(s.switch.pending for s in active):
+        if any(s.rt.switch.pending for s in active):
             return
         host = self.host
         state.awaiting_switches = False
@@ -209,7 +209,7 @@ class Arrivals:
     def plan_alone(self, state: JobState, alongside: list[JobState]) -> None:
         """A job admitted after the start is planned alone for what the running jobs leave."""
         planning = self.host.planning
-        if planning is None or state.cold_planned or state.planned_step is not None:
+        if planning is None or state.cold_planned or state.rt.planned_step is not None:
             return
         needs = [self.host.admission.predict(s) or (0, 0) for s in alongside if s is not state]
         budget = planning.alone_budget(sum(p + t for p, t in needs), self.host.held_outside_jobs())

@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from tensile_tf.tf.capture import profiled_step
 from tensile_tf.runtime.failures import NonFiniteLoss, record_failure
+from tensile_tf.runtime.job_runtime import JobProgress
 from tensile_tf.runtime.records import JobState, JobStatus, StepRecord
 from tensile_tf.runtime.replanning import take_switch
 from tensile_tf.runtime.threads import RunLoopInbox, StepGate, StopRequest
@@ -48,16 +49,16 @@ def run_step(state: JobState, batch: tuple, clock: RunClock) -> None:
     hooks = state.job.step_hooks
     if hooks is not None:   # e.g. Keras callbacks (Note [fit's loop in a job] in tensile_tf/jobs/keras_fit.py)
         hooks.before(state, lambda: variables_on_device(state))
-    stream = state.job_stream
+    stream = state.rt.job_stream
     stream.reset_peak()
     start = clock.now()
-    monitor = state.latency_monitor
+    monitor = state.rt.latency_monitor
     profile = monitor is not None and monitor.due()
     t = time.perf_counter()
     if profile:
-        loss, measured = profiled_step(state.step_fn, batch, state.captured.graph)
+        loss, measured = profiled_step(state.rt.step_fn, batch, state.rt.captured.graph)
     else:
-        loss = state.step_fn(*batch)
+        loss = state.rt.step_fn(*batch)
     value = float(tf.reduce_mean(loss)) if loss is not None else math.nan
     duration = time.perf_counter() - t
     if profile:
@@ -66,6 +67,8 @@ def run_step(state: JobState, batch: tuple, clock: RunClock) -> None:
     state.records.append(StepRecord(state.steps_done, start, duration, value, peak, state.plan_number))
     state.steps_done += 1
     state.peak_bytes = max(state.peak_bytes, peak)
+    # one reference the run loop reads (Note [Record apart from runtime] in job_runtime.py)
+    state.progress = JobProgress(state.steps_done, state.last_loss, state.median_step_s)
     if state.job.stop_on_nan and not math.isfinite(value):
         raise NonFiniteLoss(f"job {state.name!r}: loss became {value} at step {state.steps_done - 1}; "
                             "lower the learning rate, or set stop_on_nan: false")
@@ -77,7 +80,7 @@ def run_step(state: JobState, batch: tuple, clock: RunClock) -> None:
 def variables_on_device(state: JobState, between_steps: bool = True):
     """Between two steps, the variables the plan keeps on the host come
     back for the duration (validation, saving, callbacks) and leave again after."""
-    planned = state.planned_step if between_steps else None
+    planned = state.rt.planned_step if between_steps else None
     if planned is not None:
         planned.restore()
     try:
@@ -93,10 +96,10 @@ def release_first_batch(state: JobState) -> None:
     step from then on, and a few inputs stay on the host for save_model."""
     from tensile_tf.pipeline import batch_specs
 
-    batch, state.first_batch = state.first_batch, None
-    state.batch_specs = batch_specs(batch)
+    batch, state.rt.first_batch = state.rt.first_batch, None
+    state.rt.batch_specs = batch_specs(batch)
     first = batch[0]
-    state.sample_inputs = first[:16].numpy() if hasattr(first, "numpy") else first[:16]
+    state.rt.sample_inputs = first[:16].numpy() if hasattr(first, "numpy") else first[:16]
 
 
 def save_model(state: JobState, model_dir: Path, *, checkpoint: bool = False) -> None:
@@ -107,7 +110,7 @@ def save_model(state: JobState, model_dir: Path, *, checkpoint: bool = False) ->
     ``checkpoints``), no sample."""
     import numpy as np
 
-    model = getattr(state.train, "model", None)
+    model = getattr(state.rt.train, "model", None)
     if model is None or not hasattr(model, "save"):
         return
     model_dir.mkdir(parents=True, exist_ok=True)
@@ -116,10 +119,10 @@ def save_model(state: JobState, model_dir: Path, *, checkpoint: bool = False) ->
     if checkpoint:
         state.checkpoints.append(str(Path(model_dir.name) / path.name))
         return
-    validator = state.train.validator
-    if state.first_batch is not None:   # a job whose only step was its probe
+    validator = state.rt.train.validator
+    if state.rt.first_batch is not None:   # a job whose only step was its probe
         release_first_batch(state)
-    x = validator.x[:16] if validator is not None else state.sample_inputs
+    x = validator.x[:16] if validator is not None else state.rt.sample_inputs
     # Note [Work outside the steps, inside the allowance] in work_outside_steps.py
     predictions = predict_within_allowance(state, lambda xb: model(xb, training=False).numpy(), x)
     np.savez(model_dir / f"{state.name}.sample.npz", x=x, predictions=predictions)
@@ -173,7 +176,7 @@ class JobThread:
 
     def _validate(self, state: JobState, *, between_steps: bool) -> None:
         """Validation sees the real variables (``_variables_on_device``)."""
-        validator = state.train.validator
+        validator = state.rt.train.validator
         with self._variables_on_device(state, between_steps):
             meter = OutsideStepsMeter(state)   # Note [Work outside the steps, inside the allowance]: measured
             state.validation.append(validator.run(state.steps_done, self.clock.now()))
@@ -188,7 +191,7 @@ class JobThread:
         state = self.state
         began, steps_before, data_before = time.perf_counter(), len(state.records), state.times.data
         try:
-            with state.job_stream.eager_scope():
+            with state.rt.job_stream.eager_scope():
                 status = JobStatus.finished
                 spec = state.job.spec
                 offset = spec.start_offset_s if spec is not None else 0.0
@@ -204,17 +207,17 @@ class JobThread:
                         status = JobStatus.interrupted
                         break
                     take_switch(state)   # Note [Hot swap]: a re-plan's new step, at this step boundary
-                    if state.steps_done == 0 and state.first_batch is not None:
-                        batch = state.first_batch
+                    if state.steps_done == 0 and state.rt.first_batch is not None:
+                        batch = state.rt.first_batch
                     else:
                         with state.times.timed("data"):
-                            batch = state.train.next_batch()
+                            batch = state.rt.train.next_batch()
                     run_step(state, batch, self.clock)
                     if self.after_step is not None:
                         self.after_step(state)
-                    if state.first_batch is not None:   # its first step ran (here or as its probe)
+                    if state.rt.first_batch is not None:   # its first step ran (here or as its probe)
                         release_first_batch(state)
-                    validator = state.train.validator
+                    validator = state.rt.train.validator
                     if validator is not None and validator.due(state.steps_done, state.job.steps) \
                             and state.steps_done < state.job.steps:
                         self._validate(state, between_steps=True)
@@ -225,16 +228,16 @@ class JobThread:
                     if state.job.on_step is not None and state.job.on_step(state) is False:
                         status = JobStatus.stopped
                         break
-                if state.planned_step is not None:
-                    state.planned_step.restore()  # variables the plan keeps on the host
-                if state.train.validator is not None and state.steps_done > 0 and not (
+                if state.rt.planned_step is not None:
+                    state.rt.planned_step.restore()  # variables the plan keeps on the host
+                if state.rt.train.validator is not None and state.steps_done > 0 and not (
                         state.validation and state.validation[-1].step == state.steps_done):
                     self._validate(state, between_steps=False)   # at the end, whatever stopped it
                 if self.model_dir is not None and status == JobStatus.finished:
                     save_model(state, self.model_dir)
                 if self.record_weights:
-                    optimizer_vars = list(getattr(state.train.optimizer, "variables", None) or [])
-                    state.weights_digest = variables_digest([*state.train.variables, *optimizer_vars])
+                    optimizer_vars = list(getattr(state.rt.train.optimizer, "variables", None) or [])
+                    state.weights_digest = variables_digest([*state.rt.train.variables, *optimizer_vars])
             state.status = status
         except BaseException as e:  # noqa: BLE001 - isolate the failure to this job
             record_failure(state, e, self.clock.now())

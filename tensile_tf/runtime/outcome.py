@@ -131,8 +131,7 @@ def run_result(host: "JobHost", window: RunWindow, samples: list[MemorySample]) 
                                 SwapLinkRecord.of(link.swap_bandwidth, swap.swap_stats(), link.device_link,
                                                   link.link_lanes),
                                 host.replanner.finish(host.states) if host.replanner is not None else [],
-                                [c for s in host.states if s.latency_monitor is not None
-                                 for c in s.latency_monitor.checks])
+                                [c for s in host.states for c in s.drift_checks])
     return RunResult(capacity=host.capacity, pool=pool_record, jobs=list(host.states), samples=samples,
                      pool_events=kept, started_at=window.started_at, wall_s=wall,
                      trace_origin_ns=window.origin_ns, trace=coverage, most_jobs_running=host.most_running,

@@ -142,7 +142,7 @@ class JobPlanning:
         """Bytes the start's joint plan may use: the pool less POOL_HEADROOM
         (when a job was captured cold: the headroom its planned probe ran
         with, else COLD_START_HEADROOM), at most plan_budget."""
-        cold = [s for s in built if s.captured is not None and s.captured.cold]
+        cold = [s for s in built if s.rt.captured is not None and s.rt.captured.cold]
         # Note [Cold-start headroom]: the headroom the cold jobs' planned probes ran with, if each ran one
         ran = [s.plan.headroom for s in cold if s.plan is not None and s.plan.headroom is not None]
         headroom = (max(ran) if len(ran) == len(cold) else COLD_START_HEADROOM) if cold else POOL_HEADROOM
@@ -159,7 +159,7 @@ class JobPlanning:
     @staticmethod
     def _to_plan(state: JobState) -> JobToPlan:
         spec = state.job.spec
-        return JobToPlan(state.name, state.step_fn, state.first_batch, optimizer=state.train.optimizer,
+        return JobToPlan(state.name, state.rt.step_fn, state.rt.first_batch, optimizer=state.rt.train.optimizer,
                          max_swapping_rate=spec.max_swapping_rate if spec is not None else 1.0,
                          start_offset_s=spec.start_offset_s if spec is not None else 0.0)
 
@@ -169,9 +169,9 @@ class JobPlanning:
         job = self._to_plan(state)
         out_of_memory = False
         try:
-            with state.job_stream.eager_scope():
-                state.captured = capture_for_planning(job, step_order=self.settings.plan_order.value)
-            self.unplanned_peaks[state.name] = state.captured.unplanned_peaks   # for `tensile plan`
+            with state.rt.job_stream.eager_scope():
+                state.rt.captured = capture_for_planning(job, step_order=self.settings.plan_order.value)
+            self.unplanned_peaks[state.name] = state.rt.captured.unplanned_peaks   # for `tensile plan`
         except Exception as e:  # noqa: BLE001 - the job still runs, unplanned
             out_of_memory = isinstance(e.__cause__, tf.errors.ResourceExhaustedError)
             state.plan_error = summarize_error(e)
@@ -184,8 +184,8 @@ class JobPlanning:
     def capture_cold(self, state: JobState) -> bool:
         """The graph alone, no step run (Note [Cold-start planning]). False if it failed."""
         try:
-            with state.job_stream.eager_scope():   # what timing its kernels alone allocates is the job's
-                state.captured = capture_cold(self._to_plan(state))
+            with state.rt.job_stream.eager_scope():   # what timing its kernels alone allocates is the job's
+                state.rt.captured = capture_cold(self._to_plan(state))
             state.plan_error = None
             return True
         except Exception as e:  # noqa: BLE001 - reported; the job runs unplanned or is rejected
@@ -202,9 +202,9 @@ class JobPlanning:
         if not self.capture_cold(state):
             return False
         # its unplanned step just ran out of memory here: it runs in plan order at least (Note [Cold-start planning])
-        state.captured.planner_job.unplanned_step_ran_out = True
+        state.rt.captured.planner_job.unplanned_step_ran_out = True
         state.cold_planned = True
-        if self.plan([state], budget) is None or state.planned_step is None:
+        if self.plan([state], budget) is None or state.rt.planned_step is None:
             state.cold_planned = False
             return False
         state.plan.headroom = headroom
@@ -259,16 +259,16 @@ class JobPlanning:
         nothing to plan or planning failed (the reason in ``plan_error``).
         ``saved_plan_allowed``: apply the saved plan (``--plan``) instead of
         planning; raises SavedPlanMismatch if it was made for other graphs."""
-        states = [s for s in states if s.captured is not None]
+        states = [s for s in states if s.rt.captured is not None]
         if not states:
             return None
         try:
             if saved_plan_allowed and self.settings.saved_plan is not None:
-                plan = self._saved_plan_for([s.captured for s in states])
-                steps = {s.name: apply_plan(s.step_fn, s.example_args, plan.jobs[s.name], s.captured.graph)
+                plan = self._saved_plan_for([s.rt.captured for s in states])
+                steps = {s.name: apply_plan(s.rt.step_fn, s.rt.example_args, plan.jobs[s.name], s.rt.captured.graph)
                          for s in states}
             else:
-                plan, steps = self.plan_captured([s.captured for s in states], budget)
+                plan, steps = self.plan_captured([s.rt.captured for s in states], budget)
         except SavedPlanMismatch:
             raise
         except Exception as e:  # noqa: BLE001 - the jobs still run, unplanned
@@ -291,12 +291,12 @@ class JobPlanning:
         the plan and the needs admission will use."""
         jp = plan.jobs[s.name]
         if jp.changes_step:
-            with s.job_stream.eager_scope():
-                if s.planned_step is not None:
-                    s.planned_step.restore()  # the old plan's variables back before the new plan
+            with s.rt.job_stream.eager_scope():
+                if s.rt.planned_step is not None:
+                    s.rt.planned_step.restore()  # the old plan's variables back before the new plan
                 step.evict()  # the first planned step starts as every later one
-            s.planned_step = step
-            s.step_fn = step
+            s.rt.planned_step = step
+            s.rt.step_fn = step
         record, s.planned_needs = cls.plan_record(s, plan, step, budget, source)
         record.plan_number, record.reason = number, reason
         s.run_plan(record)   # Note [Plan segments]
@@ -325,10 +325,10 @@ class JobPlanning:
             budget_bytes=budget, budget_met=plan.budget_met,
             predicted_vanilla_peak_bytes=jp.vanilla_peak_bytes, predicted_planned_peak_bytes=jp.planned_peak_bytes,
             predicted_msr=jp.msr, swap_outs=len(jp.swap_outs), swap_ins=len(jp.swap_ins),
-            recomputes=len(jp.recomputes), planning_s=plan.planning_s, cold_start=s.captured.cold,
+            recomputes=len(jp.recomputes), planning_s=plan.planning_s, cold_start=s.rt.captured.cold,
             swapped_bytes_per_step=report.swapped_bytes_per_step, recomputed_ops=report.recomputed_ops,
             rewrite=report.to_dict(), source=source, order_only=jp.order_only,
             step_order=jp.step_order,
-            headroom=s.plan.headroom if s.plan is not None and s.captured.cold else None,
-            unplanned_peaks=peaks.to_dict() if (peaks := getattr(s.captured, "unplanned_peaks", None)) else None)
+            headroom=s.plan.headroom if s.plan is not None and s.rt.captured.cold else None,
+            unplanned_peaks=peaks.to_dict() if (peaks := getattr(s.rt.captured, "unplanned_peaks", None)) else None)
         return record, needs

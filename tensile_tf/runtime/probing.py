@@ -29,6 +29,7 @@ from tensile_tf.runtime.failures import record_failure
 from tensile_tf.runtime.job_thread import RunClock, run_step
 from tensile_tf.runtime.nodegroup import SPLIT_PROBE_RUNS, NodeGroupCoordinator
 from tensile_tf.runtime.planning import COLD_START_HEADROOMS, JobPlanning
+from tensile_tf.runtime.job_runtime import JobProgress, JobRuntime
 from tensile_tf.runtime.records import FINAL_STATUSES, JobState, JobStatus
 from tensile_tf.runtime.teardown_memory import collect_garbage, wait_for_late_frees
 from tensile_tf.runtime.traced_step_reuse import TracedStepShelf, trace_step
@@ -59,7 +60,7 @@ class JobLifecycle:
         self.planning = planning
 
     def _others_built(self, state: JobState) -> bool:
-        return any(s.train is not None and s is not state for s in self.states)
+        return any(s.rt.train is not None and s is not state for s in self.states)
 
     def fail(self, state: JobState, error: BaseException, status: JobStatus = JobStatus.failed) -> None:
         record_failure(state, error, self.clock.now(), status)
@@ -71,14 +72,15 @@ class JobLifecycle:
         (then queued, if others hold the memory it lacked, else failed or rejected)."""
         state.attempts += 1
         parked = self.shelf.take(state) if self.shelf is not None else None
-        state.job_stream = parked.stream if parked is not None else JobStream(state.name)
+        state.rt.job_stream = parked.stream if parked is not None else JobStream(state.name)
         taken = [parked] if parked is not None else []   # the only reference, handed to _take_over
         del parked
-        state.stream = state.job_stream.stream
+        state.stream = state.rt.job_stream.stream
         state.traced_step_from = None
         state.records.clear()
         state.validation.clear()
         state.steps_done = 0
+        state.progress = JobProgress()
         registered_before = custom_gradient_names()
         failed = False
         beside_others = self._others_built(state)
@@ -87,17 +89,17 @@ class JobLifecycle:
             # may be full; an allocation it cannot serve must not crash TF's
             # constant folding. Any fallback means the build did not fit.
             state.times.wait_ends()   # arrival_wait (Note [Where a trial's time goes])
-            with state.job_stream.eager_scope(), host_fallback_scope() as fell_back:
+            with state.rt.job_stream.eager_scope(), host_fallback_scope() as fell_back:
                 with state.times.timed("build"):
-                    state.train = state.job.build()
-                    state.first_batch = state.train.next_batch()
+                    state.rt.train = state.job.build()
+                    state.rt.first_batch = state.rt.train.next_batch()
                 with state.times.timed("trace"):
                     if taken:
                         self._take_over(state, taken.pop())
                     if state.traced_step_from is None:
                         transform = self.pipeline.graph_transform(state.name, state.stream) if self.pipeline else None
-                        state.step_fn = state.job_stream.step_function(state.train.step_fn, graph_transform=transform)
-                        trace_step(state.step_fn, state.first_batch,   # once, here, serially
+                        state.rt.step_fn = state.rt.job_stream.step_function(state.rt.train.step_fn, graph_transform=transform)
+                        trace_step(state.rt.step_fn, state.rt.first_batch,   # once, here, serially
                                    any_batch=self.shelf is not None and self.shelf.may_park(state))
                 if fell_back():
                     raise tf.errors.ResourceExhaustedError(
@@ -118,7 +120,7 @@ class JobLifecycle:
             failed = True
         taken.clear()   # a step taken and not trained (the build failed) goes with the job's stream
         # See Note [Custom gradients keep traced jobs alive] in tf_plugin.tf_internals.
-        state.custom_gradients |= custom_gradient_names() - registered_before
+        state.rt.custom_gradients |= custom_gradient_names() - registered_before
         if failed:
             # Outside the except block: its traceback would keep the job's objects alive.
             self.teardown(state)
@@ -127,12 +129,12 @@ class JobLifecycle:
     def _take_over(self, state: JobState, parked) -> None:
         """Note [Reusing a finished job's traced step]: the job's own values into
         the parked step's variables; its own model and optimizer dropped."""
-        adopted = self.shelf.adopt(parked, state.train)
+        adopted = self.shelf.adopt(parked, state.rt.train)
         if adopted is not None:
-            state.train, state.step_fn, state.traced_step_from = adopted, parked.step_fn, parked.owner
+            state.rt.train, state.rt.step_fn, state.traced_step_from = adopted, parked.step_fn, parked.owner
         else:   # not taken: the registry must let go of the parked step now, not at the job's teardown
             forget_custom_gradients(parked.custom_gradients)
-            state.custom_gradients -= parked.custom_gradients
+            state.rt.custom_gradients -= parked.custom_gradients
         del adopted, parked
         gc.collect()   # the job's own model (or the parked one, not taken) leaves the pool now, before P is measured
 
@@ -147,11 +149,11 @@ class JobLifecycle:
         ``hold``: keep a measured job built, admission to follow once the
         start's jobs are planned together (or, for a job built and planned
         already on arrival, once it is measured)."""
-        if state.train is None:
+        if state.rt.train is None:
             if not self.build(state):
                 return ProbeOutcome.queued if state.status == JobStatus.queued else ProbeOutcome.ended
             self._tune_split(state, alongside)
-        stream = state.job_stream
+        stream = state.rt.job_stream
         # The stream is new (built just now), so its peak is this build's and
         # this probe's: no pool-wide reset needed (it would hide others' peaks).
         before = stream.stats()["current"]
@@ -202,7 +204,7 @@ class JobLifecycle:
         the static rule's: its candidates' steps would run unpaired beside
         theirs."""
         pipe = self.pipeline
-        if pipe is None or not pipe.tunes_split or state.planned_step is not None:
+        if pipe is None or not pipe.tunes_split or state.rt.planned_step is not None:
             return
         if any(s.status == JobStatus.running for s in alongside if s is not state):
             pipe.note_split_tuning(state.name, skipped="other jobs were training when it arrived")
@@ -210,11 +212,11 @@ class JobLifecycle:
         from tensile_tf.tf.capture import snapshot_variables
 
         base, candidates = pipe.split_candidates(state.stream)
-        steps = {base: state.step_fn}
+        steps = {base: state.rt.step_fn}
         peaks: dict[int, int | None] = {}
         registered_before = custom_gradient_names()
-        stream = state.job_stream
-        restore = snapshot_variables(state.step_fn.get_concrete_function(*state.first_batch).graph)
+        stream = state.rt.job_stream
+        restore = snapshot_variables(state.rt.step_fn.get_concrete_function(*state.rt.first_batch).graph)
         held_before = stream.stats()["current"]
         pool_before = pool_stats()["current"]
         for split in candidates:
@@ -222,21 +224,21 @@ class JobLifecycle:
                 with stream.eager_scope():
                     if split not in steps:
                         transform = pipe.graph_transform(state.name, state.stream, split=split)
-                        steps[split] = stream.step_function(state.train.step_fn, graph_transform=transform)
+                        steps[split] = stream.step_function(state.rt.train.step_fn, graph_transform=transform)
                     for run in range(SPLIT_PROBE_RUNS):
                         if run:
                             restore()   # each run starts from the same variables (the last: in finally)
                         before = stream.stats()["current"]
                         stream.reset_peak()
-                        steps[split](*state.first_batch)
+                        steps[split](*state.rt.first_batch)
                         peaks[split] = max(peaks.get(split) or 0, stream.stats()["peak"] - before)
             except Exception:  # noqa: BLE001 - a candidate that fails is not chosen; the probe tells the rest
                 peaks[split] = None
             finally:
                 restore()
-        state.custom_gradients |= custom_gradient_names() - registered_before
+        state.rt.custom_gradients |= custom_gradient_names() - registered_before
         chosen = pipe.choose_split(state.name, state.stream, base, peaks)
-        state.step_fn = steps.pop(chosen)
+        state.rt.step_fn = steps.pop(chosen)
         steps.clear()   # the candidates not chosen, and what their functions hold in the pool
         gc.collect()
         # what the job and the pool held before and after: the candidates leave nothing behind
@@ -262,7 +264,7 @@ class JobLifecycle:
         # with the least headroom first (Note [Cold-start headroom]).
         restore()
         gc.collect()  # whatever the failed step's frames still held
-        others = tf_plugin.device_pool().stats()["current"] - state.job_stream.stats()["current"]
+        others = tf_plugin.device_pool().stats()["current"] - state.rt.job_stream.stats()["current"]
         for headroom in COLD_START_HEADROOMS:
             if not self.planning.plan_cold(state, others, headroom):
                 if self._others_built(state):
@@ -292,24 +294,24 @@ class JobLifecycle:
         back in the pool, then as it was; the host copies it made dropped."""
         from tf_plugin import swap
 
-        job = state.captured.job
-        with state.job_stream.eager_scope():
+        job = state.rt.captured.job
+        with state.rt.job_stream.eager_scope():
             for v in job.step_fn.get_concrete_function(*job.example_args).graph.variables:
                 swap.ops.tensile_var_swap_in(v.handle)   # a variable not swapped out is left as it is
-            if state.planned_step is not None:
-                state.planned_step.restore()   # and what the plan's own step holds (a plan table's step)
+            if state.rt.planned_step is not None:
+                state.rt.planned_step.restore()   # and what the plan's own step holds (a plan table's step)
             swap.drain_swap_channel()
-        swap.release_stream_host_copies(state.job_stream.stream)
+        swap.release_stream_host_copies(state.rt.job_stream.stream)
         restore()
-        state.step_fn, state.planned_step = job.step_fn, None   # the job's own step, planned again from it
+        state.rt.step_fn, state.rt.planned_step = job.step_fn, None   # the job's own step, planned again from it
         gc.collect()
 
     def _run_probe_step(self, state: JobState, *, raise_oom: bool) -> None:
         """Runs the job's first step; raises _OutOfMemory (``raise_oom``) or
         _ProbeEnded with what became of the job."""
         try:
-            with state.job_stream.eager_scope():
-                run_step(state, state.first_batch, self.clock)
+            with state.rt.job_stream.eager_scope():
+                run_step(state, state.rt.first_batch, self.clock)
         except tf.errors.ResourceExhaustedError as e:
             if raise_oom:
                 raise _OutOfMemory() from None
@@ -327,7 +329,7 @@ class JobLifecycle:
         from tensile_tf.tf.capture import snapshot_variables
 
         try:
-            return snapshot_variables(state.step_fn.get_concrete_function(*state.first_batch).graph)
+            return snapshot_variables(state.rt.step_fn.get_concrete_function(*state.rt.first_batch).graph)
         except Exception:  # noqa: BLE001 - no snapshot: an OOM probe is then not retried
             return None
 
@@ -339,10 +341,10 @@ class JobLifecycle:
             self._teardown(state)
 
     def _teardown(self, state: JobState) -> None:
-        stream = state.job_stream
-        planned, state.planned_step = state.planned_step, None
-        state.switch.clear()   # a switch its thread never took: its step holds the job's variables
-        state.captured = None  # a rebuild traces new ops; it is captured and planned again
+        stream = state.rt.job_stream
+        planned, state.rt.planned_step = state.rt.planned_step, None
+        state.rt.switch.clear()   # a switch its thread never took: its step holds the job's variables
+        state.rt.captured = None  # a rebuild traces new ops; it is captured and planned again
         if state.status not in FINAL_STATUSES:
             state.plan = None   # this build's plan (each one ran stays in plan_history); a rebuild is planned anew
         state.cold_planned = False
@@ -362,14 +364,16 @@ class JobLifecycle:
         if (stream is not None and self.shelf is not None and state.status in (JobStatus.finished, JobStatus.stopped)
                 and self.shelf.park(state)):   # Note [Reusing a finished job's traced step]: kept for the next of its graph
             state.peak_bytes = max(state.peak_bytes, stream.stats().get("peak", 0))   # renamed, its counters kept
-            stream = state.job_stream = None
-        state.train = None
-        state.step_fn = None
-        state.first_batch = None
+            stream = state.rt.job_stream = None
+        state.rt.train = None
+        state.rt.step_fn = None
+        state.rt.first_batch = None
         if state.status in FINAL_STATUSES:
             state.job.forget()
-        forget_custom_gradients(state.custom_gradients)
-        state.custom_gradients = set()
+        forget_custom_gradients(state.rt.custom_gradients)
+        state.rt.custom_gradients = set()
+        if state.status in FINAL_STATUSES:   # Note [Record apart from runtime]: an ended job keeps no TensorFlow object
+            state.rt = JobRuntime()
         if stream is None:
             return
         if self.pipeline is not None:
@@ -380,7 +384,7 @@ class JobLifecycle:
         state.peak_bytes = max(state.peak_bytes, stats.get("peak", 0))
         state.leaked_bytes = stats.get("current", 0)
         stream.release()
-        state.job_stream = None
+        state.rt.job_stream = None
 
 
 class _ProbeEnded(Exception):

@@ -22,17 +22,16 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from tensile_tf.config.device_links import describe_swap_link
+from tensile_tf.runtime.job_runtime import JobProgress, JobRuntime
 from tensile_tf.runtime.job_times import JobTimes
 from tensile_tf.runtime.plan_segments import PlanSegment, plan_segments
 from tensile_tf.runtime.replan_records import DriftCheck, JobReplan, ReplanRecord  # noqa: F401 - re-exported
-from tensile_tf.runtime.threads import Handoff
 
-if TYPE_CHECKING:  # runtime objects, never serialised
-    from tensile_tf.jobs.job import Job, TrainStep
-    from tensile_tf.tf.pool import JobStream
+if TYPE_CHECKING:
+    from tensile_tf.jobs.job import Job
 
 SCHEMA_VERSION = 3
 
@@ -56,7 +55,7 @@ def finite_or_none(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
-@dataclass
+@dataclass(frozen=True)
 class StepRecord:
     index: int
     start_s: float       # seconds since the run started
@@ -102,7 +101,8 @@ class PlanRecord:
 @dataclass
 class JobState:
     """Everything the host knows about one job. The serialisable part is
-    ``JobRecord.of(state)``; runtime objects are dropped at teardown."""
+    ``JobRecord.of(state)``; the TensorFlow side is ``rt``, dropped at teardown
+    (Note [Record apart from runtime] in tensile_tf/runtime/job_runtime.py)."""
 
     job: "Job"
     status: JobStatus = JobStatus.pending
@@ -138,20 +138,12 @@ class JobState:
     traced_step_from: str | None = None  # the ended job whose traced step it took over (traced_step_reuse.py)
     times: JobTimes = field(default_factory=JobTimes)   # Note [Where a trial's time goes] (job_times.py)
     end_notified: bool = field(default=False, repr=False)  # on_end called
-    # Runtime objects, dropped at teardown.
-    train: "TrainStep | None" = field(default=None, repr=False)
-    step_fn: Callable | None = field(default=None, repr=False)
-    job_stream: "JobStream | None" = field(default=None, repr=False)
-    first_batch: tuple | None = field(default=None, repr=False)   # until the first training step (Note [Example batch])
-    batch_specs: tuple | None = field(default=None, repr=False)   # the first batch's TensorSpecs, after it
-    sample_inputs: Any = field(default=None, repr=False)          # a few of its inputs, on the host (save_model)
-    custom_gradients: set[str] = field(default_factory=set, repr=False)
-    planned_step: Any = field(default=None, repr=False)   # rewrite.PlannedStep
-    # replanning.StepSwitch from the run loop to the job thread (Note [Threads and hand-offs], H3)
-    switch: Handoff = field(default_factory=Handoff, repr=False, compare=False)
-    latency_monitor: Any = field(default=None, repr=False)  # replanning.LatencyMonitor
-    captured: Any = field(default=None, repr=False)       # execution.CapturedJob of the current build
     awaiting_switches: bool = field(default=False, repr=False)  # jointly planned on arrival, starts once all switched
+    drift_checks: list[DriftCheck] = field(default_factory=list, repr=False)   # its latency monitor's, oldest first
+    # Note [Record apart from runtime] (job_runtime.py): the TensorFlow side, dropped at teardown,
+    # and the progress the job thread publishes after each step for other threads to read
+    rt: JobRuntime = field(default_factory=JobRuntime, repr=False, compare=False)
+    progress: JobProgress = field(default_factory=JobProgress, repr=False, compare=False)
     validation: list = field(default_factory=list)   # datasets.ValidationRecord, oldest first
     model_path: str | None = None       # the trained model, saved in Keras' format (relative to the output dir)
     checkpoints: list[str] = field(default_factory=list)   # models saved every checkpoint_every steps (same folder)
@@ -182,19 +174,6 @@ class JobState:
         return self.job.name
 
     @property
-    def pending_switch(self) -> Any:
-        """The StepSwitch offered and not yet applied (None: none); read-only,
-        the hand-off is ``switch``."""
-        return self.switch.peek()
-
-    @property
-    def example_args(self) -> tuple | None:
-        """What tracing the job's step needs: the first batch while it is
-        held, its TensorSpecs after (Note [Example batch] in
-        tensile_tf/pipeline.py)."""
-        return self.first_batch if self.first_batch is not None else self.batch_specs
-
-    @property
     def last_loss(self) -> float | None:
         return self.records[-1].loss if self.records else None
 
@@ -220,7 +199,7 @@ class JobState:
         return self.persistent_bytes is not None
 
 
-@dataclass
+@dataclass(frozen=True)
 class JobRecord:
     """One job in results.json (and in a search trial's user attributes)."""
 

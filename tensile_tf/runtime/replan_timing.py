@@ -50,10 +50,11 @@ def ends_before_switch(jobs: Sequence, expected_s: float | None) -> str | None:
         return None
     left = {}
     for s in jobs:
-        median = s.median_step_s
+        done = s.progress     # the job thread's snapshot (Note [Record apart from runtime] in job_runtime.py)
+        median = done.median_step_s
         if median is None:
             return None
-        left[s.name] = max(0, s.job.steps - s.steps_done) * median
+        left[s.name] = max(0, s.job.steps - done.steps_done) * median
         if left[s.name] > expected_s:
             return None
     ends = ", ".join(f"{name} in {t:.2f} s" for name, t in left.items())

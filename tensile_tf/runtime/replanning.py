@@ -19,7 +19,7 @@ after the switch), in trace.json (an instant event) and on ``memory.png``
 
 Note [Hot swap]
 Before a step, the job thread takes the ``StepSwitch`` the run loop offered
-(``JobState.switch``, a ``Handoff``: Note [Threads and hand-offs] in
+(``JobState.rt.switch``, a ``Handoff``: Note [Threads and hand-offs] in
 threads.py), if there is one and its step is instantiated (or, with
 ``run.replan_switch: next_step``, waiting for that): the variables
 the old plan keeps on the host come back into the pool (``restore``), the
@@ -191,30 +191,30 @@ def take_switch(state: JobState) -> StepSwitch | None:
     """Called by the job's thread before a step (inside its stream scope):
     takes the switch the run loop offered, if any, and runs the new step from
     now on (Note [Threads and hand-offs], H3). Returns the switch taken."""
-    switch = state.switch.take(ready=lambda sw: not sw.when_ready or sw.step is None or sw.step.ready)
+    switch = state.rt.switch.take(ready=lambda sw: not sw.when_ready or sw.step is None or sw.step.ready)
     if switch is None:
         return None   # none, or its step is still being instantiated: this step runs the old plan
     try:
         if switch.step is not None:
             switch.step.wait_ready()   # run.replan_switch: next_step waits here for what is left
-        if state.planned_step is not None:
-            state.planned_step.restore()       # the old plan's host-side variables back first
+        if state.rt.planned_step is not None:
+            state.rt.planned_step.restore()       # the old plan's host-side variables back first
         if switch.step is not None:
             switch.step.evict()                # the new plan's first step starts as every later one
-            state.step_fn = switch.step
+            state.rt.step_fn = switch.step
         else:
-            state.step_fn = state.captured.job.step_fn
-        state.planned_step = switch.step
+            state.rt.step_fn = state.rt.captured.job.step_fn
+        state.rt.planned_step = switch.step
         state.run_plan(switch.record)   # Note [Plan segments]
         state.planned_needs = switch.needs
-        if state.latency_monitor is not None and switch.baseline is not None:
-            state.latency_monitor.replanned(switch.baseline)
+        if state.rt.latency_monitor is not None and switch.baseline is not None:
+            state.rt.latency_monitor.replanned(switch.baseline)
         switch.replan.switched_at_step = state.steps_done
         if switch.step is not None and switch.step.instantiate_s is not None:
             switch.replan.instantiate_s = switch.step.instantiate_s
             switch.replan.instantiate_error = switch.step.instantiate_error
     finally:
-        state.switch.settle()   # after planned_needs: admission reads peek(), then planned_needs
+        state.rt.switch.settle()   # after planned_needs: admission reads peek(), then planned_needs
     return switch
 
 
@@ -240,15 +240,15 @@ class LatencyMonitor:
         self.threshold = threshold
         self.request = request
         self.now = now
-        self.baseline = state.captured.planner_job.latencies   # the table the current plan was made with
+        self.baseline = state.rt.captured.planner_job.latencies   # the table the current plan was made with
         self.next_step = FIRST_CHECK_STEP
-        self.checks: list[DriftCheck] = []
+        self.checks: list[DriftCheck] = state.drift_checks   # the record's: it outlives the monitor
         self.spent_s = 0.0   # what the profiled steps took beyond the median, summed
         # The next check's expected cost: unknown before the first, which a
         # cold-started job takes at FIRST_CHECK_STEP whatever it costs (its
         # plan rests on predictions); a measured job's first check waits for
         # the budget one median step of extra time needs.
-        self.expected_extra_s: float | None = 0.0 if state.captured.cold else None
+        self.expected_extra_s: float | None = 0.0 if state.rt.captured.cold else None
 
     def due(self) -> bool:
         state = self.state
@@ -271,8 +271,8 @@ class LatencyMonitor:
         if measured is None:
             self.next_step = state.steps_done + 1
             return
-        job = state.captured.planner_job
-        graph = state.captured.graph
+        job = state.rt.captured.planner_job
+        graph = state.rt.captured.graph
         measured = replace(measured, step_order=self.step_order())
         # A cold-started job's latencies are a model's predictions, not a
         # table: its first measurement replaces them, as it replaces a table
@@ -325,7 +325,7 @@ class Replanner:
     @staticmethod
     def replannable(running: Sequence[JobState]) -> list[JobState]:
         """The running jobs a re-plan may change: planned, with a captured graph."""
-        return [s for s in running if s.status == JobStatus.running and s.captured is not None
+        return [s for s in running if s.status == JobStatus.running and s.rt.captured is not None
                 and s.plan is not None]
 
     def on_events(self, departed: Sequence[JobState], requests: Sequence[ReplanRequest],
@@ -376,16 +376,16 @@ class Replanner:
                               newcomer=newcomer.name if newcomer is not None else None)
         t0 = time.perf_counter()
         try:
-            streams = {s.name: s.job_stream for s in everyone}
+            streams = {s.name: s.rt.job_stream for s in everyone}
             built: list[str] = []
 
             def instantiate(name: str, step) -> None:   # Note [Instantiated off the job's thread]
                 built.append(name)
                 step.instantiate_in_background(streams[name].eager_scope)
 
-            plan, steps = self.planning.plan_captured([s.captured for s in everyone], budget,
-                                                      current={s.name: s.planned_step for s in jobs
-                                                               if s.planned_step is not None},
+            plan, steps = self.planning.plan_captured([s.rt.captured for s in everyone], budget,
+                                                      current={s.name: s.rt.planned_step for s in jobs
+                                                               if s.rt.planned_step is not None},
                                                       on_step_made=instantiate)
             if newcomer is not None and not plan.budget_met:
                 raise JointPlanMissesBudget(
@@ -416,7 +416,7 @@ class Replanner:
         record.plan = number
         if newcomer is not None:
             self.planning.adopt(newcomer, plan, steps[newcomer.name], budget, "planned", number, reason)
-            newcomer.cold_planned = newcomer.captured.cold
+            newcomer.cold_planned = newcomer.rt.captured.cold
             newcomer.probe_plan_peak_bytes = plan.jobs[newcomer.name].planned_peak_bytes
             newcomer.planned_needs = None   # its probe (the planned step) measures them
             record.predicted_peak_sum_after_bytes += plan.jobs[newcomer.name].planned_peak_bytes
@@ -425,8 +425,8 @@ class Replanner:
             # instantiated (run.replan_switch); until it has, admission holds the
             # larger of its needs and these (AdmissionControl.predict).
             switch = switches[s.name]
-            switch.baseline = s.captured.planner_job.latencies   # what the plan was made with
-            s.switch.offer(switch)   # one not taken yet is replaced: never switched (Note [Hot swap])
+            switch.baseline = s.rt.captured.planner_job.latencies   # what the plan was made with
+            s.rt.switch.offer(switch)   # one not taken yet is replaced: never switched (Note [Hot swap])
         self.records.append(record)
         if built:   # Note [Re-plans users do not feel]: the collection the new steps make due, here
             gc.collect()

@@ -301,7 +301,7 @@ class JobHost:
                 if state.status in (JobStatus.pending, JobStatus.queued):
                     state.status = JobStatus.interrupted
                     state.error = state.error or f"not started: {self.stop.reason}"
-                    if state.train is not None or state.job_stream is not None:
+                    if state.rt.train is not None or state.rt.job_stream is not None:
                         self.lifecycle.teardown(state)
                     self.notify_end(state)
 
@@ -331,7 +331,7 @@ class JobHost:
     def _plan_start(self, waiting: deque) -> list[JobState]:
         """Plans the built, probed jobs together; admits those that fit with
         their planned needs, in submit order; tears down the rest."""
-        built = [s for s in waiting if s.train is not None]
+        built = [s for s in waiting if s.rt.train is not None]
         plan = None
         if built:
             budget = self.planning.start_budget(built, held_outside_jobs())
@@ -370,8 +370,8 @@ class JobHost:
     def start_job(self, state: JobState) -> None:
         """Starts the job's thread (Note [Threads and hand-offs], H1: what the
         state holds now is written before the thread starts)."""
-        if self.replanner is not None and state.captured is not None and state.plan is not None:
-            state.latency_monitor = LatencyMonitor(state, self.replan_threshold,
+        if self.replanner is not None and state.rt.captured is not None and state.plan is not None:
+            state.rt.latency_monitor = LatencyMonitor(state, self.replan_threshold,
                                                    lambda job, why: self.inbox.ask_replan(ReplanRequest(job, why)),
                                                    self.clock.now)
         state.status = JobStatus.running

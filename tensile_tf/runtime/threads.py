@@ -24,11 +24,13 @@ T1 main thread: the run loop (``JobHost.run``, run_loop.py) and its
 T2 job threads, ``job-NAME`` (``JobThread``, job_thread.py), one per admitted
    job, from ``JobHost._start`` until the run loop has joined it after its end
    came through the inbox. While it runs it owns its job's training fields:
-   ``steps_done``, ``records``, ``peak_bytes``, ``first_batch`` /
-   ``batch_specs`` / ``sample_inputs``, ``step_fn``, ``planned_step``,
-   ``plan``, ``planned_needs``, ``validation``, ``checkpoints``,
-   ``model_path``, ``weights_digest``, the final ``status`` / ``error`` and
-   ``ended_at_s``, and the whole ``latency_monitor``. It runs the job's
+   ``steps_done``, ``records``, ``progress``, ``peak_bytes``, its runtime's
+   ``rt.first_batch`` / ``rt.batch_specs`` / ``rt.sample_inputs``,
+   ``rt.step_fn``, ``rt.planned_step`` and the whole ``rt.latency_monitor``
+   (its ``drift_checks``), ``plan``, ``planned_needs``, ``validation``,
+   ``checkpoints``, ``model_path``, ``weights_digest``, the final ``status``
+   / ``error`` and ``ended_at_s`` (Note [Record apart from runtime] in
+   job_runtime.py: the record's fields and the TensorFlow side apart). It runs the job's
    ``on_step``, the pipeline's ``after_step`` / ``on_end`` hooks and the
    profiled steps of Note [Latency drift].
 T3 the memory sampler, ``tensile-memory-sampler`` (``MemorySampler``,
@@ -78,7 +80,7 @@ H2 End, T2 -> T1. A job thread's last act is ``RunLoopInbox.job_ended``
    of "running" is its own thread table, never the status a job thread
    writes: a job that has just written ``finished`` still holds its pool
    bytes until the run loop tears it down, so admission must count it.
-H3 Plan switch, T1 -> T2: ``JobState.switch``, a ``Handoff`` (Note [Hot
+H3 Plan switch, T1 -> T2: ``JobState.rt.switch``, a ``Handoff`` (Note [Hot
    swap] in replanning.py). ``Replanner.replan`` ``offer``s a StepSwitch; the
    job thread ``take``s it at its next step boundary (``take_switch``)
    once its new step is instantiated (a worker thread does that, Note
@@ -127,8 +129,11 @@ H10 Search, T2 -> T4 -> T2 and T1: a trial's ``on_step`` (T2) queues values
    answers; the run loop (T1) tells the study under the same lock, after
    ``flush`` waited for the trial's queued values.
 H11 Snapshots read without a lock: the run loop reads a running job's
-   ``records`` and ``steps_done`` (progress lines, a re-plan's "before" step
-   times: an append-only list), its ``plan`` (which jobs a re-plan may change,
+   ``progress`` (progress lines, whether a re-plan would come too late: a
+   frozen ``JobProgress`` the job thread replaces whole after each step,
+   Note [Record apart from runtime] in job_runtime.py), the slice of its
+   ``records`` up to a step already run (a re-plan's "before" step times:
+   an append-only list of frozen ``StepRecord``s), its ``plan`` (which jobs a re-plan may change,
    and what they ran before it: a reference the job thread replaces only in
    ``take_switch``), its ``status`` (progress lines only, see H2), and a
    search driver reads ``admitted_at_s`` / ``ended_at_s`` of other jobs (its

@@ -179,12 +179,12 @@ class TracedStepShelf:
         """Keeps an ended job's step (its stream, model, optimizer) if it may
         be taken over; True: parked, and ``state`` no longer holds them."""
         key = reuse_key(state.job.spec) if self.enabled else None
-        train, step_fn, stream = state.train, state.step_fn, state.job_stream
+        train, step_fn, stream = state.rt.train, state.rt.step_fn, state.rt.job_stream
         if (key is None or train is None or step_fn is None or stream is None or train.model is None
-                or train.optimizer is None or state.plan_history or state.example_args is None):
+                or train.optimizer is None or state.plan_history or state.rt.example_args is None):
             return False
         try:   # the step reads nothing but the model's and the optimizer's variables
-            concrete = step_fn.get_concrete_function(*state.example_args)
+            concrete = step_fn.get_concrete_function(*state.rt.example_args)
         except Exception:  # noqa: BLE001 - a step that cannot say what it reads is not kept
             return False
         known = {id(v) for v in _values(_model_and_optimizer_variables(train))}
@@ -193,8 +193,8 @@ class TracedStepShelf:
         train.batches, train.validator, train._iterator = (), None, None
         stream.rename(f"{PARKED_PREFIX}{next(self._numbers)}")
         self._parked[stream.stream] = ParkedStep(key, state.name, _batch_size_traced(concrete), stream, train, step_fn,
-                                                 state.custom_gradients)
-        state.custom_gradients = set()   # the parked step's now: forgotten when it is dropped
+                                                 state.rt.custom_gradients)
+        state.rt.custom_gradients = set()   # the parked step's now: forgotten when it is dropped
         while len(self._parked) > MAX_PARKED:
             self._drop_oldest()
         return True
@@ -205,7 +205,7 @@ class TracedStepShelf:
         for sid, parked in reversed(self._parked.items()):
             if parked.key == key and parked.batch_size in (None, state.job.spec.batch_size):
                 del self._parked[sid]
-                state.custom_gradients |= parked.custom_gradients   # forgotten at the job's teardown
+                state.rt.custom_gradients |= parked.custom_gradients   # forgotten at the job's teardown
                 parked.stream.rename(state.name)
                 parked.stream.reset_peak()
                 return parked

@@ -64,7 +64,7 @@ class OutsideStepsMeter:
 
     def __init__(self, state):
         self.state = state
-        self.stream = state.job_stream
+        self.stream = state.rt.job_stream
         self.base = 0
         if self.stream is not None:
             self._keep_job_peak()   # the job's peak so far (its last validation included), before the reset

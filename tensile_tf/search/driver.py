@@ -254,7 +254,7 @@ class SearchDriver:
             if state is None:
                 continue
             run.state = state
-            if state.status in _ENDED and state.train is None and state.job_stream is None:
+            if state.status in _ENDED and state.rt.train is None and state.rt.job_stream is None:
                 self._finish(run, state)
 
     # ---------------------------------------------------------- telling
@@ -410,8 +410,8 @@ class _SweepingProgress:
             run.state = state
             if state.status == JobStatus.running:
                 self.driver._started(run)  # noqa: SLF001
-            if run.told is None and state.status in _ENDED and state.train is None \
-                    and state.job_stream is None:
+            if run.told is None and state.status in _ENDED and state.rt.train is None \
+                    and state.rt.job_stream is None:
                 self.driver._finish(run, state)  # noqa: SLF001
             self.driver._event("progress", run)  # noqa: SLF001
 

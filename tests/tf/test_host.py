@@ -1,5 +1,7 @@
 """JobHost: concurrency, failure isolation, memory return, admission."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -8,6 +10,8 @@ import tensile_tf
 tensile_tf.install()  # the pool becomes TensorFlow's allocator: before any TF op
 from tensile_tf.config.schema import JobSpec
 from tensile_tf.runtime import JobHost, JobStatus
+from tensile_tf.runtime.job_runtime import JobProgress
+from tensile_tf.runtime.records import JobRecord
 from tensile_tf.jobs.job import Job
 from tests import job_factories
 from tests.conftest import last_json_line, run_python
@@ -44,6 +48,17 @@ def test_jobs_run_concurrently_and_failures_stay_isolated():
     assert result.most_jobs_running == 4
     assert np.isfinite([r.loss for r in ok.records]).all()
     assert result.samples and result.pool.run_ooms == 0
+    # Note [Record apart from runtime]: an ended job keeps no TensorFlow object (each had a traced step, a
+    # stream and a saved sample while it ran), its progress snapshot is its last step's, its records are frozen
+    for s in (ok, boom, nan, user):
+        rt = s.rt
+        assert (rt.train, rt.step_fn, rt.job_stream, rt.first_batch, rt.batch_specs, rt.sample_inputs,
+                rt.planned_step, rt.latency_monitor, rt.captured) == (None,) * 9 and not rt.custom_gradients, s.name
+        assert s.progress == JobProgress(s.steps_done, s.last_loss, s.median_step_s) and s.progress.steps_done > 0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ok.records[0].loss = 0.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        JobRecord.of(ok).steps = 0
 
 
 def test_duplicate_job_names_are_refused():

@@ -7,6 +7,7 @@ of records, not of timing. Note [One re-plan per burst]: a burst of events
 gets one re-plan (against the control of one event at a time)."""
 from types import SimpleNamespace
 
+from tensile_tf.runtime.job_runtime import JobProgress
 from tensile_tf.runtime.replan_records import JobReplan, ReplanRecord
 from tensile_tf.runtime.records import JobStatus
 from tensile_tf.runtime.replan_timing import burst_reasons, ends_before_switch, expected_replan_s
@@ -17,7 +18,8 @@ from tensile_tf.runtime.threads import RunLoopInbox
 def _job(name, steps, done, median, peak=100):
     plan = SimpleNamespace(predicted_planned_peak_bytes=peak, swap_outs=1, recomputes=0)
     return SimpleNamespace(name=name, job=SimpleNamespace(steps=steps), steps_done=done, median_step_s=median,
-                           plan=plan, records=[])
+                           plan=plan, records=[], progress=JobProgress(done, None, median),
+                           rt=SimpleNamespace(captured=None))
 
 
 def _replan(planning_s, rewrite_s, instantiate_s, plan=1):
@@ -64,7 +66,7 @@ def test_a_burst_of_departures_and_drifts_gets_one_replan():
     the control, the same events served one by one, makes three."""
     running = [_job("a", 30, 5, 0.5), _job("b", 30, 5, 0.5)]
     for s in running:
-        s.status, s.captured = JobStatus.running, object()
+        s.status, s.rt.captured = JobStatus.running, object()
     gone = [_job("x", 10, 10, 0.5), _job("y", 10, 10, 0.5), _job("z", 10, 10, None)]
     gone[2].plan = None                                    # an unplanned job's departure relaxes nothing
     drift = [ReplanRequest("a", "latency drift of a (+30% vs its plan)"),

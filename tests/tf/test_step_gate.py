@@ -85,11 +85,11 @@ def test_running_jobs_are_parked_for_a_newcomers_build_only_when_memory_requires
     host = SimpleNamespace(capacity=128 * MiB, admission=SimpleNamespace(predict=lambda s: predicted.get(s.name)))
     line = arrivals.Arrivals(host)
     monkeypatch.setattr(arrivals, "pool_stats", lambda: {"current": 50 * MiB})
-    new, running = SimpleNamespace(name="new", train=None), SimpleNamespace(name="running")
+    new, running = SimpleNamespace(name="new", rt=SimpleNamespace(train=None)), SimpleNamespace(name="running")
     assert line.build_needs_parking(new, [running]) is None       # 128 - 50 - 40 = 38 MiB free for 20
     predicted["new"] = (45 * MiB, 5 * MiB)
     assert line.build_needs_parking(new, [running]) == \
         "its build needs about 45.0 MiB, the pool has 38.0 MiB beside the running steps' temporaries"
     del predicted["new"]
     assert "needs are unknown" in line.build_needs_parking(new, [running])
-    assert line.build_needs_parking(SimpleNamespace(name="new", train=object()), [running]) is None   # built
+    assert line.build_needs_parking(SimpleNamespace(name="new", rt=SimpleNamespace(train=object())), [running]) is None   # built

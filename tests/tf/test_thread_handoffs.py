@@ -246,15 +246,15 @@ def test_a_switch_offered_while_the_job_trains_is_taken_once_at_the_next_step_bo
         return True
 
     state, thread, inbox, lifecycle = _start("handoff-switch", steps, on_step)
-    own_step = state.step_fn
+    own_step = state.rt.step_fn
     replaced_step, new_step = _RecordingStep(own_step), _RecordingStep(own_step)
     first, second = _switch(replaced_step, state.name, (1, 1)), _switch(new_step, state.name, (2, 2))
     thread.start()
     assert reached.wait(BOUND_S)
     # The main thread, as Replanner.replan does: two re-plans before the job's next boundary.
-    assert state.switch.offer(first) is None
-    assert state.switch.offer(second) is first   # replaced before it was taken
-    assert state.pending_switch is second
+    assert state.rt.switch.offer(first) is None
+    assert state.rt.switch.offer(second) is first   # replaced before it was taken
+    assert state.rt.pending_switch is second
     offered.set()
     losses = _finish(state, thread, inbox)
 
@@ -264,8 +264,8 @@ def test_a_switch_offered_while_the_job_trains_is_taken_once_at_the_next_step_bo
     assert new_step.calls == steps - at and new_step.evicts == 1
     assert new_step.restores == 1   # not at the switch (nothing was planned before it); at the job's end
     assert state.plan is second.record and state.planned_needs == (2, 2)
-    assert (state.switch.offered, state.switch.taken, state.switch.replaced) == (2, 1, 1)
-    assert not state.switch.pending
+    assert (state.rt.switch.offered, state.rt.switch.taken, state.rt.switch.replaced) == (2, 1, 1)
+    assert not state.rt.switch.pending
     lifecycle.teardown(state)
 
     # Bit for bit what the same job trains without a switch.
@@ -293,22 +293,22 @@ def test_a_switch_being_applied_is_still_pending_and_admission_counts_both_plans
     state, thread, inbox, lifecycle = _start("handoff-applying", steps, on_step)
     state.planned_needs = (10, 20)   # the plan it runs, as admission sees it
     admission = AdmissionControl(1 << 40, Admission.salus, None)
-    switch = _switch(_RecordingStep(state.step_fn, hold=hold, applying=applying), state.name, (5, 30))
+    switch = _switch(_RecordingStep(state.rt.step_fn, hold=hold, applying=applying), state.name, (5, 30))
     thread.start()
     assert reached.wait(BOUND_S)
-    state.switch.offer(switch)
+    state.rt.switch.offer(switch)
     assert admission.predict(state) == (10, 30)   # the larger of the two until it has switched
     offered.set()
     assert applying.wait(BOUND_S)                 # the job thread took it and is applying it
     try:
-        assert state.switch.take() is None        # taken: nobody else gets it
-        assert state.switch.pending and state.pending_switch is switch   # a newcomer still waits
+        assert state.rt.switch.take() is None        # taken: nobody else gets it
+        assert state.rt.switch.pending and state.rt.pending_switch is switch   # a newcomer still waits
         assert admission.predict(state) == (10, 30)
     finally:
         hold.set()
     assert after_switch.wait(BOUND_S)
     try:
-        assert not state.switch.pending
+        assert not state.rt.switch.pending
         assert state.planned_needs == (5, 30) and admission.predict(state) == (5, 30)
         assert switch.replan.switched_at_step == at
     finally:
@@ -335,16 +335,16 @@ def test_a_switch_whose_step_is_being_instantiated_waits_as_run_replan_switch_sa
         return True
 
     state, thread, inbox, lifecycle = _start(f"handoff-instantiating-{when_ready}", steps, on_step)
-    new_step = _RecordingStep(state.step_fn, instantiated=instantiated)
+    new_step = _RecordingStep(state.rt.step_fn, instantiated=instantiated)
     switch = _switch(new_step, state.name, (1, 1), when_ready=when_ready)
     thread.start()
     assert reached.wait(BOUND_S)
-    state.switch.offer(switch)
+    state.rt.switch.offer(switch)
     offered.set()
     _finish(state, thread, inbox)
     switched = instantiated_after if when_ready else at
     assert switch.replan.switched_at_step == switched
     assert new_step.calls == steps - switched and new_step.evicts == 1 and new_step.waits == 1
     assert switch.replan.instantiate_s == 0.5   # the worker's figure, recorded at the switch
-    assert state.switch.taken == 1 and not state.switch.pending
+    assert state.rt.switch.taken == 1 and not state.rt.switch.pending
     lifecycle.teardown(state)

@@ -55,7 +55,7 @@ def test_validation_and_the_sample_stay_within_the_jobs_temporary_bytes(tmp_path
     assert 0 < kept.outside_steps_peak_bytes <= allowance
     assert kept.bytes_per_example * 16 > allowance     # by the measure, 16 at once would not fit
     sample = np.load(tmp_path / "models" / "kept.sample.npz")
-    whole = kept.train.model if kept.train is not None else None
+    whole = kept.rt.train.model if kept.rt.train is not None else None
     if whole is not None:      # the runtime objects may be dropped at teardown
         np.testing.assert_allclose(whole(sample["x"], training=False).numpy(), sample["predictions"], rtol=1e-5,
                                    atol=1e-6)

@@ -1,0 +1,67 @@
+"""A job's live side: the TensorFlow objects it trains with and the plan switch offered to it.
+
+Note [Record apart from runtime]
+What the runtime knows about a job has three lives, kept in three objects (as Optuna keeps a
+``FrozenTrial`` apart from the ``Trial`` a user's objective holds):
+
+* ``JobState`` (records.py): the host's knowledge of the job, the fields results.json is made
+  from, each owned by one thread at a time (Note [Threads and hand-offs] in threads.py);
+* ``JobRuntime`` (here, ``JobState.rt``): the TensorFlow handles (the traced and planned steps,
+  the model and optimizer, the job's pool stream, the batch it was traced with), the capture
+  it was planned from, the latency monitor and the plan switch. Never serialised; the teardown
+  drops them, and a job that ended holds an empty one (``JobRuntime()``), so nothing a finished
+  job trained with outlives it in the record;
+* ``JobRecord`` and ``StepRecord`` (records.py): frozen. A ``StepRecord`` is made once per step
+  by the job's thread; ``JobRecord.of`` makes the results.json form once the job ended.
+  ``JobState.progress`` is a frozen ``JobProgress`` the job thread replaces whole after each
+  step: the progress lines and the re-plan timing on the run loop read it, one reference, never
+  the list the job thread appends to (H11 in threads.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from tensile_tf.runtime.threads import Handoff
+
+if TYPE_CHECKING:
+    from tensile_tf.jobs.job import TrainStep
+    from tensile_tf.tf.pool import JobStream
+
+
+@dataclass(eq=False)
+class JobRuntime:
+    """The live TensorFlow side of one job (Note [Record apart from runtime])."""
+
+    train: "TrainStep | None" = None
+    step_fn: Callable | None = None
+    job_stream: "JobStream | None" = None
+    first_batch: tuple | None = None    # until the first training step (Note [Example batch] in pipeline.py)
+    batch_specs: tuple | None = None    # the first batch's TensorSpecs, after it
+    sample_inputs: Any = None           # a few of its inputs, on the host (the saved sample)
+    custom_gradients: set[str] = field(default_factory=set)
+    planned_step: Any = None            # rewrite.PlannedStep
+    # replanning.StepSwitch from the run loop to the job thread (Note [Threads and hand-offs], H3)
+    switch: Handoff = field(default_factory=Handoff)
+    latency_monitor: Any = None         # replanning.LatencyMonitor (its checks are the state's drift_checks)
+    captured: Any = None                # execution.CapturedJob of the current build
+
+    @property
+    def pending_switch(self) -> Any:
+        """The StepSwitch offered and not yet applied (None: none); read-only, the hand-off is ``switch``."""
+        return self.switch.peek()
+
+    @property
+    def example_args(self) -> tuple | None:
+        """What tracing the job's step needs: the first batch while it is held, its TensorSpecs
+        after (Note [Example batch] in tensile_tf/pipeline.py)."""
+        return self.first_batch if self.first_batch is not None else self.batch_specs
+
+
+@dataclass(frozen=True)
+class JobProgress:
+    """A job's progress after its latest step, replaced whole by its thread (Note [Record apart from runtime])."""
+
+    steps_done: int = 0
+    last_loss: float | None = None
+    median_step_s: float | None = None
