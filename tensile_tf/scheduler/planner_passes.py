@@ -155,6 +155,7 @@ class PlannerPasses:
     minimise_tolerance = 0.005        # ... until the interval is this fraction of the best peak
     minimise_series_steps = 4000      # passes after the first while passes x steps of all jobs stay under this
     minimise_recompute_step = 0.01    # a chasing recomputation round aims this fraction of the peak lower
+    minimise_targets: list = []       # ... the targets the last minimise-mode plan aimed at, in order
     recompute_first_passes = True     # Note [Recomputation first]: passes that recompute before they swap
     skip_uncut_chain_limits = True    # Note [Chain limits tried]: no longer limit after a pass no limit cut
     skip_restarts_that_serve_nothing_new = True   # Note [Restarts that serve nothing new]
@@ -221,6 +222,7 @@ class PlannerPasses:
         with the lowest ``_pass_cost`` kept, as in Note [Chain limits tried]."""
         best = None
         self.pass_costs = {}
+        self.minimise_targets = []   # every target a pass aimed at (None: the chase), in order
         steps = sum(len(pj.graph.ops) for pj in self.specs)
         for limit in self.chain_limits:
             self.max_chain = limit
@@ -231,6 +233,7 @@ class PlannerPasses:
                 """The pass aimed at ``target``, and where it misses it (or chases), the pass that
                 recomputes first (Note [Recomputation first]), as a budget of ``target`` plans."""
                 nonlocal best, limit_best, recomputed, more
+                self.minimise_targets.append(target)
                 peak = None
                 for self.recompute_first in (False, True):
                     if self.recompute_first and (more <= 0 or not self._recompute_first_helps(peak, target)):
