@@ -14,7 +14,6 @@ that need their own capacity run in a subprocess (see run_python)."""
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -40,6 +39,7 @@ os.environ.setdefault("TENSILE_POOL_BYTES", "3GiB")
 os.environ["TENSILE_LATENCY_PREDICTOR"] = str(Path("/nonexistent-tensile-test-cache") / "latency_predictor.joblib")
 
 import tensile_tf  # noqa: E402  (light: sets TensorFlow's environment defaults, imports no TF)
+from tests.forkserver import run_fresh  # noqa: E402
 
 
 def install_runtime() -> None:
@@ -66,10 +66,8 @@ def run_python(code: str, env: dict | None = None, timeout: float = 300) -> subp
     full_env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        cwd=REPO_ROOT, env=full_env, capture_output=True, text=True, timeout=timeout,
-    )
+    # forked from an interpreter that imported TensorFlow where it can be (Note [Children forked from one import])
+    return run_fresh(["-c", textwrap.dedent(code)], env=full_env, cwd=REPO_ROOT, timeout=timeout)
 
 
 def last_json_line(proc: subprocess.CompletedProcess):

@@ -59,6 +59,7 @@ NOT_ENVIRONMENT = {
     "TENSILE_WITH_CUDA": "the build's CUDA macro (setup.py)",
     "TENSILE_BUILT_AGAINST_TF": "the TensorFlow version macro the plugin is built with (setup.py)",
     "TENSILE_OPS": "the rewrite's set of tensile op types (tensile_tf/tf/rewrite/graph_edit.py)",
+    "TENSILE_TEST_FORK": "the test suite's own switch, never read by the package (tests/forkserver.py)",
 }
 NOT_ENVIRONMENT.update({f"TENSILE_{m}": "a thread-safety attribute macro (tf_plugin/thread_annotations.h)" for m in (
     "THREAD_ANNOTATION", "CAPABILITY", "SCOPED_CAPABILITY", "GUARDED_BY", "PT_GUARDED_BY", "REQUIRES", "ACQUIRE",

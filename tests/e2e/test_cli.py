@@ -1,12 +1,11 @@
 """End-to-end: the tensile command as a user runs it."""
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 
 from tests.conftest import REPO_ROOT
+from tests.forkserver import run_fresh
 
 SMALL_CONFIG = """
 pool: 256MiB
@@ -37,8 +36,8 @@ jobs:
 def tensile(*args, timeout=600, env=None):
     env = {k: v for k, v in os.environ.items() if k != "TENSILE_POOL_BYTES"} | (env or {})
     env["PYTHONPATH"] = str(REPO_ROOT)
-    return subprocess.run([sys.executable, "-m", "tensile_tf", *args], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    # a fresh interpreter's run, forked from one that imported TensorFlow (Note [Children forked from one import])
+    return run_fresh(["-m", "tensile_tf", *map(str, args)], env=env, cwd=REPO_ROOT, timeout=timeout)
 
 
 def write(tmp_path, text, name="config.yaml"):

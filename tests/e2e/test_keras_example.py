@@ -2,16 +2,14 @@
 tensile_tf.fit_concurrently, with their callbacks, in a fresh interpreter as a user runs it."""
 import json
 import os
-import subprocess
-import sys
 
 from tests.conftest import REPO_ROOT
+from tests.forkserver import run_fresh
 
 
 def test_keras_example_runs_shortened(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TENSILE_POOL_BYTES"} | {"PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.run([sys.executable, "examples/keras_digits.py", "--epochs", "2", "--out", str(tmp_path)],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_fresh(["examples/keras_digits.py", "--epochs", "2", "--out", str(tmp_path)], env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
     assert {j["name"]: j["status"] for j in results["jobs"]} == {"mlp": "finished", "cnn": "finished"}
@@ -28,9 +26,8 @@ def test_keras_tuner_example_runs_shortened_and_resumes(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TENSILE_POOL_BYTES"} | {"PYTHONPATH": str(REPO_ROOT)}
 
     def search(trials: int) -> str:
-        proc = subprocess.run([sys.executable, "examples/keras_tuner_digits.py", "--trials", str(trials),
-                               "--epochs", "1", "--out", str(tmp_path)],
-                              cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+        proc = run_fresh(["examples/keras_tuner_digits.py", "--trials", str(trials), "--epochs", "1",
+                          "--out", str(tmp_path)], env=env, timeout=300)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return proc.stdout
 

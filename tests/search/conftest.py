@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT, install_runtime
+from tests.forkserver import run_fresh
 
 install_runtime()  # in-process drivers train real jobs: the pool before any TF op
 
@@ -30,8 +31,8 @@ def search_cmd(*args) -> list[str]:
 
 
 def run_search_cli(*args, timeout=240) -> subprocess.CompletedProcess:
-    return subprocess.run(search_cmd(*args), cwd=REPO_ROOT, env=cli_env(), capture_output=True,
-                          text=True, timeout=timeout)
+    # forked from an interpreter that imported TensorFlow (Note [Children forked from one import] in tests/forkserver.py)
+    return run_fresh(search_cmd(*args)[1:], env=cli_env(), cwd=REPO_ROOT, timeout=timeout)
 
 
 def write_yaml(path: Path, text: str) -> Path:
