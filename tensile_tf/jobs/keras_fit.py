@@ -25,13 +25,17 @@ Where it is not ``fit`` bit for bit, and why:
 - ``shuffle=True`` shuffles each epoch with its own seeded generator (``seed``), not fit's; use
   ``shuffle=False`` (or a ``tf.data.Dataset``) to compare with fit;
 - the step runs without XLA (the planner rewrites TensorFlow graph ops): a model compiled with
-  ``jit_compile=True`` computes the same function with other rounding;
+  ``jit_compile=True`` (as Keras leaves it where a device supports XLA) computes the same function
+  with other rounding, and a ``UserWarning`` says so when the job is made;
+- ``verbose`` reaches the callbacks' ``params`` as fit's does, but the run's progress lines take
+  the place of Keras' progress bar; ``validation_freq`` and ``validation_steps`` are fit's;
 - the loss the host records per step is fit's batch log ``loss``: the running mean since the
   epoch began.
 """
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Sequence
 
@@ -59,6 +63,8 @@ class FitLoop:
     validation_batch_size: int | None = None
     initial_epoch: int = 0              # fit's initial_epoch: epochs initial_epoch .. epochs - 1 run
     steps: int | None = None            # a step count instead of whole epochs (the last one partial)
+    validation_freq: int = 1            # fit's: validate at the end of every this many epochs
+    validation_steps: int | None = None  # fit's: batches of validation data each time (None: all)
     logs: dict[str, float] = field(default_factory=dict)
     _begun_batch: int = -1
     _ended: bool = False
@@ -98,7 +104,7 @@ class FitLoop:
             last = state.steps_done >= self.total_steps
             if batch == self.steps_per_epoch - 1 or self.model.stop_training or last:
                 epoch_logs = dict(self.logs)
-                if self.validation is not None:
+                if self.validation is not None and (epoch + 1) % self.validation_freq == 0:   # fit's _should_eval
                     epoch_logs.update(self._validate())
                 self.callbacks.on_epoch_end(epoch, epoch_logs)
                 self.logs = epoch_logs
@@ -114,10 +120,11 @@ class FitLoop:
     def _validate(self) -> dict[str, float]:
         v = self.validation
         if isinstance(v, tf.data.Dataset):
-            logs = self.model.evaluate(v, verbose=0, return_dict=True, callbacks=self.callbacks)
+            logs = self.model.evaluate(v, steps=self.validation_steps, verbose=0, return_dict=True,
+                                       callbacks=self.callbacks)
         else:
             x, y, *sw = v
-            logs = self.model.evaluate(x, y, sample_weight=sw[0] if sw else None,
+            logs = self.model.evaluate(x, y, sample_weight=sw[0] if sw else None, steps=self.validation_steps,
                                        batch_size=self.validation_batch_size, verbose=0, return_dict=True,
                                        callbacks=self.callbacks)
         return {f"val_{k}": float(val) for k, val in logs.items()}
@@ -181,16 +188,29 @@ def keras_fit(name: str, model: Any, x: Any = None, y: Any = None, *, dataset: A
                validation_data: Any = None, validation_split: float = 0.0,
                validation_batch_size: int | None = None, callbacks: Sequence[Any] = (),
                shuffle: bool = False, seed: int = 0, class_weight: dict[int, float] | None = None,
-               sample_weight: np.ndarray | None = None) -> tuple[FitLoop, Callable, Any]:
+               sample_weight: np.ndarray | None = None, verbose: int | str = "auto",
+               validation_steps: int | None = None, validation_freq: int = 1) -> tuple[FitLoop, Callable, Any]:
     """fit's loop for a compiled ``keras.Model`` (Note [fit's loop in a job]; the argument
     names are fit's): the FitLoop hooks, the step function and the batches, which
     ``Job.from_keras`` makes a job of. Data: arrays ``x`` and ``y``, or a batched
     ``tf.data.Dataset`` as ``dataset`` (then ``steps_per_epoch``, unless its cardinality is
     known). ``steps`` (not fit's): train that many steps instead of whole epochs; the last epoch
-    ends, with its logs and callbacks, at the last step."""
+    ends, with its logs and callbacks, at the last step. ``verbose`` is fit's and reaches the
+    callbacks' ``params``; the run's own progress lines take the place of Keras' progress bar."""
     import keras
 
     _check_compiled(name, model)
+    if verbose not in ("auto", 0, 1, 2):
+        raise KerasJobError(f"job {name!r}: verbose must be 'auto', 0, 1 or 2 (fit's), got {verbose!r}")
+    if not isinstance(validation_freq, int) or validation_freq < 1:
+        raise KerasJobError(f"job {name!r}: validation_freq must be a whole number of epochs >= 1, "
+                            f"got {validation_freq!r}")
+    if validation_steps is not None and validation_steps < 1:
+        raise KerasJobError(f"job {name!r}: validation_steps must be at least 1, got {validation_steps}")
+    if getattr(model, "jit_compile", False) is True:   # said once, at submit (Note [fit's loop in a job])
+        warnings.warn(f"job {name!r}: the model was compiled with jit_compile=True; the job's step runs without "
+                      "XLA (the planner rewrites TensorFlow's graph ops), the same function with other rounding",
+                      UserWarning, stacklevel=3)
     if steps is not None:   # a step count instead of epochs: as many epochs as it takes
         if steps < 1:
             raise KerasJobError(f"job {name!r}: steps must be at least 1, got {steps}")
@@ -234,9 +254,10 @@ def keras_fit(name: str, model: Any, x: Any = None, y: Any = None, *, dataset: A
     if steps is not None:
         epochs = -(-steps // steps_per_epoch)
     callback_list = keras.callbacks.CallbackList(list(callbacks), add_history=True, add_progbar=False,
-                                                 epochs=epochs, steps=steps_per_epoch, model=model)
+                                                 verbose=1 if verbose == "auto" else verbose, epochs=epochs,
+                                                 steps=steps_per_epoch, model=model)
     fit = FitLoop(model, steps_per_epoch, epochs, callback_list, validation_data,
-                   validation_batch_size or batch_size, initial_epoch, steps)
+                   validation_batch_size or batch_size, initial_epoch, steps, validation_freq, validation_steps)
 
     return fit, keras_train_step(model), batches
 

@@ -192,3 +192,42 @@ def test_steps_instead_of_epochs_ends_a_partial_last_epoch():
     assert state.status == JobStatus.finished and state.steps_done == 12
     history = job.history.history
     assert len(history["loss"]) == 2 and len(history["val_loss"]) == 2   # 8 steps, then 4: two epoch ends
+
+
+def test_fits_other_arguments_are_taken_as_fit_takes_them():
+    """Issue 58: ``verbose`` reaches the callbacks' params, ``validation_freq`` and ``validation_steps``
+    validate as fit does; a model compiled with jit_compile=True is told, at submit, that its step
+    runs without XLA; a value fit refuses is refused with the key's name."""
+    seen: dict = {"val": []}
+
+    class Record(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            seen["params"] = dict(self.params)
+
+        def on_epoch_end(self, epoch, logs=None):
+            seen["val"].append("val_loss" in logs)
+
+    model = compiled_model()
+    job = Job.from_keras("freq", model, X, Y, batch_size=BATCH, epochs=4, verbose=0, validation_data=(XV, YV),
+                         validation_freq=2, validation_steps=1, callbacks=[Record()])
+    host = JobHost(admission="none")
+    state = host.submit(job)
+    host.run()
+    assert state.status == JobStatus.finished, state.error
+    assert seen["params"]["verbose"] == 0 and seen["params"]["epochs"] == 4
+    assert seen["val"] == [False, True, False, True]            # epochs 2 and 4, as fit's validation_freq=2
+    # validation_steps=1: the first validation batch only (the weights are the last epoch end's)
+    first = model.evaluate(XV, YV, batch_size=BATCH, steps=1, verbose=0, return_dict=True)
+    whole = model.evaluate(XV, YV, batch_size=BATCH, verbose=0, return_dict=True)
+    assert job.history.history["val_loss"][-1] == first["loss"] != whole["loss"]
+    class Compiled(keras.Sequential):      # XLA as a device machine would resolve it (this CPU turns it off)
+        jit_compile = property(lambda self: True, lambda self, value: None)
+
+    xla = Compiled([keras.Input((16,)), keras.layers.Dense(4, activation="softmax")])
+    xla.compile(optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy", jit_compile=True)
+    with pytest.warns(UserWarning, match="without XLA"):
+        Job.from_keras("xla", xla, X, Y, batch_size=BATCH)
+    for bad, key in (({"validation_freq": 0}, "validation_freq"), ({"verbose": 3}, "verbose"),
+                     ({"validation_steps": 0}, "validation_steps")):
+        with pytest.raises(KerasJobError, match=key):
+            Job.from_keras("bad", compiled_model(), X, Y, batch_size=BATCH, **bad)
