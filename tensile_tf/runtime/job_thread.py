@@ -15,6 +15,7 @@ import hashlib
 import math
 import threading
 import time
+from bisect import insort
 from pathlib import Path
 from typing import Callable
 
@@ -67,8 +68,13 @@ def run_step(state: JobState, batch: tuple, clock: RunClock) -> None:
     state.records.append(StepRecord(state.steps_done, start, duration, value, peak, state.plan_number))
     state.steps_done += 1
     state.peak_bytes = max(state.peak_bytes, peak)
-    # one reference the run loop reads (Note [Record apart from runtime] in job_runtime.py)
-    state.progress = JobProgress(state.steps_done, state.last_loss, state.median_step_s)
+    # one reference the run loop reads (Note [Record apart from runtime] in job_runtime.py); its median is
+    # median_step_s's, kept sorted step by step (sorting every record each step costs a long job's steps)
+    window = state.progress_step_s
+    if state.steps_done > 1:
+        insort(window, duration)
+    median = window[len(window) // 2] if window else duration
+    state.progress = JobProgress(state.steps_done, value, median)
     if state.job.stop_on_nan and not math.isfinite(value):
         raise NonFiniteLoss(f"job {state.name!r}: loss became {value} at step {state.steps_done - 1}; "
                             "lower the learning rate, or set stop_on_nan: false")

@@ -80,7 +80,7 @@ class JobLifecycle:
         state.records.clear()
         state.validation.clear()
         state.steps_done = 0
-        state.progress = JobProgress()
+        state.progress, state.progress_step_s = JobProgress(), []
         registered_before = custom_gradient_names()
         failed = False
         beside_others = self._others_built(state)

@@ -144,6 +144,7 @@ class JobState:
     # and the progress the job thread publishes after each step for other threads to read
     rt: JobRuntime = field(default_factory=JobRuntime, repr=False, compare=False)
     progress: JobProgress = field(default_factory=JobProgress, repr=False, compare=False)
+    progress_step_s: list[float] = field(default_factory=list, repr=False, compare=False)   # training steps', sorted
     validation: list = field(default_factory=list)   # datasets.ValidationRecord, oldest first
     model_path: str | None = None       # the trained model, saved in Keras' format (relative to the output dir)
     checkpoints: list[str] = field(default_factory=list)   # models saved every checkpoint_every steps (same folder)

@@ -5,6 +5,7 @@ holds only its own steps' events; the control, every event by node name (the
 reading before the note), sums both jobs' into one."""
 import shutil
 import tempfile
+from types import SimpleNamespace as NS
 
 import pytest
 import tensorflow as tf
@@ -65,22 +66,26 @@ def test_each_jobs_table_holds_only_its_own_steps_events(profile):
     assert table.seconds[matmul] == pytest.approx(_matmul(mine)[0] * 1e-12)
 
 
-def test_an_op_after_a_nested_process_event_belongs_to_the_outer_one():
-    """A call run inline opens a Process event inside its caller's on the same thread: the caller's
-    ops after it ended are still the caller's step's (the innermost event open at the op)."""
-    from types import SimpleNamespace as NS
+def _event(meta, start, duration, step=None):
+    """A hand-made XSpace event (metadata 1: Process, 2/4: bind ops of a/b, 3: MatMul)."""
+    return NS(metadata_id=meta, offset_ps=start, duration_ps=duration,
+              stats=[NS(metadata_id=1, int64_value=step)] if step is not None else [])
 
-    def event(meta, start, duration, step=None):
-        return NS(metadata_id=meta, offset_ps=start, duration_ps=duration,
-                  stats=[NS(metadata_id=1, int64_value=step)] if step is not None else [])
 
+def _profile(events) -> NS:
+    """An XSpace of one host thread holding ``events``."""
     plane = NS(name="/host:CPU", stat_metadata={1: NS(name="id")},
                event_metadata={1: NS(name="ExecutorState::Process"), 2: NS(name="TensileBindStep_a:TensileBindStep"),
                                 3: NS(name="MatMul:MatMul"), 4: NS(name="TensileBindStep_b:TensileBindStep")},
-               lines=[NS(name="tf_Compute/1", events=[
-                   event(1, 0, 100, step=7), event(2, 5, 1), event(1, 10, 10, step=7), event(3, 50, 30),
-                   event(1, 200, 100, step=9), event(4, 205, 1), event(3, 250, 40)])])
-    xs = NS(planes=[plane])
+               lines=[NS(name="tf_Compute/1", events=events)])
+    return NS(planes=[plane])
+
+
+def test_an_op_after_a_nested_process_event_belongs_to_the_outer_one():
+    """A call run inline opens a Process event inside its caller's on the same thread: the caller's
+    ops after it ended are still the caller's step's (the innermost event open at the op)."""
+    xs = _profile([_event(1, 0, 100, step=7), _event(2, 5, 1), _event(1, 10, 10, step=7), _event(3, 50, 30),
+                   _event(1, 200, 100, step=9), _event(4, 205, 1), _event(3, 250, 40)])
     assert op_durations(xs, {"TensileBindStep_a"})["MatMul"] == [30]
     assert op_durations(xs, {"TensileBindStep_b"})["MatMul"] == [40]
     assert sorted(op_durations(xs)["MatMul"]) == [30, 40]        # the control: by node name alone
@@ -90,18 +95,7 @@ def test_an_op_after_its_threads_last_written_process_event_is_that_steps():
     """A profile can stop before the executor writes the Process event its last op ran in (the
     caller had its outputs first): that op is the step's of the thread's last written event, where
     before it belonged to no step and the job's table lost it (a loaded machine, 3 profiles in 30)."""
-    from types import SimpleNamespace as NS
-
-    def event(meta, start, duration, step=None):
-        return NS(metadata_id=meta, offset_ps=start, duration_ps=duration,
-                  stats=[NS(metadata_id=1, int64_value=step)] if step is not None else [])
-
-    plane = NS(name="/host:CPU", stat_metadata={1: NS(name="id")},
-               event_metadata={1: NS(name="ExecutorState::Process"), 2: NS(name="TensileBindStep_a:TensileBindStep"),
-                                3: NS(name="MatMul:MatMul"), 4: NS(name="TensileBindStep_b:TensileBindStep")},
-               lines=[NS(name="tf_Compute/1", events=[
-                   event(1, 0, 10, step=7), event(2, 2, 1), event(1, 20, 10, step=9), event(4, 22, 1),
-                   event(3, 40, 300)])])      # b's MatMul, its Process event never written
-    xs = NS(planes=[plane])
+    xs = _profile([_event(1, 0, 10, step=7), _event(2, 2, 1), _event(1, 20, 10, step=9), _event(4, 22, 1),
+                   _event(3, 40, 300)])      # b's MatMul, its Process event never written
     assert op_durations(xs, {"TensileBindStep_b"})["MatMul"] == [300]
     assert "MatMul" not in op_durations(xs, {"TensileBindStep_a"})
