@@ -46,23 +46,32 @@ class _Server:
         self.import_env = _import_env(env)
         self.proc = subprocess.Popen([sys.executable, "-c", "from tests.forkserver import serve; serve()"],
                                      cwd=REPO_ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True, bufsize=1)
+                                     stderr=subprocess.DEVNULL)
+        self._fd, self._buf = self.proc.stdout.fileno(), b""
         ready = self._line(120)
         if ready != {"ready": True}:
             raise RuntimeError(f"fork server did not start: {ready}")
 
     def _line(self, timeout: float):
-        ready, _, _ = select.select([self.proc.stdout], [], [], max(0.0, timeout))
-        if not ready:
-            return None
-        line = self.proc.stdout.readline()
-        return json.loads(line) if line else {"gone": True}
+        """The server's next reply line, read from the pipe itself (a buffered reader could hold the
+        second of two lines that came at once while ``select`` waits on the empty pipe); None at timeout."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        while b"\n" not in self._buf:
+            ready, _, _ = select.select([self._fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                return None
+            chunk = os.read(self._fd, 65536)
+            if not chunk:
+                return {"gone": True}
+            self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
+        return json.loads(line)
 
     def run(self, argv: list[str], env: dict, cwd: Path, timeout: float) -> subprocess.CompletedProcess:
         with tempfile.TemporaryDirectory(prefix="tensile-fork-") as tmp:
             out, err = Path(tmp) / "out", Path(tmp) / "err"
-            self.proc.stdin.write(json.dumps({"argv": argv, "env": env, "cwd": str(cwd),
-                                              "out": str(out), "err": str(err)}) + "\n")
+            self.proc.stdin.write((json.dumps({"argv": argv, "env": env, "cwd": str(cwd),
+                                               "out": str(out), "err": str(err)}) + "\n").encode())
             self.proc.stdin.flush()
             started = self._line(60)
             if not started or "pid" not in started:

@@ -155,7 +155,7 @@ class PlannerPasses:
     minimise_tolerance = 0.005        # ... until the interval is this fraction of the best peak
     minimise_series_steps = 4000      # passes after the first while passes x steps of all jobs stay under this
     minimise_recompute_step = 0.01    # a chasing recomputation round aims this fraction of the peak lower
-    minimise_targets: list = []       # ... the targets the last minimise-mode plan aimed at, in order
+    minimise_targets: tuple | list = ()   # ... the targets the last minimise-mode plan aimed at, in order
     recompute_first_passes = True     # Note [Recomputation first]: passes that recompute before they swap
     skip_uncut_chain_limits = True    # Note [Chain limits tried]: no longer limit after a pass no limit cut
     skip_restarts_that_serve_nothing_new = True   # Note [Restarts that serve nothing new]
