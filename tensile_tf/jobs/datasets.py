@@ -233,15 +233,31 @@ class Validator:
     every: int | None
     records: list[ValidationRecord] = field(default_factory=list)
     _forward: Any = field(default=None, repr=False)
+    attributed: Callable[[Callable], Callable] = field(default=lambda fn: fn, repr=False)
 
     def due(self, steps_done: int, total: int) -> bool:
         return steps_done == total or (self.every is not None and steps_done % self.every == 0)
 
-    def run(self, steps_done: int, now_s: float) -> ValidationRecord:
-        t = time.perf_counter()
+    def _forward_fn(self):
         if self._forward is None:
             model = self.model
-            self._forward = tf.function(lambda x: model(x, training=False))
+            self._forward = tf.function(self.attributed(lambda x: model(x, training=False)))
+        return self._forward
+
+    def attribute_to(self, attributed: Callable[[Callable], Callable] | None) -> None:
+        """The forward traced as ``attributed(forward)`` from now on: the job's stream's
+        ``JobStream.attributed``, whose allocations are then the job's (None: not attributed)."""
+        self.attributed, self._forward = attributed or (lambda fn: fn), None
+
+    def run_one_batch(self) -> None:
+        """The first batch's forward and loss, nothing recorded: what one batch of validation takes
+        (Note [Work outside the steps, inside the allowance] in tensile_tf/runtime/work_outside_steps.py)."""
+        xb, yb = tf.constant(self.x[:self.batch_size]), tf.constant(self.y[:self.batch_size])
+        float(tf.reduce_mean(self.loss_fn(yb, self._forward_fn()(xb))))
+
+    def run(self, steps_done: int, now_s: float) -> ValidationRecord:
+        t = time.perf_counter()
+        self._forward_fn()
         sparse = np.issubdtype(self.y.dtype, np.integer)
         metrics = [_metric(n, sparse) for n in self.metric_names]
         losses, weights = [], []

@@ -68,6 +68,7 @@ class FitLoop:
     logs: dict[str, float] = field(default_factory=dict)
     _begun_batch: int = -1
     _ended: bool = False
+    _own_test_step: tuple | None = None   # (the model's instance test_step or None,), kept by attribute_to
 
     @property
     def total_steps(self) -> int:
@@ -117,16 +118,47 @@ class FitLoop:
         """The job's ``on_step``: False once a callback stopped training."""
         return not self.model.stop_training
 
-    def _validate(self) -> dict[str, float]:
+    def attribute_to(self, attributed: Callable[[Callable], Callable] | None) -> None:
+        """``evaluate``'s step traced as ``attributed(test_step)`` (the job's stream's
+        ``JobStream.attributed``: its allocations are the job's); None puts the model's own back.
+        ``test_step`` is Keras' override point; ``test_function = None`` makes ``evaluate`` trace anew."""
+        model = self.model
+        if self._own_test_step is None:
+            self._own_test_step = (vars(model).get("test_step"),)
+        own = self._own_test_step[0]
+        if "test_step" in vars(model):
+            delattr(model, "test_step")
+        if own is not None:
+            model.test_step = own
+        if attributed is not None:
+            model.test_step = attributed(model.test_step)
+        model.test_function = None
+
+    def run_one_validation_batch(self) -> None:
+        """One batch of the job's validation, as ``evaluate`` runs it, for the probe to measure (Note
+        [Work outside the steps, inside the allowance] in tensile_tf/runtime/work_outside_steps.py);
+        the metrics ``evaluate`` resets (fit's running results among them) are put back after it."""
+        if self.validation is None:
+            return
+        metric_variables = [v for m in self.model.metrics for v in m.variables]
+        kept = [v.numpy() for v in metric_variables]
+        try:
+            self._validate(steps=1, callbacks=None)
+        finally:
+            for v, value in zip(metric_variables, kept):
+                v.assign(value)
+
+    def _validate(self, steps: int | None = None, callbacks: Any = "fit's") -> dict[str, float]:
         v = self.validation
+        steps = steps or self.validation_steps
+        callbacks = self.callbacks if callbacks == "fit's" else callbacks
         if isinstance(v, tf.data.Dataset):
-            logs = self.model.evaluate(v, steps=self.validation_steps, verbose=0, return_dict=True,
-                                       callbacks=self.callbacks)
+            logs = self.model.evaluate(v, steps=steps, verbose=0, return_dict=True, callbacks=callbacks)
         else:
             x, y, *sw = v
-            logs = self.model.evaluate(x, y, sample_weight=sw[0] if sw else None, steps=self.validation_steps,
+            logs = self.model.evaluate(x, y, sample_weight=sw[0] if sw else None, steps=steps,
                                        batch_size=self.validation_batch_size, verbose=0, return_dict=True,
-                                       callbacks=self.callbacks)
+                                       callbacks=callbacks)
         return {f"val_{k}": float(val) for k, val in logs.items()}
 
 

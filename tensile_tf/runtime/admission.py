@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 
 from tensile_tf.config.schema import Admission
 from tensile_tf.runtime.records import JobState
+from tensile_tf.runtime.work_outside_steps import admitted_temporary_bytes
 
 # Share of the pool that plans and admission leave free when jobs share it:
 # the planner's peak prediction is within ~10-15% of what the pool measures.
@@ -83,14 +84,15 @@ class AdmissionControl:
         return freed > 0 and condition(needs, shared_room(self.capacity, held_outside_jobs - freed, len(group)))
 
     def never_fits(self, state: JobState) -> bool:
-        return (state.persistent_bytes or 0) + (state.temporary_bytes or 0) > self.capacity
+        return (state.persistent_bytes or 0) + admitted_temporary_bytes(state, state.temporary_bytes or 0) \
+            > self.capacity
 
     def remember(self, state: JobState) -> None:
         """Keeps a vanilla job's measurement for jobs of the same signature."""
         sig = _signature(state)
         if sig is not None and state.measured and not state.cold_planned:
             self._measured_by_signature[sig] = (state.job.spec.batch_size, state.persistent_bytes,
-                                                state.temporary_bytes)
+                                                admitted_temporary_bytes(state, state.temporary_bytes))
 
     def predict(self, state: JobState) -> tuple[int, int] | None:
         """(P, T): planned, measured, else scaled from a measured job of the
@@ -104,10 +106,11 @@ class AdmissionControl:
         planned = state.planned_needs
         if planned is not None:
             if switch is not None:   # the larger of the two until the job has switched
-                return tuple(max(a, b) for a, b in zip(planned, switch.needs))
-            return planned
+                planned = tuple(max(a, b) for a, b in zip(planned, switch.needs))
+            # Note [Work outside the steps, inside the allowance]: its validation batch's bytes too
+            return planned[0], admitted_temporary_bytes(state, planned[1])
         if state.measured:
-            return state.persistent_bytes, state.temporary_bytes
+            return state.persistent_bytes, admitted_temporary_bytes(state, state.temporary_bytes)
         sig = _signature(state)
         ref = self._measured_by_signature.get(sig) if sig else None
         if ref is None:

@@ -79,7 +79,9 @@ def run_step(state: JobState, batch: tuple, clock: RunClock) -> None:
         raise NonFiniteLoss(f"job {state.name!r}: loss became {value} at step {state.steps_done - 1}; "
                             "lower the learning rate, or set stop_on_nan: false")
     if hooks is not None:
-        hooks.after(state, lambda: variables_on_device(state))
+        meter = OutsideStepsMeter(state)   # Note [Work outside the steps, inside the allowance]: fit's callbacks,
+        hooks.after(state, lambda: variables_on_device(state))   # evaluate
+        meter.done()
 
 
 @contextlib.contextmanager

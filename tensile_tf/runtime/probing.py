@@ -26,13 +26,14 @@ from tensile_tf.jobs.job import JobDoesNotFit
 from tensile_tf.tf.pool import JobStream, host_fallback_scope, pool_stats
 from tensile_tf.runtime.admission import AdmissionControl
 from tensile_tf.runtime.failures import record_failure
-from tensile_tf.runtime.job_thread import RunClock, run_step
+from tensile_tf.runtime.job_thread import RunClock, run_step, variables_on_device
 from tensile_tf.runtime.nodegroup import SPLIT_PROBE_RUNS, NodeGroupCoordinator
 from tensile_tf.runtime.planning import COLD_START_HEADROOMS, JobPlanning
 from tensile_tf.runtime.job_runtime import JobProgress, JobRuntime
 from tensile_tf.runtime.records import FINAL_STATUSES, JobState, JobStatus
 from tensile_tf.runtime.teardown_memory import collect_garbage, wait_for_late_frees
 from tensile_tf.runtime.traced_step_reuse import TracedStepShelf, trace_step
+from tensile_tf.runtime.work_outside_steps import admitted_temporary_bytes, attribute_validation, measure_at_probe
 from tf_plugin.tf_internals import custom_gradient_names, forget_custom_gradients
 
 
@@ -101,6 +102,7 @@ class JobLifecycle:
                         state.rt.step_fn = state.rt.job_stream.step_function(state.rt.train.step_fn, graph_transform=transform)
                         trace_step(state.rt.step_fn, state.rt.first_batch,   # once, here, serially
                                    any_batch=self.shelf is not None and self.shelf.may_park(state))
+                    attribute_validation(state, state.rt.job_stream)   # its allocations the job's, as its step's
                 if fell_back():
                     raise tf.errors.ResourceExhaustedError(
                         None, None, f"out of memory while building job {state.name!r}: {fell_back()} "
@@ -167,11 +169,23 @@ class JobLifecycle:
         after = stream.stats()
         state.persistent_bytes = after["current"]
         state.temporary_bytes = max(0, state.records[-1].peak_bytes - max(before, after["current"]))
+        validated = True
+        try:   # Note [Work outside the steps, inside the allowance]: its validation's bytes, admitted with T
+            with stream.eager_scope():
+                measure_at_probe(state, lambda: variables_on_device(state))
+        except Exception as e:  # noqa: BLE001 - the job's validation failed: the job's failure, not the host's
+            out_of_memory = isinstance(e, tf.errors.ResourceExhaustedError)
+            self.fail(state, e, status=JobStatus.rejected if out_of_memory else JobStatus.failed)
+            validated = False
+        if not validated:   # outside the except block: its traceback would keep the job's objects alive
+            self.teardown(state)
+            return ProbeOutcome.ended
         self.admission.remember(state)
         if self.admission.never_fits(state):
             self.fail(state, RuntimeError(
                 f"needs {tf_plugin.human_bytes(state.persistent_bytes)} persistent + "
-                f"{tf_plugin.human_bytes(state.temporary_bytes)} temporary, more than the pool's "
+                f"{tf_plugin.human_bytes(admitted_temporary_bytes(state, state.temporary_bytes))} temporary, "
+                f"more than the pool's "
                 f"{tf_plugin.human_bytes(self.admission.capacity)}; raise `pool:` or lower the job's "
                 "`batch_size:`"), status=JobStatus.rejected)
             self.teardown(state)
@@ -365,6 +379,7 @@ class JobLifecycle:
                 and self.shelf.park(state)):   # Note [Reusing a finished job's traced step]: kept for the next of its graph
             state.peak_bytes = max(state.peak_bytes, stream.stats().get("peak", 0))   # renamed, its counters kept
             stream = state.rt.job_stream = None
+        attribute_validation(state, None)   # a Keras model's own test_step back
         state.rt.train = None
         state.rt.step_fn = None
         state.rt.first_batch = None

@@ -120,6 +120,7 @@ class JobState:
     # Note [Work outside the steps, inside the allowance] (work_outside_steps.py)
     outside_steps_peak_bytes: int = 0
     outside_steps_allowance_bytes: int | None = None
+    outside_steps_need_bytes: int = 0    # its probe's validation batch, admitted with its T
     bytes_per_example: int | None = field(default=None, repr=False)
     stream: int | None = None
     attempts: int = 0                # probes / builds
@@ -240,6 +241,7 @@ class JobRecord:
     # counted for them (Note [Work outside the steps, inside the allowance] in work_outside_steps.py)
     outside_steps_peak_bytes: int = 0
     outside_steps_allowance_bytes: int | None = None
+    outside_steps_need_bytes: int = 0     # measured at the probe (one validation batch) and admitted
 
     @classmethod
     def of(cls, s: JobState) -> "JobRecord":
@@ -258,7 +260,8 @@ class JobRecord:
             checkpoints=list(s.checkpoints), plan=s.plan, plan_error=s.plan_error, times=s.times.to_dict(),
             plan_segments=plan_segments(s.records, s.plan_history), traced_step_from=s.traced_step_from,
             late_free_s=round(s.late_free_s, 4), outside_steps_peak_bytes=s.outside_steps_peak_bytes,
-            outside_steps_allowance_bytes=s.outside_steps_allowance_bytes)
+            outside_steps_allowance_bytes=s.outside_steps_allowance_bytes,
+            outside_steps_need_bytes=s.outside_steps_need_bytes)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

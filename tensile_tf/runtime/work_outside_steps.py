@@ -23,15 +23,22 @@ at a time, and the record shows it). One call of a whole batch sized from
 one example's bytes alone (T // those bytes, 9 of 16) once peaked 0.9 MiB
 above a 71.0 MiB T on a loaded machine.
 Predictions are those of the whole batch within float rounding (the saved
-sample is checked with rtol 1e-5). Validation is measured, not split: its
-loss must be the same bits with and without a plan (test_real_data
-compares them), and a batch split by the allowance, which a plan changes,
-changes the bits (0.37581685 against 0.37581686 on the digits). What the
-work took at most above the job's bytes before it is recorded
-(``outside_steps_peak_bytes``), beside the room it had
-(``outside_steps_allowance_bytes``): a validation batch larger than the
-room shows there. A job admission counted nothing for (``admission: none``
-and no probe) runs its work whole, as before.
+sample is checked with rtol 1e-5). Validation is not split: its loss must
+be the same bits with and without a plan (test_real_data compares them),
+and a batch split by the allowance, which a plan changes, changes the bits
+(0.37581685 against 0.37581686 on the digits). It is measured and admitted
+instead: the probe, after the job's first step, runs one batch of the job's
+validation (``Validator.run_one_batch``; a Keras job's ``evaluate`` of one
+batch, its metrics put back: ``FitLoop.run_one_validation_batch``), and
+its peak above the job's bytes is ``outside_steps_need_bytes``. Admission
+counts the larger of that and T (``admitted_temporary_bytes``), so a
+validation batch larger than a step's T (a plan's T, lowered by swapping,
+or a larger validation batch) is in what admission let the job take. What
+the work took at most above the job's bytes is recorded
+(``outside_steps_peak_bytes``) beside the room it had
+(``outside_steps_allowance_bytes``), fit's hooks (callbacks, ``evaluate``)
+included. A job admission counted nothing for (``admission: none`` and no
+probe) runs its work whole, as before.
 """
 from __future__ import annotations
 
@@ -43,11 +50,46 @@ import numpy as np
 KEEP_WITHIN_ALLOWANCE = True
 
 
+#: Note [Work outside the steps, inside the allowance]: False skips the probe's validation batch (the
+#: control of its test): admission then counts the step's T alone.
+MEASURE_AT_PROBE = True
+
+
+def admitted_temporary_bytes(state, step_temporary_bytes: int) -> int:
+    """The T admission counts for a job whose step takes ``step_temporary_bytes``: the larger of
+    that and what its work outside the steps was measured to need."""
+    return max(int(step_temporary_bytes), int(state.outside_steps_need_bytes))
+
+
 def allowance_bytes(state) -> int | None:
     """The T admission counts for the job (planned, else measured), or None where it counted none."""
     if state.planned_needs is not None:
-        return int(state.planned_needs[1])
-    return int(state.temporary_bytes) if state.temporary_bytes is not None else None
+        return admitted_temporary_bytes(state, state.planned_needs[1])
+    return admitted_temporary_bytes(state, state.temporary_bytes) if state.temporary_bytes is not None else None
+
+
+def one_validation_batch(state) -> Callable[[], Any] | None:
+    """One batch of the job's validation, nothing recorded: a YAML or TrainStep job's
+    ``Validator``, else a Keras job's fit loop; None where the job validates nothing."""
+    validator = getattr(state.rt.train, "validator", None)
+    if validator is not None:
+        return validator.run_one_batch
+    hooks = state.job.step_hooks
+    return getattr(hooks, "run_one_validation_batch", None) if hooks is not None else None
+
+
+def measure_at_probe(state, on_device: Callable[[], Any]) -> None:
+    """After the probe step: one batch of the job's validation, its peak above the job's bytes
+    kept as ``outside_steps_need_bytes`` (at least what its work outside the steps took so far)."""
+    run = one_validation_batch(state)
+    if not MEASURE_AT_PROBE or run is None or state.rt.job_stream is None:
+        return
+    meter = OutsideStepsMeter(state)
+    with on_device():
+        run()
+    state.outside_steps_need_bytes = max(state.outside_steps_need_bytes, state.outside_steps_peak_bytes,
+                                         meter.above_base())
+    meter.done()
 
 
 def next_call_size(allowance: int, last_size: int, last_bytes: int, left: int) -> int:
@@ -104,3 +146,17 @@ def predict_within_allowance(state, predict: Callable[[Any], Any], x) -> np.ndar
         state.bytes_per_example = max(1, used // size)
         size = next_call_size(allowance, size, used, len(x) - i)
     return np.concatenate(parts)
+
+
+def attribute_validation(state, stream) -> None:
+    """The job's validation traced to bind its runs to the job's stream (``JobStream.attributed``),
+    as its training step is: a tf.function's ops run on TensorFlow's threads, and without it one
+    batch of 16 conv maps counted 1.7 MiB for the job where it took more than the step's 71 MiB.
+    ``stream`` None undoes it (the job's teardown)."""
+    attributed = stream.attributed if stream is not None else None
+    validator = getattr(state.rt.train, "validator", None)
+    if validator is not None:
+        validator.attribute_to(attributed)
+    hooks = state.job.step_hooks
+    if hooks is not None and hasattr(hooks, "attribute_to"):
+        hooks.attribute_to(attributed)

@@ -190,11 +190,20 @@ class JobStream:
         ``graph_transform(func_graph)``, if given, edits each trace of the step
         right after tracing (e.g. inserts node-group barriers).
         """
-        stream, job = self.stream, self.name
         if graph_transform is not None:
             register_func_graph_transform()
+        attributed_step = self.attributed(fn, graph_transform)
+        attributed_step.__name__ = f"{getattr(fn, '__name__', 'step')}_{self.name}"
+        tf_function_kwargs.setdefault("jit_compile", False)
+        return tf.function(attributed_step, **tf_function_kwargs)
 
-        def attributed_step(*args, **kwargs):
+    def attributed(self, fn: Callable, graph_transform: Callable | None = None) -> Callable:
+        """``fn`` for tracing into a tf.function whose run's allocations are this job's: its ops run
+        after the TensileBindStep op, which binds the run's step to the stream (graph ops run on
+        TensorFlow's threads, where ``eager_scope`` does not reach)."""
+        stream, job = self.stream, self.name
+
+        def attributed_fn(*args, **kwargs):
             bind = bind_step_op(stream, job)   # named for the job (Note [Profiles of one job's steps])
             with tf.control_dependencies([bind]):
                 out = fn(*args, **kwargs)
@@ -202,9 +211,7 @@ class JobStream:
                 mark_func_graph(tf.compat.v1.get_default_graph(), graph_transform)
             return out
 
-        attributed_step.__name__ = f"{getattr(fn, '__name__', 'step')}_{self.name}"
-        tf_function_kwargs.setdefault("jit_compile", False)
-        return tf.function(attributed_step, **tf_function_kwargs)
+        return attributed_fn
 
     @contextlib.contextmanager
     def eager_scope(self) -> Iterator["JobStream"]:

@@ -93,6 +93,11 @@ def test_from_keras_trains_what_fit_trains_bit_for_bit(fit_reference, concurrent
         for mine, theirs in zip(model.optimizer.variables, reference.optimizer.variables):
             np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
         assert concurrent_jobs["jobs"][name].history.history == history   # loss, accuracy, val_* per epoch
+        # the probe's one validation batch (its metrics put back: the history above is fit's) is admitted,
+        # and each epoch's evaluate stayed within it (Note [Work outside the steps, inside the allowance])
+        assert state.outside_steps_need_bytes > 0
+        assert state.outside_steps_allowance_bytes == max(state.temporary_bytes, state.outside_steps_need_bytes)
+        assert state.outside_steps_peak_bytes <= state.outside_steps_allowance_bytes
         # the host's per-step loss is fit's batch log: the epoch's running mean, last one = epoch loss
         assert state.records[-1].loss == pytest.approx(history["loss"][-1], rel=1e-6)
 

@@ -1,6 +1,6 @@
 """Note [Work outside the steps, inside the allowance] (runtime/work_outside_steps.py):
 the saved sample runs within the temporary bytes admission counted for the
-job, and validation is measured. A conv net trained at batch 1 validates 16
+job, and validation is measured at the probe and admitted. A conv net trained at batch 1 validates 32
 examples in batches of 4 and saves a sample of 16: predicted whole (the
 control) the sample takes more than the job's T; in calls sized from the
 measured bytes of the call before it stays within it, and the saved
@@ -17,7 +17,7 @@ from tensile_tf.runtime import JobHost, JobStatus
 from tensile_tf.runtime import work_outside_steps
 
 
-def _job(name: str) -> Job:
+def _job(name: str, validation_batch: int = 4) -> Job:
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((96, 96, 3)), keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
                               keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
@@ -26,7 +26,7 @@ def _job(name: str) -> Job:
     lossf = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(1, 96, 96, 3)).astype(np.float32), np.array([1])
-    vx, vy = rng.normal(size=(16, 96, 96, 3)).astype(np.float32), rng.integers(0, 10, 16)
+    vx, vy = rng.normal(size=(32, 96, 96, 3)).astype(np.float32), rng.integers(0, 10, 32)
 
     def step(xb, yb):
         with tf.GradientTape() as tape:
@@ -34,15 +34,15 @@ def _job(name: str) -> Job:
         opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
         return loss
 
-    validator = Validator(model, lossf, vx, vy, batch_size=4, metric_names=[], every=1)
+    validator = Validator(model, lossf, vx, vy, batch_size=validation_batch, metric_names=[], every=1)
     train = TrainStep(step_fn=step, batches=[(x, y)], variables=model.trainable_variables, model=model,
                       optimizer=opt, validator=validator)
     return Job.from_train_step(name, train, steps=3)
 
 
-def _run(tmp_path: Path, name: str):
+def _run(tmp_path: Path, name: str, validation_batch: int = 4):
     host = JobHost(model_dir=tmp_path / "models")
-    state = host.submit(_job(name))
+    state = host.submit(_job(name, validation_batch))
     host.run()
     assert state.status == JobStatus.finished, state.error
     return state
@@ -51,7 +51,7 @@ def _run(tmp_path: Path, name: str):
 def test_validation_and_the_sample_stay_within_the_jobs_temporary_bytes(tmp_path, monkeypatch):
     kept = _run(tmp_path, "kept")
     allowance = kept.outside_steps_allowance_bytes
-    assert allowance == kept.temporary_bytes and allowance > 0
+    assert allowance == max(kept.temporary_bytes, kept.outside_steps_need_bytes) and allowance > 0
     assert 0 < kept.outside_steps_peak_bytes <= allowance
     assert kept.bytes_per_example * 16 > allowance     # by the measure, 16 at once would not fit
     sample = np.load(tmp_path / "models" / "kept.sample.npz")
@@ -67,3 +67,22 @@ def test_validation_and_the_sample_stay_within_the_jobs_temporary_bytes(tmp_path
     monkeypatch.setattr(work_outside_steps, "KEEP_WITHIN_ALLOWANCE", False)
     whole_run = _run(tmp_path, "whole")      # the control: the same work, each call whole
     assert whole_run.outside_steps_peak_bytes > whole_run.outside_steps_allowance_bytes
+
+
+def test_a_validation_batch_larger_than_the_step_is_measured_at_the_probe_and_admitted(tmp_path, monkeypatch):
+    """Validation in batches of 32 at a training batch of 1: one batch takes more than the step's T.
+    The probe measures it and admission counts it, so every validation stays within what the job
+    was admitted with; the control (no probe measurement) validates beyond its allowance."""
+    admitted = _run(tmp_path, "admitted", validation_batch=32)
+    need, t = admitted.outside_steps_need_bytes, admitted.temporary_bytes
+    assert need > t > 0                                   # the batch needs more than the step
+    assert admitted.outside_steps_allowance_bytes == need
+    assert 0 < admitted.outside_steps_peak_bytes <= need   # every validation, and the sample, within it
+    assert [v.step for v in admitted.validation] == [2, 3]
+
+    monkeypatch.setattr(work_outside_steps, "MEASURE_AT_PROBE", False)
+    control = _run(tmp_path, "control", validation_batch=32)
+    assert control.outside_steps_need_bytes == 0
+    assert control.outside_steps_allowance_bytes == control.temporary_bytes
+    assert control.outside_steps_peak_bytes > control.outside_steps_allowance_bytes
+    assert [v.loss for v in control.validation] == [v.loss for v in admitted.validation]   # the same bits
