@@ -23,7 +23,7 @@ _LIBRARY_NAMES = frozenset({
     "StreamAwarePool", "PoolOutOfMemory", "MIN_CHUNK_BYTES", "DEFAULT_STREAM", "SYNCED", "human_bytes",
 })
 # Names of tf_plugin.device (needs the loaded library and TensorFlow).
-_DEVICE_NAMES = frozenset({"bind_step_op", "configure_device_pool", "device_pool", "device_pool_capacity"})
+_DEVICE_NAMES = frozenset({"bind_step_op", "configure_plugin", "device_pool", "device_pool_capacity", "plugin_settings"})
 
 
 def load():

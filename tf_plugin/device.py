@@ -12,12 +12,18 @@ _plugin = load_plugin()
 _ops = tf.load_op_library(str(_plugin.__file__))
 
 
-def configure_device_pool(capacity_bytes: int) -> None:
-    """Sets the device pool's capacity; only before TensorFlow's first op."""
+def configure_plugin(**settings) -> None:
+    """Hands the plugin its settings, all in one call (tf_plugin/plugin_settings.h; resolved by
+    tensile_tf/tf/plugin_settings.py); only before TensorFlow's first op."""
     try:
-        _plugin.configure_device_pool(int(capacity_bytes))
+        _plugin.configure_plugin(**settings)
     except RuntimeError as e:  # std::logic_error from C++
         raise RuntimeError(f"tf_plugin: {e}") from None
+
+
+def plugin_settings() -> dict:
+    """The settings the plugin holds (configure_plugin's, else its defaults)."""
+    return dict(_plugin.plugin_settings())
 
 
 def device_pool_capacity() -> int:

@@ -4,7 +4,9 @@ C++ and documented nowhere).
 Each row says the variable, who reads it (Python or the C++ plugin, and where), its default, its
 unit and what it does. docs/configuration.md's table of environment variables is made from this
 table (``markdown_table``) and a test holds the two equal; another test scans the Python and C++
-sources and fails when code reads a ``TENSILE_*`` variable that is not here. The YAML keys a run
+sources and fails when code reads a ``TENSILE_*`` variable that is not here. The plugin's settings
+(pool, swap link, host store) are read in one place, ``tensile_tf/tf/plugin_settings.py``, and handed
+to C++ in one call (Note [One call into the plugin]); C++ reads only the C interface's own. The YAML keys a run
 reads are the schema's (``config.schema``); where a variable and a key set the same thing, the key
 wins and the row says so.
 """
@@ -24,28 +26,30 @@ class EnvironmentVariable:
 
 
 ENVIRONMENT = (
-    EnvironmentVariable("TENSILE_POOL_BYTES", "tensile_tf/tf/pool.py, tf_plugin/allocator/device_pool.cc", "4GiB",
+    EnvironmentVariable("TENSILE_POOL_BYTES", "tensile_tf/tf/plugin_settings.py, tf_plugin/allocator/pool_c_abi.cc "
+                        "(the C interface's pool)", "4GiB",
                         "bytes (1GiB, 512MiB, ...)",
                         "the device pool's capacity when no config or `tensile_tf.install(pool_bytes)` sets it "
                         "(a config's `pool:` wins)"),
-    EnvironmentVariable("TENSILE_POOL_STITCH", "tensile_tf/tf/pool.py, tf_plugin/allocator/device_pool.cc", "1",
+    EnvironmentVariable("TENSILE_POOL_STITCH", "tensile_tf/tf/plugin_settings.py, tf_plugin/allocator/pool_c_abi.cc "
+                        "(the C interface's pool)", "1",
                         "0 or 1", "0 turns off stitching large requests from free pieces "
                         "(Note in tf_plugin/allocator/stream_aware_pool.h)"),
-    EnvironmentVariable("TENSILE_POOL_TRACE_EVENTS", "tf_plugin/allocator/device_pool.cc", "65536", "events",
+    EnvironmentVariable("TENSILE_POOL_TRACE_EVENTS", "tensile_tf/tf/plugin_settings.py", "65536", "events",
                         "the pool's event ring; a whole run's per-job memory series needs at least the run's events"),
     EnvironmentVariable("TENSILE_POOL_BACKEND", "tf_plugin/allocator/pool_c_abi.cc", "cuda where built with CUDA, "
                         "else async-host", "host, async-host, cuda",
                         "the backend of the pool's C interface (benchmarks/gpu, docs/devices.md), not TensorFlow's pool"),
     EnvironmentVariable("TENSILE_POOL_DEVICE", "tf_plugin/allocator/pool_c_abi.cc", "0", "CUDA device index",
                         "the GPU the C interface's CUDA backend allocates on"),
-    EnvironmentVariable("TENSILE_SWAP_BANDWIDTH", "tf_plugin/swap/swap_channel.cc", "unset: unlimited",
+    EnvironmentVariable("TENSILE_SWAP_BANDWIDTH", "tensile_tf/tf/plugin_settings.py", "0: unlimited",
                         "bytes per second", "caps the emulated swap link before a run sets it (a run's "
                         "`run.swap_bandwidth` wins, 12 GiB/s where unset: docs/planner.md)"),
-    EnvironmentVariable("TENSILE_SWAP_THREAD_NICE", "tf_plugin/swap/swap_channel.cc", "-10", "nice value",
+    EnvironmentVariable("TENSILE_SWAP_THREAD_NICE", "tensile_tf/tf/plugin_settings.py", "-10", "nice value",
                         "the swap link's copy threads' priority; 0 or more leaves them at the process's"),
-    EnvironmentVariable("TENSILE_HOST_BYTES", "tf_plugin/swap/host_store.cc", "16GiB", "bytes",
+    EnvironmentVariable("TENSILE_HOST_BYTES", "tensile_tf/tf/plugin_settings.py", "16GiB", "bytes (16GiB, ...)",
                         "the host store's capacity for swapped-out tensors"),
-    EnvironmentVariable("TENSILE_HOST_CACHE_BYTES", "tf_plugin/swap/host_store.cc", "2GiB", "bytes",
+    EnvironmentVariable("TENSILE_HOST_CACHE_BYTES", "tensile_tf/tf/plugin_settings.py", "2GiB", "bytes (2GiB, ...)",
                         "pinned host buffers kept for reuse after a swap-in; 0: none"),
     EnvironmentVariable("TENSILE_LATENCY_PREDICTOR", "tensile_tf/tf/calibration.py", "the user cache directory",
                         "path", "the cold-start latency predictor `tensile calibrate` writes and cold starts read"),

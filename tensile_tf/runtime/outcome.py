@@ -9,6 +9,7 @@ window and the samples into the RunResult.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from tensile_tf.runtime.records import (
     SwapLinkRecord,
     TraceCoverage,
 )
+from tensile_tf.tf import plugin_settings
 from tensile_tf.tf.pool import pool_stats
 from tensile_tf.runtime.traced_step_reuse import PARKED_PREFIX
 
@@ -137,4 +139,5 @@ def run_result(host: "JobHost", window: RunWindow, samples: list[MemorySample]) 
                      trace_origin_ns=window.origin_ns, trace=coverage, most_jobs_running=host.most_running,
                      interrupted=host.stop.reason, planner=planner, plans=list(host.plans),
                      settings={"run": host.run_spec.model_dump(mode="json"), "pool_bytes": host.capacity,
-                               "environment": environment.in_effect()})
+                               "environment": environment.in_effect(),
+                               "plugin": dataclasses.asdict(plugin_settings.in_effect())})

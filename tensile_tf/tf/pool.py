@@ -12,7 +12,7 @@ its own counters.
 from __future__ import annotations
 
 import contextlib
-import os
+import dataclasses
 from typing import Any, Callable, Iterator
 
 import tf_plugin
@@ -24,11 +24,15 @@ import tensorflow as tf  # noqa: E402
 from tf_plugin import bind_step_op, device_pool  # noqa: E402
 from tf_plugin.tf_internals import mark_func_graph, register_func_graph_transform  # noqa: E402
 from tensile_tf.units import parse_bytes  # noqa: E402,F401  (re-exported)
+from tensile_tf.tf.plugin_settings import PluginSettings, hand_to_plugin  # noqa: E402
+from tensile_tf.tf.plugin_settings import in_effect as plugin_settings_in_effect  # noqa: E402
 
 
 def configure_pool(capacity: int | str) -> None:
-    """Sets the device pool's capacity ('8GiB' or bytes) before the first TF op."""
-    tf_plugin.configure_device_pool(parse_bytes(capacity, what="pool capacity"))
+    """Sets the device pool's capacity ('8GiB' or bytes) before the first TF op: the plugin's
+    settings with this capacity, in one call (Note [One call into the plugin])."""
+    hand_to_plugin(dataclasses.replace(plugin_settings_in_effect(),
+                                       pool_bytes=parse_bytes(capacity, what="pool capacity")))
 
 
 def ensure_pool(pool_bytes: int | str) -> None:
@@ -57,13 +61,9 @@ def create_devices() -> None:
 
 
 def _configure_from_environment() -> None:
-    stitch = os.environ.get("TENSILE_POOL_STITCH")
-    if stitch is not None and stitch not in ("0", "1"):
-        raise ValueError(f"TENSILE_POOL_STITCH={stitch!r}: use 1 (stitch large requests from free pieces, the "
-                         "default) or 0 (never; the pool fails them as before)")
-    raw = os.environ.get("TENSILE_POOL_BYTES")
-    if raw and tf_plugin._plugin.device_pool() is None:  # noqa: SLF001
-        configure_pool(parse_bytes(raw, what="TENSILE_POOL_BYTES"))
+    """Note [One call into the plugin]: the settings from the environment, handed over once."""
+    if tf_plugin._plugin.device_pool() is None:  # noqa: SLF001
+        hand_to_plugin(PluginSettings.from_environment())
 
 
 _configure_from_environment()

@@ -36,3 +36,46 @@ def test_the_docs_show_the_table_as_it_is():
     end = text.index("\n<!-- end of the environment table -->")
     shown = text[start:end].split("\n", 1)[1]
     assert shown == markdown_table(), "docs/configuration.md's environment table differs: paste markdown_table()"
+
+
+CPP_READ = re.compile(r'(?:getenv|EnvByteCount)\(\s*"(TENSILE_[A-Z0-9_]+)"')
+
+
+def test_cpp_reads_only_the_c_interfaces_own_variables():
+    """Note [One call into the plugin] (tensile_tf/tf/plugin_settings.py): the plugin's settings reach
+    C++ in one call; only the pool's C interface, for programs without Python, reads the environment."""
+    reads = {}
+    for path in sorted((REPO_ROOT / "tf_plugin").rglob("*")):
+        if path.suffix in (".cc", ".h"):
+            for name in CPP_READ.findall(path.read_text(errors="replace")):
+                reads.setdefault(str(path.relative_to(REPO_ROOT)), set()).add(name)
+    assert set(reads) == {"tf_plugin/allocator/pool_c_abi.cc"}, reads
+    rows = {v.name: v for v in ENVIRONMENT}
+    assert all("pool_c_abi.cc" in rows[name].read_by for name in reads["tf_plugin/allocator/pool_c_abi.cc"])
+
+
+def test_the_plugins_settings_are_the_tables_rows_with_its_defaults():
+    from tensile_tf.tf.plugin_settings import VARIABLES, PluginSettings
+    from tensile_tf.units import parse_bytes
+
+    rows = {v.name: v for v in ENVIRONMENT}
+    defaults = PluginSettings()
+    for field_name, variable in VARIABLES.items():
+        row = rows[variable]
+        assert "tensile_tf/tf/plugin_settings.py" in row.read_by
+        shown = row.default.split(":")[0]
+        value = getattr(defaults, field_name)
+        expected = parse_bytes(shown) if row.unit.startswith("bytes (") else type(value)(shown)
+        assert value == expected, (variable, row.default, value)
+    # every field has its variable, and a variable set but unreadable names itself
+    assert set(VARIABLES) == {f.name for f in __import__("dataclasses").fields(PluginSettings)}
+    for variable, bad in (("TENSILE_HOST_BYTES", "lots"), ("TENSILE_POOL_STITCH", "yes"),
+                          ("TENSILE_POOL_TRACE_EVENTS", "0"), ("TENSILE_SWAP_THREAD_NICE", "high")):
+        try:
+            PluginSettings.from_environment({variable: bad})
+        except ValueError as e:
+            assert str(e).startswith(f"{variable}={bad!r}: "), e
+        else:
+            raise AssertionError(f"{variable}={bad!r} was taken")
+    assert PluginSettings.from_environment({"TENSILE_HOST_BYTES": "3GiB", "TENSILE_SWAP_BANDWIDTH": "1e9"}) == \
+        PluginSettings(host_bytes=3 << 30, swap_bandwidth_bytes_per_s=1e9)

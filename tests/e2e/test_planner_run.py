@@ -70,6 +70,7 @@ def test_compare_vanilla_with_room_to_spare_changes_nothing(tmp_path):
     settings = runs["planned"]["settings"]      # issue 57: the run's keys as resolved, and TENSILE_* in effect
     assert settings["run"]["swap_bandwidth"] == "h200-pcie5" and settings["run"]["planner"] == "tensile"
     assert settings["pool_bytes"] == 256 * 2**20 and "TENSILE_POOL_BYTES" in settings["environment"]
+    assert settings["plugin"]["pool_bytes"] == 256 * 2**20   # Note [One call into the plugin]: what C++ holds
 
 
 @pytest.mark.parametrize("plan_peaks", ["timeline", None])

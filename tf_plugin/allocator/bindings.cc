@@ -221,13 +221,42 @@ Streams are jobs; allocate() returns an arena offset.)doc")
       .def_property_readonly("capacity", &StreamAwarePool::capacity);
 
   // The device pool.
+  // The plugin's settings in one call (tf_plugin/plugin_settings.h), from
+  // tensile_tf/tf/plugin_settings.py.
   m.def(
-      "configure_device_pool",
-      [](int64_t capacity) {
-        if (capacity <= 0) throw py::value_error("capacity must be > 0");
-        tensile::ConfigureDevicePool(static_cast<size_t>(capacity));
+      "configure_plugin",
+      [](int64_t pool_bytes, bool pool_stitch, int64_t pool_trace_events, double swap_bandwidth_bytes_per_s,
+         int swap_thread_nice, int64_t host_bytes, int64_t host_cache_bytes) {
+        if (pool_bytes <= 0) throw py::value_error("pool_bytes must be > 0");
+        if (pool_trace_events <= 0) throw py::value_error("pool_trace_events must be > 0");
+        if (swap_bandwidth_bytes_per_s < 0) throw py::value_error("swap_bandwidth_bytes_per_s must be >= 0");
+        if (host_bytes <= 0) throw py::value_error("host_bytes must be > 0");
+        if (host_cache_bytes < 0) throw py::value_error("host_cache_bytes must be >= 0");
+        tensile::PluginSettings s;
+        s.pool_bytes = static_cast<size_t>(pool_bytes);
+        s.pool_stitch = pool_stitch;
+        s.pool_trace_events = static_cast<size_t>(pool_trace_events);
+        s.swap_bandwidth_bytes_per_s = swap_bandwidth_bytes_per_s;
+        s.swap_thread_nice = swap_thread_nice;
+        s.host_bytes = static_cast<size_t>(host_bytes);
+        s.host_cache_bytes = static_cast<size_t>(host_cache_bytes);
+        tensile::ConfigurePlugin(s);
       },
-      py::arg("capacity"));
+      py::arg("pool_bytes"), py::arg("pool_stitch"), py::arg("pool_trace_events"),
+      py::arg("swap_bandwidth_bytes_per_s"), py::arg("swap_thread_nice"), py::arg("host_bytes"),
+      py::arg("host_cache_bytes"));
+  m.def("plugin_settings", []() {
+    const tensile::PluginSettings s = tensile::CurrentPluginSettings();
+    py::dict d;
+    d["pool_bytes"] = s.pool_bytes;
+    d["pool_stitch"] = s.pool_stitch;
+    d["pool_trace_events"] = s.pool_trace_events;
+    d["swap_bandwidth_bytes_per_s"] = s.swap_bandwidth_bytes_per_s;
+    d["swap_thread_nice"] = s.swap_thread_nice;
+    d["host_bytes"] = s.host_bytes;
+    d["host_cache_bytes"] = s.host_cache_bytes;
+    return d;
+  });
   m.def("device_pool_capacity", &tensile::DevicePoolCapacity);
   m.def(
       "device_pool",

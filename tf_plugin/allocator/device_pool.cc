@@ -10,7 +10,7 @@ namespace tensile {
 namespace {
 
 std::mutex g_config_mu;
-size_t g_configured_capacity = 0;  // 0 = not configured
+PluginSettings g_settings;  // guarded by g_config_mu
 std::atomic<StreamAwarePool*> g_device_pool{nullptr};
 
 constexpr int64_t kUnboundStep = std::numeric_limits<int64_t>::min();
@@ -23,15 +23,9 @@ struct StepTableInit {
   }
 } g_step_table_init;
 
-size_t CapacityLocked() {
-  if (g_configured_capacity != 0) return g_configured_capacity;
-  const size_t bytes = EnvByteCount("TENSILE_POOL_BYTES", 0);
-  return bytes > 0 ? bytes : kDefaultDevicePoolBytes;
-}
-
 }  // namespace
 
-void ConfigureDevicePool(size_t capacity_bytes) {
+void ConfigurePlugin(const PluginSettings& settings) {
   std::lock_guard<std::mutex> lock(g_config_mu);
   if (g_device_pool.load() != nullptr) {
     throw std::logic_error(
@@ -39,13 +33,18 @@ void ConfigureDevicePool(size_t capacity_bytes) {
         "set its capacity before the first TensorFlow op, right after "
         "`import tensile_tf`, or with TENSILE_POOL_BYTES");
   }
-  g_configured_capacity = capacity_bytes;
+  g_settings = settings;
+}
+
+PluginSettings CurrentPluginSettings() {
+  std::lock_guard<std::mutex> lock(g_config_mu);
+  return g_settings;
 }
 
 size_t DevicePoolCapacity() {
   std::lock_guard<std::mutex> lock(g_config_mu);
   if (StreamAwarePool* pool = g_device_pool.load()) return pool->capacity();
-  return CapacityLocked();
+  return g_settings.pool_bytes;
 }
 
 StreamAwarePool& GetOrCreateDevicePool() {
@@ -53,23 +52,19 @@ StreamAwarePool& GetOrCreateDevicePool() {
   std::lock_guard<std::mutex> lock(g_config_mu);
   if (StreamAwarePool* pool = g_device_pool.load()) return *pool;
   // Never destroyed: TensorFlow frees tensors during process exit.
-  // TENSILE_POOL_TRACE_EVENTS: the event trace's ring size (default 65536;
-  // recording a whole run for benchmarks/fragmentation_replay.py needs more).
-  const size_t trace_events = EnvByteCount("TENSILE_POOL_TRACE_EVENTS", 0);
-  auto* pool = new StreamAwarePool("device", CapacityLocked(),
-                                   std::make_unique<HostBackend>(DevicePoolStitching()),
-                                   trace_events > 0 ? trace_events : size_t{1} << 16,
-                                   DevicePoolStitching());
+  // pool_trace_events: the event trace's ring (recording a whole run for
+  // benchmarks/fragmentation_replay.py needs more than the default).
+  auto* pool = new StreamAwarePool("device", g_settings.pool_bytes,
+                                   std::make_unique<HostBackend>(g_settings.pool_stitch),
+                                   g_settings.pool_trace_events > 0 ? g_settings.pool_trace_events : size_t{1} << 16,
+                                   g_settings.pool_stitch);
   g_device_pool.store(pool);
   return *pool;
 }
 
 StreamAwarePool* DevicePoolIfCreated() { return g_device_pool.load(); }
 
-bool DevicePoolStitching() {
-  const char* env = std::getenv("TENSILE_POOL_STITCH");
-  return env == nullptr || std::string(env) != "0";
-}
+bool DevicePoolStitching() { return CurrentPluginSettings().pool_stitch; }
 
 void BindStepToStream(int64_t step_id, StreamId stream) {
   if (stream <= kDefaultStream || stream >= kMaxStreams) return;

@@ -12,25 +12,22 @@
 #include <string>
 
 #include "tf_plugin/allocator/stream_aware_pool.h"
+#include "tf_plugin/plugin_settings.h"
 
 namespace tensile {
 
-// Capacity used when neither TENSILE_POOL_BYTES nor ConfigureDevicePool says.
-constexpr size_t kDefaultDevicePoolBytes = size_t{4} << 30;  // 4 GiB
-
-// Sets the capacity of the device pool. Only before the pool exists (before
-// TensorFlow creates its CPU device); afterwards throws std::logic_error.
-void ConfigureDevicePool(size_t capacity_bytes);
-// The capacity the pool has or will be created with: ConfigureDevicePool's,
-// else TENSILE_POOL_BYTES (a byte count), else kDefaultDevicePoolBytes.
+// The pool's capacity, stitching and trace ring are PluginSettings'
+// (tf_plugin/plugin_settings.h), handed over by Python in one call.
+// The capacity the pool has, or will be created with.
 size_t DevicePoolCapacity();
 // The pool, creating it on first call. TensorFlow's allocator factory calls
 // this when it builds the CPU device.
 StreamAwarePool& GetOrCreateDevicePool();
 // The pool if TensorFlow has created it, else nullptr.
 StreamAwarePool* DevicePoolIfCreated();
-// Whether the device pool stitches (Note [Stitched allocations]): yes unless
-// TENSILE_POOL_STITCH=0 (for measuring what stitching changes).
+// Whether the device pool stitches (Note [Stitched allocations]): the
+// settings' pool_stitch (TENSILE_POOL_STITCH=0 turns it off, for measuring
+// what stitching changes).
 bool DevicePoolStitching();
 
 // Step attribution: a job's train step runs the TensileBindStep op first,

@@ -4,7 +4,8 @@
 #include <cstdlib>
 #include <iterator>
 
-#include "tf_plugin/allocator/stream_aware_pool.h"  // HumanBytes, EnvByteCount
+#include "tf_plugin/allocator/stream_aware_pool.h"  // HumanBytes
+#include "tf_plugin/plugin_settings.h"
 
 namespace tensile {
 
@@ -209,10 +210,9 @@ void HostStore::ResetPeak() {
 
 HostStore& GetHostStore() {
   static HostStore* store = [] {
-    const size_t capacity = EnvByteCount("TENSILE_HOST_BYTES", 0);
-    const size_t cache_limit =  // 0: no cache
-        EnvByteCount("TENSILE_HOST_CACHE_BYTES", HostStore::kDefaultHostCacheBytes);
-    return new HostStore(capacity > 0 ? capacity : kDefaultHostStoreBytes, cache_limit);  // never destroyed (TF frees at exit)
+    const PluginSettings settings = CurrentPluginSettings();   // host_cache_bytes 0: no cache
+    return new HostStore(settings.host_bytes > 0 ? settings.host_bytes : kDefaultHostStoreBytes,
+                         settings.host_cache_bytes);  // never destroyed (TF frees at exit)
   }();
   return *store;
 }

@@ -1,5 +1,7 @@
 #include "tf_plugin/swap/swap_channel.h"
 
+#include "tf_plugin/plugin_settings.h"
+
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -129,15 +131,11 @@ std::vector<TransferRecord> SwapChannel::Log() {
   return out;
 }
 
-// Policy 3: the calling thread's nice value, from TENSILE_SWAP_THREAD_NICE
-// (default -10; 0 leaves it alone). True if it was raised.
+// Policy 3: the calling thread's nice value, the settings' swap_thread_nice
+// (TENSILE_SWAP_THREAD_NICE, default -10; 0 or more leaves it alone). True if
+// it was raised.
 static bool RaiseThreadPriority() {
-  int nice = -10;
-  if (const char* env = std::getenv("TENSILE_SWAP_THREAD_NICE")) {
-    char* end = nullptr;
-    const long v = std::strtol(env, &end, 10);
-    if (end != env) nice = static_cast<int>(v);
-  }
+  const int nice = CurrentPluginSettings().swap_thread_nice;
   if (nice >= 0) return false;
   const auto tid = static_cast<id_t>(syscall(SYS_gettid));
   return setpriority(PRIO_PROCESS, tid, nice) == 0;
@@ -197,11 +195,8 @@ void SwapChannel::Loop(int lane) {
 SwapChannel& GetSwapChannel() {
   static SwapChannel* channel = [] {
     auto* c = new SwapChannel();  // never destroyed: ops may run at exit
-    if (const char* env = std::getenv("TENSILE_SWAP_BANDWIDTH")) {
-      char* end = nullptr;
-      const double v = std::strtod(env, &end);
-      if (end != env && v > 0) c->SetBandwidth(v);
-    }
+    const double cap = CurrentPluginSettings().swap_bandwidth_bytes_per_s;
+    if (cap > 0) c->SetBandwidth(cap);
     return c;
   }();
   return *channel;
