@@ -5,9 +5,10 @@ import tensorflow as tf
 from tensile_tf.jobs.job import TrainStep
 
 
-def dense_regression(batch_size=32, width=256, fail_at_step=None, nan_at_step=None, seed=0, **_):
+def dense_regression(batch_size=32, width=256, fail_at_step=None, nan_at_step=None, seed=0, meet_folder=None, **_):
     """A two-layer regression step. Optionally raises (fail_at_step) or produces
-    a NaN loss (nan_at_step) at runtime, from inside the traced step."""
+    a NaN loss (nan_at_step) at runtime, from inside the traced step; with
+    ``meet_folder``, its batches wait for a peer at the third (``meet_peers``)."""
     rng = np.random.default_rng(seed)
     w1 = tf.Variable(rng.standard_normal((64, width)).astype("float32") * 0.05)
     w2 = tf.Variable(rng.standard_normal((width, 1)).astype("float32") * 0.05)
@@ -30,7 +31,15 @@ def dense_regression(batch_size=32, width=256, fail_at_step=None, nan_at_step=No
             loss = loss + tf.where(counter > nan_at_step, np.float32("nan"), np.float32(0))
         return loss
 
-    return TrainStep(step_fn=step, batches=[(x, y)], variables=[w1, w2, counter])
+    if meet_folder is None:
+        return TrainStep(step_fn=step, batches=[(x, y)], variables=[w1, w2, counter])
+    arrived = meet_peers(meet_folder)
+
+    def batches():
+        arrived()
+        return (x, y)
+
+    return TrainStep(step_fn=step, batches=batches, variables=[w1, w2, counter])
 
 
 def activation_hog(batch_size=1024, width=4096, seed=0, **_):
