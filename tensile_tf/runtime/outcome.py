@@ -43,6 +43,12 @@ def held_outside_jobs() -> int:
                if name == "default" or name.startswith(PARKED_PREFIX))
 
 
+def outside_jobs(stats: dict[str, Any], job_names: set[str]) -> dict[str, dict[str, int]]:
+    """PoolRecord.outside_jobs: each stream of the pool no job of the run owns, with what it held."""
+    return {name: {"peak_bytes": int(j.get("peak", 0)), "bytes_at_end": int(j.get("current", 0))}
+            for name, j in stats["jobs"].items() if name not in job_names}
+
+
 @dataclass
 class RunWindow:
     """The run's start, in the pool's terms."""
@@ -123,6 +129,7 @@ def run_result(host: "JobHost", window: RunWindow, samples: list[MemorySample]) 
         current=stats["current"], start_current=before["current"], run_ooms=stats["num_ooms"] - before["num_ooms"],
         stats={k: v for k, v in stats.items() if k != "jobs"},
         run_stitched=stats["num_stitched"] - before["num_stitched"],
+        outside_jobs=outside_jobs(stats, {s.name for s in host.states}),
         nodegroup=host.pipeline.summary() if host.pipeline is not None else None)
     planner = None
     if host.planning is not None:

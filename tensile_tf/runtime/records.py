@@ -290,6 +290,10 @@ class PoolRecord:
     # allocations stitched from free pieces during the run (Note [Stitched allocations])
     run_stitched: int = 0
     nodegroup: dict[str, Any] | None = None   # NodeGroupCoordinator.summary()
+    # what ran outside every job of the run, by the pool's stream ("default": eager work no job owns;
+    # "parked:N": steps kept for reuse): {"peak_bytes" (since training began, as training_peak),
+    # "bytes_at_end"} (issue 57: a job's validation once ran here, unseen)
+    outside_jobs: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 @dataclass
