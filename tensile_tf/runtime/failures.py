@@ -65,12 +65,12 @@ def oom_remedy(state: JobState) -> str:
 
 
 def record_failure(state: JobState, error: BaseException, at_s: float,
-                   status: JobStatus = JobStatus.failed) -> None:
-    """Marks the job failed (or rejected) with ``error``'s summary and traceback.
-    The status is set last: other threads (the run loop's progress reports,
+                   status: JobStatus = JobStatus.failed, preface: str = "") -> None:
+    """Marks the job failed (or rejected) with ``error``'s summary (after ``preface``) and
+    traceback. The status is set last: other threads (the run loop's progress reports,
     a search driver) read a final status as "its record is complete"."""
     state.error_type = type(error).__name__
-    state.error = summarize_error(error)
+    state.error = preface + summarize_error(error)
     if state.error_type == "ResourceExhaustedError":
         remedy = oom_remedy(state)
         state.error, n = _POOL_OOM_REMEDY.subn("; " + remedy, state.error)

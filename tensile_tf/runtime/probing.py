@@ -63,8 +63,22 @@ class JobLifecycle:
     def _others_built(self, state: JobState) -> bool:
         return any(s.rt.train is not None and s is not state for s in self.states)
 
-    def fail(self, state: JobState, error: BaseException, status: JobStatus = JobStatus.failed) -> None:
-        record_failure(state, error, self.clock.now(), status)
+    def fail(self, state: JobState, error: BaseException, status: JobStatus = JobStatus.failed,
+             preface: str = "") -> None:
+        record_failure(state, error, self.clock.now(), status, preface)
+
+    def _total_need(self, state: JobState) -> str:
+        """Issue 58: what a job refused for a pool too small for it alone needs, against the pool
+        (its graph's floor; the op's request alone, all its message said, told too little)."""
+        from tensile_tf.tf.unplanned_peaks import graph_peak_bytes
+
+        need = graph_peak_bytes(state.name, state.rt.step_fn, state.rt.first_batch,
+                                getattr(state.rt.train, "optimizer", None))
+        if need is None:
+            return ""
+        return (f"job {state.name!r} needs about {tf_plugin.human_bytes(need)} unplanned (predicted from its "
+                "graph: parameters, optimizer state and step tensors, kernels' scratch not counted) against the "
+                f"pool's {tf_plugin.human_bytes(self.admission.capacity)}: ")
 
     # ------------------------------------------------------------ build
 
@@ -331,7 +345,7 @@ class JobLifecycle:
                 raise _OutOfMemory() from None
             if self._others_built(state) or self._evict_parked():
                 raise _ProbeEnded(JobStatus.queued) from None  # try again when the pool is emptier
-            self.fail(state, e, status=JobStatus.rejected)
+            self.fail(state, e, status=JobStatus.rejected, preface=self._total_need(state))
             raise _ProbeEnded(JobStatus.rejected) from None
         except Exception as e:  # noqa: BLE001 - a bad job must not stop the host
             self.fail(state, e)
