@@ -5,7 +5,8 @@ import tensorflow as tf
 from tensile_tf.jobs.job import TrainStep
 
 
-def dense_regression(batch_size=32, width=256, fail_at_step=None, nan_at_step=None, seed=0, meet_folder=None, **_):
+def dense_regression(batch_size=32, width=256, fail_at_step=None, nan_at_step=None, seed=0, meet_folder=None,
+                     meet_deadline_s=120, **_):
     """A two-layer regression step. Optionally raises (fail_at_step) or produces
     a NaN loss (nan_at_step) at runtime, from inside the traced step; with
     ``meet_folder``, its batches wait for a peer at the third (``meet_peers``)."""
@@ -33,7 +34,7 @@ def dense_regression(batch_size=32, width=256, fail_at_step=None, nan_at_step=No
 
     if meet_folder is None:
         return TrainStep(step_fn=step, batches=[(x, y)], variables=[w1, w2, counter])
-    arrived = meet_peers(meet_folder)
+    arrived = meet_peers(meet_folder, deadline_s=meet_deadline_s)
 
     def batches():
         arrived()

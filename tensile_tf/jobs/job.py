@@ -47,8 +47,17 @@ class TrainStep:
     optimizer: Any = None
     validator: Any = None       # datasets.Validator, when the job holds out validation examples
     _iterator: Any = field(default=None, repr=False)
+    _peeked: list = field(default_factory=list, repr=False)
+
+    def peek_batch(self) -> tuple:
+        """The batch ``next_batch`` returns next, taken now (a prediction traces with it)."""
+        if not self._peeked:
+            self._peeked.append(self.next_batch())
+        return self._peeked[0]
 
     def next_batch(self) -> tuple:
+        if self._peeked:
+            return self._peeked.pop()
         if callable(self.batches) and not isinstance(self.batches, tf.data.Dataset):
             batch = self.batches()
         else:
@@ -114,6 +123,7 @@ class Job:
 
         job = cls(name=name, build=handed_over, steps=steps, stop_on_nan=stop_on_nan, rebuildable=False)
         job._holder = holder  # type: ignore[attr-defined]
+        job.estimate_needs = _traced_graph_estimate(name, holder)
         return job
 
     @classmethod
@@ -375,3 +385,21 @@ def cycle(items: Sequence[tuple]) -> Callable[[], tuple]:
     """A batches callable that cycles through a fixed list."""
     it = itertools.cycle(items)
     return lambda: next(it)
+
+
+def _traced_graph_estimate(name: str, holder: list) -> Callable[[], tuple[int, int] | None]:
+    """A handed-over TrainStep's (persistent, temporary) bytes, predicted once from its traced
+    graph (``graph_needs``; issue 58): admission probes it beside running jobs only where that
+    prediction fits, as a YAML job's prediction from a measured one of its kind, or a Keras job's
+    from its model's shapes. The batch it traces with is the job's first (``peek_batch``)."""
+    cached: list = []
+
+    def estimate() -> tuple[int, int] | None:
+        if not cached and holder:
+            from tensile_tf.tf.unplanned_peaks import graph_needs
+
+            train = holder[0]
+            cached.append(graph_needs(name, train.step_fn, train.peek_batch(), train.optimizer))
+        return cached[0] if cached else None
+
+    return estimate

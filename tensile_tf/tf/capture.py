@@ -87,8 +87,23 @@ def _static_bytes(t: tf.Tensor) -> int | None:
     return int(shape.num_elements()) * t.dtype.size
 
 
-def _var_key(v) -> str:
-    return VARIABLE_PREFIX + v.name.split(":")[0]
+def variable_keys(fg) -> dict[int, str]:
+    """Each variable a traced graph ``fg`` captures, by its handle's id: its tensor's name in the
+    JobGraph, ``var:NAME``. Variables that share a name (every unnamed ``tf.Variable`` is
+    "Variable") are told apart in capture order: ``var:NAME``, ``var:NAME#1``, ... ('#' is in no
+    TensorFlow name). Before, they were one tensor, the size of one of them (issue 58: two weights
+    of 32 KiB counted 8 bytes). The capture, the rewriter and the planned step all name them here."""
+    vars_by_handle = {id(v.handle): v for v in fg.variables}
+    keys: dict[int, str] = {}
+    seen: dict[str, int] = {}
+    for ext, _ in fg.captures:
+        v = vars_by_handle.get(id(ext))
+        if v is None or id(ext) in keys:
+            continue
+        base = VARIABLE_PREFIX + v.name.split(":")[0]
+        k = seen[base] = seen.get(base, -1) + 1
+        keys[id(ext)] = base if k == 0 else f"{base}#{k}"
+    return keys
 
 
 class _Capture:
@@ -198,13 +213,14 @@ def capture_job_graph(name: str, step_fn: Callable, args: Sequence, *, optimizer
     fg = cf.graph
     cap = _Capture(name, optimizer)
     vars_by_handle = {id(v.handle): v for v in fg.variables}
+    var_keys = variable_keys(fg)
     input_map: dict[str, str | None] = {}
     captured_internal = set()
     for ext, internal in fg.captures:
         captured_internal.add(internal.name)
         v = vars_by_handle.get(id(ext))
         if v is not None:
-            key = _var_key(v)
+            key = var_keys[id(ext)]
             cap.add_tensor(key, int(v.shape.num_elements() or 0) * v.dtype.size, "state", None)
             cap.var_meta[key] = {"trainable": bool(v.trainable), "name": v.name,
                                  "slot": id(ext) in cap.opt_ids or v.name.split(":")[0] in cap.opt_names}

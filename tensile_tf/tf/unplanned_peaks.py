@@ -164,16 +164,31 @@ def unplanned_peaks(graph: JobGraph, observed_steps: Sequence[dict[str, int]], o
     return UnplannedPeaks(predicted, per_step, threads, names[k], list(added))
 
 
-def graph_peak_bytes(name: str, step_fn, args: Sequence, optimizer=None) -> int | None:
-    """The unplanned step's bytes (parameters, optimizer state and the step's own) predicted from
-    its traced graph alone, without running it: static shapes, dynamic ones and kernels' scratch
-    counted 0 (the CNN of tests/tf/test_small_pool.py: 129.7 MiB predicted, 132.4 MiB measured
-    alone). What a job refused for a pool too small is told it needs (issue 58); None where the
-    graph cannot be captured."""
+def graph_needs(name: str, step_fn, args: Sequence, optimizer=None) -> tuple[int, int] | None:
+    """(persistent, temporary) bytes of the unplanned step predicted from its traced graph alone,
+    without running it: the graph's parameters, optimizer state and inputs, and its step's own
+    tensors at their peak; static shapes, dynamic ones and kernels' scratch counted 0 (the CNN of
+    tests/tf/test_small_pool.py: 129.7 MiB predicted, 132.4 MiB measured alone). A plain Python
+    ``step_fn`` is traced as a ``tf.function``. None where the graph cannot be captured. Issue 58:
+    what a job refused for a pool too small is told it needs, and what a ``TrainStep`` job is
+    admitted on before its first step measures it (``Job.from_train_step``)."""
+    import tensorflow as tf
+
+    from tensile_tf.scheduler.job_graph import PERSISTENT_KINDS
     from tensile_tf.tf.capture import capture_job_graph
 
+    if not hasattr(step_fn, "get_concrete_function"):
+        step_fn = tf.function(step_fn, jit_compile=False)
     try:
         graph = capture_job_graph(name, step_fn, args, optimizer=optimizer, measure_dynamic=False)
-    except Exception:  # noqa: BLE001 - only a message's detail depends on it
+    except Exception:  # noqa: BLE001 - a prediction only: without it the job is measured, as before
         return None
-    return JobFootprint(TensorAccessSequence(graph, UniformLatency())).vanilla_peak
+    peak = JobFootprint(TensorAccessSequence(graph, UniformLatency())).vanilla_peak
+    persistent = min(graph.total_bytes(PERSISTENT_KINDS), peak)
+    return int(persistent), int(peak - persistent)
+
+
+def graph_peak_bytes(name: str, step_fn, args: Sequence, optimizer=None) -> int | None:
+    """``graph_needs``' persistent and temporary bytes together."""
+    needs = graph_needs(name, step_fn, args, optimizer)
+    return None if needs is None else sum(needs)

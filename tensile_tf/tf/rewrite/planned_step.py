@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from tensile_tf.scheduler.job_graph import JobGraph
 from tensile_tf.scheduler.plan import JobPlan
+from tensile_tf.tf.capture import variable_keys
 from tensile_tf.tf.rewrite.graph_edit import _PREFIX, _TENSILE_OPS, RewriteReport
 from tensile_tf.tf.rewrite.rewriter import _Rewriter
 from tf_plugin import swap as _swap
@@ -245,11 +246,10 @@ def apply_plan(step_fn, example_args: Sequence, job_plan: JobPlan, graph: JobGra
 def variable_handles(cf, names: Sequence[str]) -> list:
     """The captured handles of the variables ``names`` ("var:NAME") of the
     traced step ``cf``, each once."""
-    vars_by_handle = {id(v.handle): v for v in cf.graph.variables}
+    var_keys = variable_keys(cf.graph)
     wanted, seen, handles = set(names), set(), []
     for ext, _ in cf.graph.captures:
-        v = vars_by_handle.get(id(ext))
-        if v is not None and "var:" + v.name.split(":")[0] in wanted and id(ext) not in seen:
+        if var_keys.get(id(ext)) in wanted and id(ext) not in seen:
             seen.add(id(ext))
             handles.append(ext)
     return handles

@@ -54,6 +54,7 @@ from tensile_tf.scheduler.access_sequence import TensorAccessSequence
 from tensile_tf.scheduler.job_graph import JobGraph
 from tensile_tf.scheduler.latency import UniformLatency
 from tensile_tf.scheduler.plan import JobPlan
+from tensile_tf.tf.capture import variable_keys
 from tensile_tf.tf.rewrite.activation_swaps import ActivationSwaps
 from tensile_tf.tf.rewrite.graph_edit import _PREFIX, RewriteReport, _GraphEdit, _split_input, bypassed_identity_n
 from tensile_tf.tf.rewrite.recomputation import Recomputation
@@ -95,12 +96,11 @@ def _step_base(cf, graph: JobGraph) -> _StepBase:
     views_read_as: dict[str, list[str]] = defaultdict(list)
     for v, owner in sorted(tas.read_as_owner.items()):
         views_read_as[tas.tensor_names[owner]].append(tas.tensor_names[v])
-    vars_by_handle = {id(v.handle): v for v in fg.variables}
+    var_keys = variable_keys(fg)
     var_placeholders: dict[str, list[str]] = defaultdict(list)
     for ext, internal in fg.captures:
-        v = vars_by_handle.get(id(ext))
-        if v is not None:
-            var_placeholders["var:" + v.name.split(":")[0]].append(internal.op.name)
+        if id(ext) in var_keys:
+            var_placeholders[var_keys[id(ext)]].append(internal.op.name)
     resource_nodes: dict[str, list[str]] = defaultdict(list)
     for n in edit.gdef.node:
         for s in n.input:
