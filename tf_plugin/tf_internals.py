@@ -6,7 +6,7 @@ installed by an explicit call from the code that needs it.
 | --- | --- | --- |
 | ``context.context_safe()._context_handle`` | "devices exist": plugin loaded too late | ``tf_plugin._loader`` |
 | ``_pywrap_util_port.IsMklEnabled`` | warn when oneDNN's rewrites are on | ``tf_plugin._loader`` |
-| ``ops._gradient_registry`` | Note [Custom gradients keep traced jobs alive] | ``tensile_tf.runtime.probing``, ``tensile_tf.runtime.traced_step_reuse`` |
+| ``ops._gradient_registry`` | Note [Custom gradients keep traced jobs alive] | ``tensile_tf.runtime.probing``, ``tensile_tf.runtime.traced_step_reuse``, ``tensile_tf.tf.unplanned_peaks`` |
 | ``transform.FUNC_GRAPH_TRANSFORMS`` | Note [Editing a step after tracing] | ``tensile_tf.tf.pool.JobStream`` |
 | ``auto_control_deps.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS`` | Note [Automatic control dependencies] | ``tensile_tf.tf.rewrite`` |
 | ``Graph._get_function``, ``function_def_to_graph`` | inline a called function while capturing (``inlined_call``, also for timing kernels alone) | ``tensile_tf.tf.capture`` |

@@ -399,7 +399,11 @@ def _traced_graph_estimate(name: str, holder: list) -> Callable[[], tuple[int, i
             from tensile_tf.tf.unplanned_peaks import graph_needs
 
             train = holder[0]
-            cached.append(graph_needs(name, train.step_fn, train.peek_batch(), train.optimizer))
+            try:
+                batch = train.peek_batch()
+            except Exception:  # noqa: BLE001 - the job's build takes its batch again and fails with the error
+                return None
+            cached.append(graph_needs(name, train.step_fn, batch, train.optimizer))
         return cached[0] if cached else None
 
     return estimate

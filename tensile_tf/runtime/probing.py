@@ -69,16 +69,23 @@ class JobLifecycle:
 
     def _total_need(self, state: JobState) -> str:
         """Issue 58: what a job refused for a pool too small for it alone needs, against the pool
-        (its graph's floor; the op's request alone, all its message said, told too little)."""
-        from tensile_tf.tf.unplanned_peaks import graph_peak_bytes
+        (the op's request alone, all its message said, told too little); "" where it cannot be
+        predicted. A cold-planned job's step is rewritten: its capture's graph is the unplanned one."""
+        from tensile_tf.tf.unplanned_peaks import footprint_needs, graph_needs
 
-        need = graph_peak_bytes(state.name, state.rt.step_fn, state.rt.first_batch,
-                                getattr(state.rt.train, "optimizer", None))
-        if need is None:
+        try:
+            captured = state.rt.captured
+            if state.rt.planned_step is not None and captured is not None:
+                needs = footprint_needs(captured.graph)
+            else:
+                needs = graph_needs(state.name, state.rt.step_fn, state.rt.first_batch,
+                                    getattr(state.rt.train, "optimizer", None))
+        except Exception:  # noqa: BLE001 - only the message's preface depends on it
+            needs = None
+        if needs is None:
             return ""
-        return (f"job {state.name!r} needs about {tf_plugin.human_bytes(need)} unplanned (predicted from its "
-                "graph: parameters, optimizer state and step tensors, kernels' scratch not counted) against the "
-                f"pool's {tf_plugin.human_bytes(self.admission.capacity)}: ")
+        return (f"job {state.name!r} needs about {tf_plugin.human_bytes(sum(needs))} unplanned (predicted from "
+                f"its graph) against the pool's {tf_plugin.human_bytes(self.admission.capacity)}: ")
 
     # ------------------------------------------------------------ build
 

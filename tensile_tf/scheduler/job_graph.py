@@ -47,7 +47,8 @@ TENSOR_KINDS = ("activation", "input", "parameter", "slot", "state")
 HELD_BESIDE_STEP = "held:data beside the step"
 PERSISTENT_KINDS = frozenset({"input", "parameter", "slot", "state"})
 UPDATED_KINDS = frozenset({"parameter", "slot", "state"})
-#: How a captured variable's tensor is named: ``var:`` + the variable's name.
+#: How a captured variable's tensor is named: ``var:`` + the variable's name, and ``#k`` after the
+#: k-th other variable of that name (``variable_keys`` in tensile_tf/tf/capture.py).
 VARIABLE_PREFIX = "var:"
 
 

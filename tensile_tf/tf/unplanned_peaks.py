@@ -169,26 +169,31 @@ def graph_needs(name: str, step_fn, args: Sequence, optimizer=None) -> tuple[int
     without running it: the graph's parameters, optimizer state and inputs, and its step's own
     tensors at their peak; static shapes, dynamic ones and kernels' scratch counted 0 (the CNN of
     tests/tf/test_small_pool.py: 129.7 MiB predicted, 132.4 MiB measured alone). A plain Python
-    ``step_fn`` is traced as a ``tf.function``. None where the graph cannot be captured. Issue 58:
+    ``step_fn`` is traced as a ``tf.function``; the custom gradients that trace registers are
+    forgotten after it (they would hold the variables: Note [Custom gradients keep traced jobs alive]
+    in tf_plugin/tf_internals.py). None where the graph cannot be traced or captured. Issue 58:
     what a job refused for a pool too small is told it needs, and what a ``TrainStep`` job is
     admitted on before its first step measures it (``Job.from_train_step``)."""
     import tensorflow as tf
 
-    from tensile_tf.scheduler.job_graph import PERSISTENT_KINDS
     from tensile_tf.tf.capture import capture_job_graph
+    from tf_plugin.tf_internals import custom_gradient_names, forget_custom_gradients
 
-    if not hasattr(step_fn, "get_concrete_function"):
-        step_fn = tf.function(step_fn, jit_compile=False)
+    registered_before = custom_gradient_names()
     try:
-        graph = capture_job_graph(name, step_fn, args, optimizer=optimizer, measure_dynamic=False)
+        if not hasattr(step_fn, "get_concrete_function"):
+            step_fn = tf.function(step_fn, jit_compile=False)
+        return footprint_needs(capture_job_graph(name, step_fn, args, optimizer=optimizer, measure_dynamic=False))
     except Exception:  # noqa: BLE001 - a prediction only: without it the job is measured, as before
         return None
+    finally:
+        forget_custom_gradients(custom_gradient_names() - registered_before)
+
+
+def footprint_needs(graph: JobGraph) -> tuple[int, int]:
+    """(persistent, temporary) bytes of a captured graph's unplanned step, in plan order."""
+    from tensile_tf.scheduler.job_graph import PERSISTENT_KINDS
+
     peak = JobFootprint(TensorAccessSequence(graph, UniformLatency())).vanilla_peak
     persistent = min(graph.total_bytes(PERSISTENT_KINDS), peak)
     return int(persistent), int(peak - persistent)
-
-
-def graph_peak_bytes(name: str, step_fn, args: Sequence, optimizer=None) -> int | None:
-    """``graph_needs``' persistent and temporary bytes together."""
-    needs = graph_needs(name, step_fn, args, optimizer)
-    return None if needs is None else sum(needs)

@@ -329,3 +329,31 @@ def test_kernels_timed_alone_are_the_capture_s_ops_and_leave_nothing_in_the_pool
     everything = time_kernels_alone(step, args, g, lambda op_type: True)
     assert {kinds[n] for n in everything} > {"Relu", "BiasAdd", "ReluGrad", "BiasAddGrad"}
     assert not {kinds[n] for n in everything} & {"AssignAddVariableOp", "ResourceApplyAdam", "ReadVariableOp"}
+
+
+def test_unnamed_variables_are_captured_apart_and_the_rewriter_finds_each():
+    """Every unnamed tf.Variable is "Variable": the capture names them apart in capture order
+    (``variable_keys``), each with its own size, and the rewriter's placeholders follow the same
+    names (before: one 8-byte tensor for a 32 KiB and a 512 B weight and a counter)."""
+    from tensile_tf.tf.capture import variable_keys
+
+    w1, w2 = tf.Variable(tf.zeros((64, 128))), tf.Variable(tf.zeros((128, 1)))
+    counter = tf.Variable(0, dtype=tf.int64)
+
+    @tf.function(jit_compile=False)
+    def step(x):
+        counter.assign_add(1)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.nn.relu(x @ w1) @ w2)
+        g1, g2 = tape.gradient(loss, [w1, w2])
+        w1.assign_sub(0.1 * g1)
+        w2.assign_sub(0.1 * g2)
+        return loss
+
+    x = tf.ones((4, 64))
+    graph = capture_job_graph("unnamed", step, [x], measure_dynamic=False)
+    sizes = sorted(t.size_bytes for t in graph.tensors.values() if t.name.startswith("var:Variable"))
+    assert sizes == [8, 512, 64 * 128 * 4], sizes
+    keys = variable_keys(step.get_concrete_function(x).graph)
+    assert sorted(keys.values()) == ["var:Variable", "var:Variable#1", "var:Variable#2"]
+    assert set(keys.values()) <= set(graph.tensors)

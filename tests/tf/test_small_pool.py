@@ -54,7 +54,7 @@ def test_a_job_too_big_for_the_pool_is_told_its_need_and_the_others_train_to_the
     assert (status, steps) == ("rejected", 0), out
     # the job's total need against the pool comes first, then what ran out (the op's request alone,
     # 32 MiB, is less than the pool: it told the user too little)
-    need = re.match(r"job 'cnn' needs about ([\d.]+) MiB unplanned \(predicted .* against the pool's 40\.0 MiB: OOM", error)
+    need = re.match(r"job 'cnn' needs about ([\d.]+) MiB unplanned \(predicted from its graph\) against the pool's 40\.0 MiB: OOM", error)
     assert need, error
     # a prediction from the graph (kernels' scratch not counted): above the pool, below the 132.4 MiB
     # the step took alone in a roomy pool (measured 2026-12-02)

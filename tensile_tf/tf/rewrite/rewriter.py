@@ -156,7 +156,7 @@ class _Rewriter(ActivationSwaps, VariableSwaps, Recomputation, ViewRewrites):
         self.swap_in_for_recompute: dict[tuple[str, str, str], str] = {}
         # tensor -> (first position, end position, swap-in): the graph consumers each swap-in serves
         self.swap_in_spans: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
-        # variables: key "var:<name>" -> internal resource placeholder nodes (a variable may be captured twice)
+        # variables: key "var:<name>[#k]" (capture.variable_keys) -> internal resource placeholder nodes (a variable may be captured twice)
         self.var_placeholders = defaultdict(list, {k: list(v) for k, v in base.var_placeholders.items()})
         self.resource_nodes = defaultdict(list, {k: list(v) for k, v in base.resource_nodes.items()})
 
