@@ -279,8 +279,9 @@ class RunSpec(_Strict):
                                      "CounterBarrier before the step fails")
     allocation_wait_ms: StrictInt = Field(1000, ge=0, description="how long an op's allocation that does not fit "
                                           "waits for other jobs' frees before it is an OOM (0: never)")
-    reuse_traced_steps: StrictBool = Field(True, description="no planner or pipeline: a job like an ended one but for "
-        "name, seed, length, learning rate trains its traced step (Note [Reusing a finished job's traced step])")
+    reuse_traced_steps: StrictBool = Field(True, description="no pipeline or saved plan: a job like an ended one but "
+        "for name, seed, length, learning rate trains its traced step, planned as its own (Note [Reusing a finished "
+        "job's traced step], Note [Reuse under a planner])")
 
     @field_validator("split_size", mode="before")
     @classmethod

@@ -150,9 +150,13 @@ class JobPlanning:
         return min(budget, self.settings.plan_budget) if self.settings.plan_budget is not None else budget
 
     def alone_budget(self, others_need: int, held_outside_jobs: int) -> int:
-        """A job admitted after the start: what the running jobs leave."""
+        """A job admitted after the start: what the running jobs leave, and at most what
+        ``plan_budget`` (the combined peak's cap, as at the start) leaves beside their needs."""
         free = self.capacity - held_outside_jobs - others_need
-        return int(max(0, free) * (1 - POOL_HEADROOM))
+        budget = int(max(0, free) * (1 - POOL_HEADROOM))
+        if self.settings.plan_budget is not None:
+            budget = min(budget, max(0, self.settings.plan_budget - others_need))
+        return budget
 
     # ---------------------------------------------------------- capture
 

@@ -122,7 +122,8 @@ class JobLifecycle:
                         transform = self.pipeline.graph_transform(state.name, state.stream) if self.pipeline else None
                         state.rt.step_fn = state.rt.job_stream.step_function(state.rt.train.step_fn, graph_transform=transform)
                         trace_step(state.rt.step_fn, state.rt.first_batch,   # once, here, serially
-                                   any_batch=self.shelf is not None and self.shelf.may_park(state))
+                                   any_batch=self.shelf is not None and self.shelf.traces_any_batch(state),
+                                   input_specs=getattr(state.rt.train, "input_specs", None))
                     attribute_validation(state, state.rt.job_stream)   # its allocations the job's, as its step's
                 if fell_back():
                     raise tf.errors.ResourceExhaustedError(
@@ -379,6 +380,8 @@ class JobLifecycle:
         stream = state.rt.job_stream
         planned, state.rt.planned_step = state.rt.planned_step, None
         state.rt.switch.clear()   # a switch its thread never took: its step holds the job's variables
+        # the step its plans were made from (Note [Reuse under a planner] in traced_step_reuse.py)
+        unplanned_step = state.rt.captured.job.step_fn if state.rt.captured is not None else state.rt.step_fn
         state.rt.captured = None  # a rebuild traces new ops; it is captured and planned again
         if state.status not in FINAL_STATUSES:
             state.plan = None   # this build's plan (each one ran stays in plan_history); a rebuild is planned anew
@@ -397,9 +400,10 @@ class JobLifecycle:
                 swap.release_stream_host_copies(stream.stream)  # activation copies a failed step left
             del planned
         if (stream is not None and self.shelf is not None and state.status in (JobStatus.finished, JobStatus.stopped)
-                and self.shelf.park(state)):   # Note [Reusing a finished job's traced step]: kept for the next of its graph
+                and self.shelf.park(state, unplanned_step)):   # Note [Reusing a finished job's traced step]
             state.peak_bytes = max(state.peak_bytes, stream.stats().get("peak", 0))   # renamed, its counters kept
             stream = state.rt.job_stream = None
+        del unplanned_step
         attribute_validation(state, None)   # a Keras model's own test_step back
         state.rt.train = None
         state.rt.step_fn = None

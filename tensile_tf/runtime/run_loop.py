@@ -138,8 +138,10 @@ class JobHost:
             # (Note [Graph-dependent Grappler rewrites] in tensile_tf.tf.determinism).
             disable_graph_dependent_rewrites()
         self.clock = RunClock()
-        # Note [Reusing a finished job's traced step]: planned and pipelined steps are per job
-        self.shelf = TracedStepShelf(spec.reuse_traced_steps and self.planning is None and self.pipeline is None)
+        # Note [Reusing a finished job's traced step]: pipelined steps are per job; a planned job parks its
+        # unplanned step (Note [Reuse under a planner]); a saved plan names its first owner's ops
+        self.shelf = TracedStepShelf(spec.reuse_traced_steps and self.pipeline is None and saved_plan is None,
+                                     planned=self.planning is not None)
         self.admission.make_room = self.shelf.evict
         self.lifecycle = JobLifecycle(self.states, self.clock, self.admission, held_outside_jobs,
                                       pipeline=self.pipeline, planning=self.planning, shelf=self.shelf)

@@ -29,10 +29,10 @@ test_traced_step_reuse.py). A step that may be parked is traced for every
 batch size (Note [One trace for every batch size]), so the batch size is
 not in the key either. A step is parked only if its traced graph reads
 no variable other than the model's and the optimizer's (a step that captured
-anything else would carry it over), and only from a plain host: no planner,
-no node-group pipeline (their steps are rewritten per job), no custom
-no ``keras_file`` or ``train_step_factory`` (what such a step
-captures is the user's). The learning rate leaves the key because Keras
+anything else would carry it over), and not from a node-group pipeline (its
+steps are rewritten per job) or a saved plan (``--plan``: its op names are its
+first owner's), nor for a ``keras_file`` or ``train_step_factory`` job (what
+such a step captures is the user's). The learning rate leaves the key because Keras
 keeps it in a variable the step reads; every other optimizer argument is a
 constant in the graph and stays in it.
 
@@ -67,6 +67,22 @@ batch-free). A step whose code needs a static batch size
 (``x.shape[0]`` used as a number) fails that trace and is traced for its
 own batch; parked, it is taken over only by jobs of that batch size
 (``ParkedStep.batch_size``).
+
+Note [Reuse under a planner]
+Issue 58: packed search is where planning pays (trials that fit the pool only
+when planned), and reuse is what made packed search faster than Optuna's
+threads, so the two work together. A plan is a function of the graph and the
+latencies, and each job's plan is rewritten into a step of its own (its swap
+ops, its plan table, its host copies filed under its stream): so what is parked
+is the step the plans were made from, the job's unplanned traced step
+(``CapturedJob.job.step_fn``, kept by teardown before the capture is dropped),
+after the plan's variables are back in the pool and its host copies released;
+its plan-table step, if one was built, is forgotten. A job that takes it over
+is probed, captured and planned from it as from its own trace (the current
+plan applied to it; re-plans as for any job). With a planner a step is traced
+for its own batch's shapes (a trace for every batch size leaves the batch
+dimension free, and a capture would count its activations as nothing), so it
+is taken over only by jobs of that batch size (``ParkedStep.batch_size``).
 """
 from __future__ import annotations
 
@@ -118,9 +134,13 @@ def batch_free_specs(batch: tuple) -> tuple | None:
     return tuple(specs)
 
 
-def trace_step(step_fn: Any, first_batch: tuple, *, any_batch: bool) -> None:
-    """Traces ``step_fn`` once: for every batch size if ``any_batch`` and its
-    code allows it, else for ``first_batch``'s shapes."""
+def trace_step(step_fn: Any, first_batch: tuple, *, any_batch: bool, input_specs: tuple | None = None) -> None:
+    """Traces ``step_fn`` once: with the job's own ``input_specs`` where it has them (a Keras
+    job's, fit's shapes: ``TrainStep.input_specs``), else for every batch size if ``any_batch``
+    and its code allows it, else for ``first_batch``'s shapes."""
+    if input_specs is not None:
+        step_fn.get_concrete_function(*input_specs)
+        return
     specs = batch_free_specs(first_batch) if any_batch else None
     if specs is not None:
         try:
@@ -168,20 +188,24 @@ def _same_layout(mine: list, theirs: list) -> bool:
 class TracedStepShelf:
     """The host's parked steps, newest last (Note [Reusing a finished job's traced step])."""
 
-    def __init__(self, enabled: bool):
+    def __init__(self, enabled: bool, *, planned: bool = False):
         self.enabled = enabled
+        self.planned = planned   # Note [Reuse under a planner]: steps traced for their own batch
         self._parked: OrderedDict[int, ParkedStep] = OrderedDict()   # by stream id
         self._numbers = itertools.count()
         self.taken = 0    # jobs that took over a parked step
         self.evicted = 0  # parked steps dropped unused
 
-    def park(self, state: "JobState") -> bool:
-        """Keeps an ended job's step (its stream, model, optimizer) if it may
-        be taken over; True: parked, and ``state`` no longer holds them."""
+    def park(self, state: "JobState", step_fn: Any) -> bool:
+        """Keeps an ended job's unplanned traced ``step_fn`` (with its stream, model,
+        optimizer) if it may be taken over (Note [Reuse under a planner]); True: parked,
+        and ``state`` no longer holds them."""
+        from tensile_tf.tf.rewrite.plan_table import forget_table_step
+
         key = reuse_key(state.job.spec) if self.enabled else None
-        train, step_fn, stream = state.rt.train, state.rt.step_fn, state.rt.job_stream
+        train, stream = state.rt.train, state.rt.job_stream
         if (key is None or train is None or step_fn is None or stream is None or train.model is None
-                or train.optimizer is None or state.plan_history or state.rt.example_args is None):
+                or train.optimizer is None or state.rt.example_args is None):
             return False
         try:   # the step reads nothing but the model's and the optimizer's variables
             concrete = step_fn.get_concrete_function(*state.rt.example_args)
@@ -191,6 +215,7 @@ class TracedStepShelf:
         if any(id(v) not in known for v in concrete.graph.variables):
             return False
         train.batches, train.validator, train._iterator = (), None, None
+        forget_table_step(step_fn)   # the owner's plan table (its rows name the owner's plan)
         stream.rename(f"{PARKED_PREFIX}{next(self._numbers)}")
         self._parked[stream.stream] = ParkedStep(key, state.name, _batch_size_traced(concrete), stream, train, step_fn,
                                                  state.rt.custom_gradients)
@@ -233,9 +258,13 @@ class TracedStepShelf:
         return fresh
 
     def may_park(self, state: "JobState") -> bool:
-        """Whether ``state``'s step may be parked when its job ends (then it is
-        traced for every batch size)."""
+        """Whether ``state``'s step may be parked when its job ends."""
         return self.enabled and reuse_key(state.job.spec) is not None
+
+    def traces_any_batch(self, state: "JobState") -> bool:
+        """Whether ``state``'s step is traced for every batch size (Note [One trace for every
+        batch size]): one that may be parked, unless it is planned (Note [Reuse under a planner])."""
+        return self.may_park(state) and not self.planned
 
     def held_bytes(self) -> int:
         return sum(p.stream.stats().get("current", 0) for p in self._parked.values())

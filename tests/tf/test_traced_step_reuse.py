@@ -123,3 +123,39 @@ def test_a_parked_step_gives_its_memory_to_a_job_that_needs_it():
     assert small["P"] + large["P"] + large["T"] > 64 * 2**20, out   # "large" never fits beside the parked step
     # dropped once to make room for "large", once ("large"'s own) at the run's end
     assert out["evicted"] == 2 and out["current"] == 0 and all(j["leaked"] == 0 for j in jobs.values()), out
+
+
+def planned_spec(name, seed, lr, batch=128):
+    return JobSpec.model_validate(dict(
+        name=name, model={"builder": "tensile_tf.jobs.zoo:mlp", "args": {"hidden": [512, 512]}}, input_shape=[784],
+        batch_size=batch, optimizer={"name": "adam", "learning_rate": lr}, seed=seed, steps=4))
+
+
+def _run_planned(specs, reuse: bool):
+    # 4 MiB for jobs of ~8 MiB of variables and slots and ~4 MiB of activations: every plan swaps
+    host = JobHost(concurrency=1, record_weights=True, reuse_traced_steps=reuse, planner="tensile",
+                   plan_budget="4MiB", swap_bandwidth="1TiB")
+    states = [host.submit(Job.from_spec(s)) for s in specs]
+    host.run()
+    return host, {s.name: s for s in states}
+
+
+def test_under_a_planner_a_job_takes_over_the_unplanned_step_and_is_planned_as_its_own():
+    """Note [Reuse under a planner]: the parked step is the one plans are made from; the job that
+    takes it over is captured and planned from it, and trains bit for bit what its own trace and
+    plan train (control: reuse off)."""
+    specs = [planned_spec("a", 1, 1e-3), planned_spec("b", 2, 3e-3), planned_spec("c", 3, 1e-2, batch=64)]
+    host, reused = _run_planned(specs, reuse=True)
+    _, own = _run_planned(specs[:2], reuse=False)
+    # c's batch differs: with a planner a step is traced for its own batch, so c traces its own
+    assert [reused[n].traced_step_from for n in "abc"] == [None, "a", None]
+    assert host.shelf.taken == 1 and own["b"].traced_step_from is None
+    for name in "abc":
+        s = reused[name]
+        assert s.status == JobStatus.finished and s.leaked_bytes == 0, (name, s.error)
+        # the plan b ran is its own, made from the step it took over: it swaps
+        assert s.plan_history[-1].swap_outs > 0 and s.plan_history[-1].budget_bytes == 4 << 20, s.plan_history
+    for name in "ab":
+        assert [r.loss for r in reused[name].records] == [r.loss for r in own[name].records], name
+        assert reused[name].weights_digest == own[name].weights_digest, name
+    assert not [n for n in tensile_tf.pool_stats()["jobs"] if n.startswith(PARKED_PREFIX)]

@@ -395,6 +395,12 @@ def ticked_ops(graph: JobGraph, latencies: LatencyModel, max_ticks: int = MAX_TI
 _TABLE_STEPS: "weakref.WeakKeyDictionary[Any, PlanTableStep]" = weakref.WeakKeyDictionary()
 
 
+def forget_table_step(step_fn) -> None:
+    """Drops the plan-table step kept beside ``step_fn`` (a step parked for another job:
+    Note [Reuse under a planner] in tensile_tf/runtime/traced_step_reuse.py)."""
+    _TABLE_STEPS.pop(step_fn, None)
+
+
 def table_step_for(step_fn, example_args, graph: JobGraph, name: str,
                    latencies: LatencyModel) -> tuple[PlanTableStep, bool]:
     """The job's plan-table step for this traced step and graph, built on
