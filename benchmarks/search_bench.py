@@ -3,6 +3,8 @@
   packed      tensile's SearchDriver: trials run concurrently on one pool,
               as many as admission "sum" allows (sum of P + T fits; safe for
               free-running jobs), at most --jobs
+  packed-planned  packed with the planner on (issue 58): a trial that does not fit beside the
+              running ones is planned together with them (Note [Joint re-plan on arrival])
   packed-nocores  packed without core admission (Note [Admitting by the cores]
               in tensile_tf/runtime/core_meter.py: no trial starts beside
               running ones while they keep the cores busy)
@@ -25,6 +27,8 @@ drops the ones above its limit). A trial is finished when COMPLETE.
     PYTHONPATH=. python benchmarks/search_bench.py --mode packed     # one mode, prints JSON
     SEARCH_BENCH_MODEL=mlp PYTHONPATH=. python benchmarks/search_bench.py --pool 256MiB   # the MLP trials
     SEARCH_BENCH_MODEL=io PYTHONPATH=. python benchmarks/search_bench.py --pool 256MiB    # trials waiting on data
+    SEARCH_BENCH_MODEL=io-mem PYTHONPATH=. python benchmarks/search_bench.py --pool 160MiB --jobs 4 \
+        --modes packed-planned,packed,optuna,sequential    # memory-bound: fit two unplanned, four planned
 """
 from __future__ import annotations
 
@@ -54,6 +58,13 @@ MODELS = {
             "input_shape": [64], "classes": 10, "optimizer": {"name": "adam"},
             "data": {"kind": "function", "function": "benchmarks.search_bench_data:digits_with_latency",
                      "args": {"latency_ms": 20}}, "steps": 100, "seed": 1}, [16, 32, 64, 128]),
+    # memory-bound and stalled on data (issue 58): wide activations (SGD: few persistent bytes), each
+    # batch 20 ms late; at --pool 160MiB two trials fit unplanned and about four planned
+    "io-mem": ({"name": "iomem", "model": {"builder": "tensile_tf.jobs.zoo:mlp",
+                                           "args": {"hidden": [1024, 1024, 1024]}},
+                "input_shape": [784], "classes": 10, "optimizer": {"name": "sgd"},
+                "data": {"kind": "function", "function": "benchmarks.search_bench_data:wide_with_latency",
+                         "args": {"latency_ms": 20}}, "steps": 60, "seed": 1}, [2048]),
 }
 BASE_JOB, BATCHES = MODELS[os.environ.get("SEARCH_BENCH_MODEL", "cnn")]
 RATES = [3e-4, 3e-3, 1e-2]
@@ -84,13 +95,14 @@ def run_mode(mode: str, pool: str, jobs: int, n_trials: int, cap_batch: int | No
     t0, c0 = time.perf_counter(), time.process_time()
     requeued = 0
     extra: dict = {}
-    if mode in ("packed", "packed-salus", "packed-nocores", "sequential"):
+    if mode in ("packed", "packed-planned", "packed-salus", "packed-nocores", "sequential"):
         from tensile_tf.runtime import JobHost
         from tensile_tf.search import run_search
 
         for p in params:
             study.enqueue_trial(p)
-        host = JobHost(admission="salus" if mode == "packed-salus" else "sum")
+        planner = {"planner": "tensile"} if mode == "packed-planned" else {}
+        host = JobHost(admission="salus" if mode == "packed-salus" else "sum", **planner)
         result = run_search(study, BASE_JOB, space(), n_trials=len(params), host=host,
                             max_concurrent=1 if mode == "sequential" else jobs,
                             admit_by_cores=mode != "packed-nocores")
@@ -99,7 +111,8 @@ def run_mode(mode: str, pool: str, jobs: int, n_trials: int, cap_batch: int | No
                  "core_gains": result.core_gains,
                  "most_at_once": result.host_result.most_jobs_running,
                  # trials that trained an ended trial's traced step (Note [Reusing a finished job's traced step])
-                 "traced_steps_reused": sum(s.traced_step_from is not None for s in host.states)}
+                 "traced_steps_reused": sum(s.traced_step_from is not None for s in host.states),
+                 "replans": len(host.replanner.records) if host.replanner is not None else 0}
     else:
         import tensorflow as tf
 
@@ -153,7 +166,9 @@ def run_mode(mode: str, pool: str, jobs: int, n_trials: int, cap_batch: int | No
            "cpu_s": cpu, "cores_busy": cpu / wall / len(os.sched_getaffinity(0)),
            "cpu_s_per_trial": cpu / max(1, len(done)),
            "pool_ooms": stats.get("num_ooms"), "requeued": requeued,
-           "batches_run": sorted({t.params.get("batch_size") for t in done}), **extra}
+           "batches_run": sorted({t.params.get("batch_size") for t in done}),
+           # each enqueued trial's objective, in enqueue order: equal across modes where packing computes alike
+           "values": [t.value for t in sorted(trials, key=lambda t: t.number)], **extra}
     if mode.startswith("optuna"):
         out["errors"] = sorted(set(errors))[:4]
     return out
@@ -198,8 +213,8 @@ def _child(args: list[str]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mode", choices=["packed", "packed-salus", "packed-nocores", "sequential", "optuna", "optuna-cap",
-                                        "peaks"])
+    ap.add_argument("--mode", choices=["packed", "packed-planned", "packed-salus", "packed-nocores", "sequential",
+                                        "optuna", "optuna-cap", "peaks"])
     ap.add_argument("--pool", default="640MiB")
     ap.add_argument("--jobs", type=int, default=4)
     ap.add_argument("--trials", type=int, default=12)
@@ -238,6 +253,12 @@ def main() -> None:
         print(f"{r['mode']:<12} {r['complete']:>8} {r['failed']:>6} {r['wall_s']:>8.1f} "
               f"{r['trials_per_hour']:>9.0f} {r['pool_peak'] / 2**20:>7.0f} MiB {r['pool_ooms']!s:>5} "
               f"{r.get('requeued', 0):>9} {r['cores_busy']:>10.0%} {r['cpu_s_per_trial']:>11.2f}")
+    reference = next((r for r in results["modes"] if r.get("mode") == "sequential" and not r.get("crashed")), None)
+    if reference is not None:   # every trial's score against its one-at-a-time run
+        for r in results["modes"]:
+            if not r.get("crashed") and r is not reference and not r["mode"].startswith("optuna"):
+                same = sum(a == b for a, b in zip(r["values"], reference["values"]))
+                print(f"  {r['mode']:<14} scores equal to sequential's: {same} of {len(reference['values'])}")
     print("\nwhere the trials' time went (seconds summed over trials; Note [Where a trial's time goes]):")
     for r in results["modes"]:
         if r.get("time_breakdown"):

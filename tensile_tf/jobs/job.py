@@ -37,7 +37,10 @@ class TrainStep:
     plain Python or a ``tf.function``: the host wraps it in its own
     ``tf.function`` attributed to the job. ``batches`` is an iterable of
     tuples (re-iterated when exhausted) or a zero-argument callable returning
-    the next tuple.
+    the next tuple. ``input_specs``: TensorSpecs the host traces the step with instead of the
+    first batch's shapes (a Keras job's are fit's: dimension 0 free where fit's data has a
+    partial batch, Note [fit's batches] in keras_fit.py), so one trace takes every batch.
+    ``inputs_of(batch)``: the model's inputs in a batch, where they are not ``batch[0]``.
     """
 
     step_fn: Callable[..., Any]
@@ -46,6 +49,8 @@ class TrainStep:
     model: Any = None
     optimizer: Any = None
     validator: Any = None       # datasets.Validator, when the job holds out validation examples
+    input_specs: tuple | None = None
+    inputs_of: Callable[[tuple], Any] | None = None
     _iterator: Any = field(default=None, repr=False)
     _peeked: list = field(default_factory=list, repr=False)
 
@@ -136,10 +141,11 @@ class Job:
 
         fit, step, batches = keras_fit(name, model, x, y, **fit_args)
         train = TrainStep(step_fn=step, batches=batches, variables=[*model.variables, *model.metrics_variables],
-                          model=model, optimizer=model.optimizer)
+                          model=model, optimizer=model.optimizer, input_specs=batches.specs,
+                          inputs_of=batches.model_inputs)
         job = cls.from_train_step(name, train, steps=fit.total_steps, stop_on_nan=stop_on_nan)
         job.on_step, job.step_hooks = fit.keep_going, fit
-        job.estimate_needs = lambda: estimated_needs(model, fit_args.get("batch_size", 32))
+        job.estimate_needs = lambda: estimated_needs(model, batches.batch_size or 32)
         return job
 
     def forget(self) -> None:

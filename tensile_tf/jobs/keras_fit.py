@@ -19,11 +19,6 @@ the variables a plan keeps on the host brought back for the duration (so a callb
 reads weights sees the real ones). Each job's ``keras.callbacks.History`` is ``job.history``.
 
 Where it is not ``fit`` bit for bit, and why:
-- every step has one batch shape (the planned graph is traced for it), so an epoch's last
-  partial batch is dropped: ``steps_per_epoch = len(x) // batch_size``. With ``len(x)`` a
-  multiple of the batch size the batches are fit's;
-- ``shuffle=True`` shuffles each epoch with its own seeded generator (``seed``), not fit's; use
-  ``shuffle=False`` (or a ``tf.data.Dataset``) to compare with fit;
 - the step runs without XLA (the planner rewrites TensorFlow graph ops): a model compiled with
   ``jit_compile=True`` (as Keras leaves it where a device supports XLA) computes the same function
   with other rounding, and a ``UserWarning`` says so when the job is made;
@@ -31,10 +26,45 @@ Where it is not ``fit`` bit for bit, and why:
   the place of Keras' progress bar; ``validation_freq`` and ``validation_steps`` are fit's;
 - the loss the host records per step is fit's batch log ``loss``: the running mean since the
   epoch began.
+
+Note [fit's batches]
+A Keras job's batches are ``model.fit``'s (issue 58 item 3): ``keras_fit`` makes fit's own epoch
+iterator (Keras' ``TFEpochIterator`` over its data adapters, with fit's ``batch_size``,
+``steps_per_epoch``, ``shuffle``, ``class_weight`` and ``sample_weight``; ``validation_split``
+by Keras' ``train_validation_split``), and ``FitBatches`` runs fit's loop over it: ``reset``
+once, then each epoch's batches, a new pass over the data where fit starts one. So x is
+anything fit takes (arrays, dicts or lists of them, a ``tf.data.Dataset``, a generator, a
+``keras.utils.PyDataset``), every epoch has fit's ``num_batches`` steps, the last partial batch
+among them, and the callbacks' ``params`` and batch numbers are fit's. Each batch is handed to
+the host flat (``tf.nest.flatten``: a job's step takes a tuple of tensors, which the capture,
+the plans and the node groups read) and packed back to fit's ``(x, y, sample_weight)``
+structure inside the step. The step is traced once, with the TensorSpecs of fit's dataset
+(``TrainStep.input_specs``): where the data has a partial batch, fit's dataset leaves the batch
+dimension free, and so does the job's trace, so the partial batch runs through the very step
+the others run (no trace of its own) and every batch computes in fit's graph shapes. Its bytes
+are the step's: the probe measured a whole batch, the planner (which sizes dynamic shapes from
+one measured step, tensile_tf/tf/capture.py) planned for one, and a partial batch takes fewer
+(its record's peak, checked in tests/tf/test_keras_inputs.py).
+
+What decides the order: fit's shuffling of arrays is ``tf.random.shuffle`` inside the dataset
+Keras builds, seeded from TensorFlow's global seed when that dataset is made (at ``fit``'s call,
+and here at ``from_keras``'s); a ``tf.data.Dataset``'s own ``shuffle`` likewise. So a job made
+right after ``keras.utils.set_random_seed(s)`` draws fit's order after the same call, whatever
+runs in between (measured: other random ops between the seed and the data change nothing), and
+``seed=s`` is that call made right before the data (it sets Keras' global seeds, as the call
+does). With a global seed Keras draws the same permutation each epoch (fit's, reproduced). Not
+bit for bit, and why: without a global seed fit's order is random, and so is the job's; a
+``PyDataset`` with ``shuffle=True`` shuffles with Python's global ``random`` as each epoch
+begins (Keras' own), which jobs running at once (and anything else) draw from in between;
+sparse or ragged inputs and ``steps_per_execution`` above 1 are refused, as is data of unknown
+length without ``steps_per_epoch`` (a job's step count is fixed when it is made), and data that
+runs out before an epoch's end fails the job with what to do (fit ends that epoch early).
+Measured before (issue 58): a shuffled ``tf.data.Dataset`` trained 3.4e-2 off fit's weights after
+3 epochs, because the old job read it through ``.repeat()``, whose later epochs shuffle in
+another order than fit's new pass over the dataset each epoch.
 """
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Sequence
@@ -59,11 +89,11 @@ class FitLoop:
     steps_per_epoch: int
     epochs: int
     callbacks: Any                      # keras.callbacks.CallbackList (with History)
-    validation: tuple | None = None     # (x, y[, sample_weight]) or a tf.data.Dataset
+    validation: tuple | None = None     # fit's (val_x, val_y, val_sample_weight): x anything fit takes
     validation_batch_size: int | None = None
     initial_epoch: int = 0              # fit's initial_epoch: epochs initial_epoch .. epochs - 1 run
     steps: int | None = None            # a step count instead of whole epochs (the last one partial)
-    validation_freq: int = 1            # fit's: validate at the end of every this many epochs
+    validation_freq: int | list = 1     # fit's: validate every this many epochs, or at the epochs listed
     validation_steps: int | None = None  # fit's: batches of validation data each time (None: all)
     logs: dict[str, float] = field(default_factory=dict)
     _begun_batch: int = -1
@@ -105,7 +135,7 @@ class FitLoop:
             last = state.steps_done >= self.total_steps
             if batch == self.steps_per_epoch - 1 or self.model.stop_training or last:
                 epoch_logs = dict(self.logs)
-                if self.validation is not None and (epoch + 1) % self.validation_freq == 0:   # fit's _should_eval
+                if self.validation is not None and self._should_validate(epoch):
                     epoch_logs.update(self._validate())
                 self.callbacks.on_epoch_end(epoch, epoch_logs)
                 self.logs = epoch_logs
@@ -148,41 +178,67 @@ class FitLoop:
             for v, value in zip(metric_variables, kept):
                 v.assign(value)
 
+    def _should_validate(self, epoch: int) -> bool:
+        """fit's ``_should_eval``: every ``validation_freq`` epochs, or the (1-based) epochs it lists."""
+        freq = self.validation_freq
+        return (epoch + 1) % freq == 0 if isinstance(freq, int) else epoch + 1 in freq
+
     def _validate(self, steps: int | None = None, callbacks: Any = "fit's") -> dict[str, float]:
-        v = self.validation
+        x, y, sample_weight = self.validation
         steps = steps or self.validation_steps
         callbacks = self.callbacks if callbacks == "fit's" else callbacks
-        if isinstance(v, tf.data.Dataset):
-            logs = self.model.evaluate(v, steps=steps, verbose=0, return_dict=True, callbacks=callbacks)
-        else:
-            x, y, *sw = v
-            logs = self.model.evaluate(x, y, sample_weight=sw[0] if sw else None, steps=steps,
-                                       batch_size=self.validation_batch_size, verbose=0, return_dict=True,
-                                       callbacks=callbacks)
+        logs = self.model.evaluate(x=x, y=y, sample_weight=sample_weight, batch_size=self.validation_batch_size,
+                                   steps=steps, verbose=0, return_dict=True, callbacks=callbacks)
         return {f"val_{k}": float(val) for k, val in logs.items()}
 
 
-class ArrayBatches:
-    """Epochs of ``(x, y[, sample_weight])`` batches from arrays, the last partial batch
-    dropped (Note [fit's loop in a job]); in order, or shuffled per epoch by ``seed``."""
+class FitBatches:
+    """fit's batches (Note [fit's batches]): ``model.fit``'s own epoch iterator over Keras' data
+    adapters, epoch after epoch, each batch flattened to a tuple of tensors for the host's step;
+    ``specs`` the flat TensorSpecs of fit's dataset, which the host traces the step with."""
 
-    def __init__(self, arrays: Sequence[np.ndarray], batch_size: int, shuffle: bool, seed: int):
-        self.arrays, self.batch_size, self.shuffle, self.seed = arrays, batch_size, shuffle, seed
-        self.per_epoch = len(arrays[0]) // batch_size
-        self.epoch, self.i, self.order = -1, self.per_epoch, None
+    def __init__(self, name: str, epoch_iterator: Any, epochs: int | None):
+        self.name, self.epoch_iterator, self.epochs = name, epoch_iterator, epochs
+        self.steps_per_epoch = epoch_iterator.num_batches
+        self.structure = epoch_iterator._get_iterator().element_spec   # what fit's train_function reads
+        leaves = tf.nest.flatten(self.structure)
+        odd = sorted({type(s).__name__ for s in leaves if not isinstance(s, tf.TensorSpec)})
+        if odd:
+            raise KerasJobError(f"job {name!r}: inputs of {', '.join(odd)} cannot be a job's step arguments; "
+                                "give dense arrays or tensors (e.g. tf.sparse.to_dense, ragged.to_tensor())")
+        self.specs = tuple(leaves)
+        dims = {s.shape[0] for s in leaves if s.shape.rank}
+        self.batch_size = epoch_iterator.data_adapter.batch_size or (dims.pop() if len(dims) == 1 else None)
+        self._batches = self._fit_order()
+
+    def _fit_order(self):
+        """fit's loop over its epoch iterator: ``reset`` once, then each epoch's batches."""
+        it, epoch = self.epoch_iterator, 0
+        it.reset()
+        while self.epochs is None or epoch < self.epochs:
+            seen = 0
+            with it.catch_stop_iteration():
+                for _, _, iterator in it:
+                    data = next(iterator)
+                    seen += 1
+                    yield tuple(tf.nest.flatten(data))
+            if seen < self.steps_per_epoch:
+                raise KerasJobError(f"job {self.name!r}: the data ran out after {seen} of epoch {epoch}'s "
+                                    f"{self.steps_per_epoch} batches (fit would end the epoch there); make it "
+                                    "last (a tf.data dataset's .repeat()) or lower steps_per_epoch")
+            epoch += 1
 
     def __call__(self) -> tuple:
-        if self.i >= self.per_epoch:
-            self.epoch, self.i = self.epoch + 1, 0
-            n = len(self.arrays[0])
-            self.order = (np.random.default_rng(self.seed + self.epoch).permutation(n) if self.shuffle
-                          else None)
-        lo, hi = self.i * self.batch_size, (self.i + 1) * self.batch_size
-        self.i += 1
-        if self.order is None:
-            return tuple(a[lo:hi] for a in self.arrays)
-        idx = self.order[lo:hi]
-        return tuple(a[idx] for a in self.arrays)
+        return next(self._batches)
+
+    def pack(self, flat: Sequence) -> Any:
+        """A flat batch as fit's step gets it: ``(x, y[, sample_weight])`` with x as given (a dict, ...)."""
+        return tf.nest.pack_sequence_as(self.structure, list(flat))
+
+    def model_inputs(self, flat: Sequence) -> Any:
+        from keras.src.trainers.data_adapters.data_adapter_utils import unpack_x_y_sample_weight
+
+        return unpack_x_y_sample_weight(self.pack(flat))[0]
 
 
 def _check_compiled(name: str, model: Any) -> None:
@@ -193,56 +249,20 @@ def _check_compiled(name: str, model: Any) -> None:
     if not getattr(model, "compiled", False) or model.optimizer is None:
         raise KerasJobError(f"job {name!r}: the model is not compiled; call model.compile(optimizer=..., "
                             "loss=..., metrics=[...]) first (from_keras trains with the compiled settings)")
+    if getattr(model, "steps_per_execution", 1) != 1:
+        raise KerasJobError(f"job {name!r}: the model was compiled with steps_per_execution="
+                            f"{model.steps_per_execution}; a job's step is one batch, so compile it with "
+                            "steps_per_execution=1 (the default)")
 
 
-def _split(name: str, x, y, sample_weight, validation_split: float):
-    """Keras' validation_split: the last fraction of the arrays, before any shuffling."""
-    if not 0.0 <= validation_split < 1.0:
-        raise KerasJobError(f"job {name!r}: validation_split must be in [0, 1), got {validation_split}")
-    if not validation_split:
-        return x, y, sample_weight, None
-    at = int(math.floor(len(x) * (1.0 - validation_split)))
-    val = (x[at:], y[at:]) + ((sample_weight[at:],) if sample_weight is not None else ())
-    return x[:at], y[:at], sample_weight[:at] if sample_weight is not None else None, val
-
-
-def _class_weights(name: str, y: np.ndarray, class_weight: dict[int, float]) -> np.ndarray:
-    labels = y.reshape(len(y), -1).argmax(axis=1) if y.ndim > 1 and y.shape[-1] > 1 else y.reshape(len(y))
-    missing = sorted(set(np.unique(labels).tolist()) - set(class_weight))
-    if missing:
-        raise KerasJobError(f"job {name!r}: class_weight has no weight for classes {missing[:5]}")
-    return np.asarray([class_weight[int(c)] for c in labels], dtype=np.float32)
-
-
-def keras_fit(name: str, model: Any, x: Any = None, y: Any = None, *, dataset: Any = None,
-               batch_size: int = 32, epochs: int = 1, initial_epoch: int = 0, steps_per_epoch: int | None = None,
-               steps: int | None = None,
-               validation_data: Any = None, validation_split: float = 0.0,
-               validation_batch_size: int | None = None, callbacks: Sequence[Any] = (),
-               shuffle: bool = False, seed: int = 0, class_weight: dict[int, float] | None = None,
-               sample_weight: np.ndarray | None = None, verbose: int | str = "auto",
-               validation_steps: int | None = None, validation_freq: int = 1) -> tuple[FitLoop, Callable, Any]:
-    """fit's loop for a compiled ``keras.Model`` (Note [fit's loop in a job]; the argument
-    names are fit's): the FitLoop hooks, the step function and the batches, which
-    ``Job.from_keras`` makes a job of. Data: arrays ``x`` and ``y``, or a batched
-    ``tf.data.Dataset`` as ``dataset`` (then ``steps_per_epoch``, unless its cardinality is
-    known). ``steps`` (not fit's): train that many steps instead of whole epochs; the last epoch
-    ends, with its logs and callbacks, at the last step. ``verbose`` is fit's and reaches the
-    callbacks' ``params``; the run's own progress lines take the place of Keras' progress bar."""
-    import keras
-
-    _check_compiled(name, model)
+def _check_fit_values(name: str, verbose, validation_freq, validation_steps, steps, initial_epoch, epochs) -> None:
     if verbose not in ("auto", 0, 1, 2):
         raise KerasJobError(f"job {name!r}: verbose must be 'auto', 0, 1 or 2 (fit's), got {verbose!r}")
-    if not isinstance(validation_freq, int) or validation_freq < 1:
-        raise KerasJobError(f"job {name!r}: validation_freq must be a whole number of epochs >= 1, "
-                            f"got {validation_freq!r}")
+    if not (isinstance(validation_freq, int) and validation_freq >= 1 or isinstance(validation_freq, list)):
+        raise KerasJobError(f"job {name!r}: validation_freq must be a whole number of epochs >= 1 or a list of "
+                            f"epochs (fit's), got {validation_freq!r}")
     if validation_steps is not None and validation_steps < 1:
         raise KerasJobError(f"job {name!r}: validation_steps must be at least 1, got {validation_steps}")
-    if getattr(model, "jit_compile", False) is True:   # said once, at submit (Note [fit's loop in a job])
-        warnings.warn(f"job {name!r}: the model was compiled with jit_compile=True; the job's step runs without "
-                      "XLA (the planner rewrites TensorFlow's graph ops), the same function with other rounding",
-                      UserWarning, stacklevel=3)
     if steps is not None:   # a step count instead of epochs: as many epochs as it takes
         if steps < 1:
             raise KerasJobError(f"job {name!r}: steps must be at least 1, got {steps}")
@@ -251,54 +271,75 @@ def keras_fit(name: str, model: Any, x: Any = None, y: Any = None, *, dataset: A
     if not 0 <= initial_epoch < epochs:
         raise KerasJobError(f"job {name!r}: fit runs epochs initial_epoch .. epochs - 1, so epochs must be "
                             f"above initial_epoch >= 0 (got epochs={epochs}, initial_epoch={initial_epoch})")
-    if dataset is not None:
+
+
+def keras_fit(name: str, model: Any, x: Any = None, y: Any = None, *, dataset: Any = None,
+               batch_size: int | None = None, epochs: int = 1, initial_epoch: int = 0,
+               steps_per_epoch: int | None = None, steps: int | None = None,
+               validation_data: Any = None, validation_split: float = 0.0,
+               validation_batch_size: int | None = None, callbacks: Sequence[Any] = (),
+               shuffle: bool | str = True, seed: int | None = None, class_weight: dict[int, float] | None = None,
+               sample_weight: Any = None, verbose: int | str = "auto",
+               validation_steps: int | None = None, validation_freq: int | list = 1) -> tuple[FitLoop, Callable, Any]:
+    """fit's loop for a compiled ``keras.Model`` (Note [fit's loop in a job]; the arguments are
+    fit's, with fit's defaults): the FitLoop hooks, the step function and the batches, which
+    ``Job.from_keras`` makes a job of. ``x`` is anything fit takes (arrays, dicts or lists of
+    them, a ``tf.data.Dataset``, a generator, a ``keras.utils.PyDataset``), iterated by fit's
+    own data adapters (Note [fit's batches]); ``dataset=`` is the older name for a dataset as
+    ``x``. Not fit's: ``steps`` trains that many steps instead of whole epochs (the last epoch
+    ends, with its logs and callbacks, at the last step); ``seed`` calls
+    ``keras.utils.set_random_seed(seed)`` right before the data is made, which decides
+    ``shuffle``'s order as it does fit's. ``verbose`` reaches the callbacks' ``params``; the
+    run's own progress lines take the place of Keras' progress bar."""
+    import keras
+    from keras.src.backend.tensorflow.trainer import TFEpochIterator
+    from keras.src.trainers.data_adapters import array_slicing, data_adapter_utils
+
+    _check_compiled(name, model)
+    _check_fit_values(name, verbose, validation_freq, validation_steps, steps, initial_epoch, epochs)
+    if getattr(model, "jit_compile", False) is True:   # said once, at submit (Note [fit's loop in a job])
+        warnings.warn(f"job {name!r}: the model was compiled with jit_compile=True; the job's step runs without "
+                      "XLA (the planner rewrites TensorFlow's graph ops), the same function with other rounding",
+                      UserWarning, stacklevel=3)
+    if dataset is not None:   # the older form of a dataset as x
         if x is not None or y is not None:
-            raise KerasJobError(f"job {name!r}: give arrays x and y, or dataset, not both")
-        if validation_split:
-            raise KerasJobError(f"job {name!r}: validation_split needs arrays; give validation_data "
-                                "with a dataset")
-        if steps_per_epoch is None:
-            cardinality = int(dataset.cardinality())
-            if cardinality <= 0:
-                raise KerasJobError(f"job {name!r}: the dataset's length is unknown or infinite; "
-                                    "give steps_per_epoch")
-            steps_per_epoch = cardinality
-        batches: Any = dataset.repeat()
-    else:
-        if x is None or y is None:
-            raise KerasJobError(f"job {name!r}: give arrays x and y (or dataset=)")
-        x, y = np.asarray(x), np.asarray(y)
-        if len(x) != len(y):
-            raise KerasJobError(f"job {name!r}: x has {len(x)} examples but y has {len(y)}")
-        x, y, sample_weight, split_validation = _split(name, x, y, sample_weight, validation_split)
-        validation_data = validation_data if validation_data is not None else split_validation
-        if class_weight is not None:
-            cw = _class_weights(name, y, class_weight)
-            sample_weight = cw if sample_weight is None else sample_weight * cw
-        arrays = [x, y] + ([np.asarray(sample_weight, dtype=np.float32)] if sample_weight is not None else [])
-        batches = ArrayBatches(arrays, batch_size, shuffle, seed)
-        if batches.per_epoch < 1:
-            raise KerasJobError(f"job {name!r}: {len(x)} training examples make no batch of {batch_size}; "
-                                "lower batch_size")
-        steps_per_epoch = min(steps_per_epoch or batches.per_epoch, batches.per_epoch)
-    if validation_data is not None and not isinstance(validation_data, tf.data.Dataset):
-        validation_data = tuple(validation_data)
+            raise KerasJobError(f"job {name!r}: give the data as x (and y), or as dataset=, not both")
+        x = dataset
+    if x is None:
+        raise KerasJobError(f"job {name!r}: give the training data as x (and y), as model.fit takes it")
+    epochs = min(epochs, keras.config.max_epochs() or epochs)   # fit's debugging cap
+    try:
+        if validation_split and validation_data is None:   # fit's: the last fraction, before any shuffling
+            (x, y, sample_weight), validation_data = array_slicing.train_validation_split(
+                (x, y, sample_weight), validation_split=validation_split)
+        if seed is not None:
+            keras.utils.set_random_seed(seed)
+        epoch_iterator = TFEpochIterator(x=x, y=y, sample_weight=sample_weight, batch_size=batch_size,
+                                         steps_per_epoch=steps_per_epoch, shuffle=shuffle, class_weight=class_weight,
+                                         distribute_strategy=model.distribute_strategy, steps_per_execution=1)
+    except ValueError as e:   # what fit itself refuses, in Keras' words
+        raise KerasJobError(f"job {name!r}: {e}") from None
+    if not epoch_iterator.num_batches:
+        raise KerasJobError(f"job {name!r}: the data's length is unknown (a generator, or a dataset of unknown "
+                            "cardinality): give steps_per_epoch, as a job's step count is fixed when it is made")
+    steps_per_epoch = epoch_iterator.num_batches
     if steps is not None:
         epochs = -(-steps // steps_per_epoch)
+    batches = FitBatches(name, epoch_iterator, epochs - initial_epoch)
+    if validation_data is not None:
+        validation_data = data_adapter_utils.unpack_x_y_sample_weight(validation_data)
     callback_list = keras.callbacks.CallbackList(list(callbacks), add_history=True, add_progbar=False,
-                                                 verbose=1 if verbose == "auto" else verbose, epochs=epochs,
-                                                 steps=steps_per_epoch, model=model)
+                                                 verbose=verbose, epochs=epochs, steps=steps_per_epoch, model=model)
     fit = FitLoop(model, steps_per_epoch, epochs, callback_list, validation_data,
                    validation_batch_size or batch_size, initial_epoch, steps, validation_freq, validation_steps)
+    return fit, keras_train_step(model, batches.pack), batches
 
-    return fit, keras_train_step(model), batches
 
-
-def keras_train_step(model: Any) -> Callable:
+def keras_train_step(model: Any, pack: Callable[[Sequence], Any] | None = None) -> Callable:
     """The compiled model's own step (fit's): loss, gradients, optimizer, metrics; returns fit's
-    batch log ``loss``."""
+    batch log ``loss``. ``pack``: the flat batch the host passes, as fit's step gets it."""
     def step(*batch):
-        return model.train_step(batch)["loss"]
+        return model.train_step(pack(batch) if pack is not None else batch)["loss"]
 
     return step
 

@@ -63,8 +63,11 @@ class AdmissionControl:
         self.concurrency = concurrency
         self._measured_by_signature: dict[str, tuple[int, int, int]] = {}
         # Frees what the host keeps only while no job needs it (parked steps: Note [Reusing a
-        # finished job's traced step] in traced_step_reuse.py); returns the bytes freed.
-        self.make_room: Callable[[], int] | None = None
+        # finished job's traced step] in traced_step_reuse.py), but what the job asking would take
+        # over (Note [Steps kept for the jobs that wait]); returns the bytes freed.
+        self.make_room: Callable[[JobState], int] | None = None
+        # the pool bytes held outside the jobs that a job would take over as its own (a parked step)
+        self.kept_for: Callable[[JobState], int] | None = None
 
     def has_room(self, running: int) -> bool:
         return self.concurrency is None or running < self.concurrency
@@ -78,9 +81,11 @@ class AdmissionControl:
             return True
         needs = [self.predict(s) or (0, 0) for s in group]
         condition = salus_safety_condition if self.policy == Admission.salus else sum_condition
+        # a parked step the job takes over is its own P, counted in its needs already
+        held_outside_jobs -= self.kept_for(state) if self.kept_for is not None else 0
         if condition(needs, shared_room(self.capacity, held_outside_jobs, len(group))):
             return True
-        freed = self.make_room() if self.make_room is not None else 0
+        freed = self.make_room(state) if self.make_room is not None else 0
         return freed > 0 and condition(needs, shared_room(self.capacity, held_outside_jobs - freed, len(group)))
 
     def never_fits(self, state: JobState) -> bool:

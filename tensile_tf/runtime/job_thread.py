@@ -19,6 +19,7 @@ from bisect import insort
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import tensorflow as tf
 
 from tensile_tf.tf.capture import profiled_step
@@ -106,8 +107,9 @@ def release_first_batch(state: JobState) -> None:
 
     batch, state.rt.first_batch = state.rt.first_batch, None
     state.rt.batch_specs = batch_specs(batch)
-    first = batch[0]
-    state.rt.sample_inputs = first[:16].numpy() if hasattr(first, "numpy") else first[:16]
+    inputs_of = getattr(state.rt.train, "inputs_of", None)
+    first = inputs_of(batch) if inputs_of is not None else batch[0]   # a Keras job's x: maybe a dict or a list
+    state.rt.sample_inputs = tf.nest.map_structure(lambda a: a[:16].numpy() if hasattr(a, "numpy") else a[:16], first)
 
 
 def save_model(state: JobState, model_dir: Path, *, checkpoint: bool = False) -> None:
@@ -132,9 +134,18 @@ def save_model(state: JobState, model_dir: Path, *, checkpoint: bool = False) ->
         release_first_batch(state)
     x = validator.x[:16] if validator is not None else state.rt.sample_inputs
     # Note [Work outside the steps, inside the allowance] in work_outside_steps.py
-    predictions = predict_within_allowance(state, lambda xb: model(xb, training=False).numpy(), x)
-    np.savez(model_dir / f"{state.name}.sample.npz", x=x, predictions=predictions)
+    predictions = predict_within_allowance(state, lambda xb: model(xb, training=False), x)
+    np.savez(model_dir / f"{state.name}.sample.npz", **_named_arrays("x", x), **_named_arrays("predictions", predictions))
     state.model_path = str(Path(model_dir.name) / path.name)
+
+
+def _named_arrays(name: str, nested) -> dict:
+    """``{name: array}``, or for a Keras model's several inputs or outputs (a dict or list of
+    arrays) ``{name.KEY: array}`` for each (``name.0``, ``name.1`` for a list)."""
+    if not isinstance(nested, (dict, list, tuple)):
+        return {name: nested}
+    items = nested.items() if isinstance(nested, dict) else enumerate(nested)
+    return {f"{name}.{key}": np.asarray(a) for key, a in items}
 
 
 def variables_digest(variables) -> str:

@@ -31,7 +31,7 @@ from tensile_tf.runtime.nodegroup import SPLIT_PROBE_RUNS, NodeGroupCoordinator
 from tensile_tf.runtime.planning import COLD_START_HEADROOMS, JobPlanning
 from tensile_tf.runtime.job_runtime import JobProgress, JobRuntime
 from tensile_tf.runtime.records import FINAL_STATUSES, JobState, JobStatus
-from tensile_tf.runtime.teardown_memory import collect_garbage, wait_for_late_frees
+from tensile_tf.runtime.teardown_memory import CallerObjects, collect_garbage, wait_for_late_frees
 from tensile_tf.runtime.traced_step_reuse import TracedStepShelf, trace_step
 from tensile_tf.runtime.work_outside_steps import admitted_temporary_bytes, attribute_validation, measure_at_probe
 from tf_plugin.tf_internals import custom_gradient_names, forget_custom_gradients
@@ -404,6 +404,9 @@ class JobLifecycle:
             state.peak_bytes = max(state.peak_bytes, stream.stats().get("peak", 0))   # renamed, its counters kept
             stream = state.rt.job_stream = None
         del unplanned_step
+        # Note [Bytes the caller keeps] in teardown_memory.py: a handed-over job's model its caller holds
+        caller = CallerObjects(state.rt.train) if not state.job.rebuildable and state.status in FINAL_STATUSES \
+            else None
         attribute_validation(state, None)   # a Keras model's own test_step back
         state.rt.train = None
         state.rt.step_fn = None
@@ -418,11 +421,15 @@ class JobLifecycle:
             return
         if self.pipeline is not None:
             self.pipeline.job_ended(state.name, state.stream)
-        collect_garbage(lambda: stream.stats()["current"] > 0)
-        state.late_free_s = wait_for_late_frees(lambda: stream.stats()["current"] > 0)
+        def still_held() -> bool:
+            return stream.stats()["current"] > 0 and not (caller is not None and caller.hold())
+
+        collect_garbage(still_held)
+        state.late_free_s = wait_for_late_frees(still_held)
         stats = stream.stats()
         state.peak_bytes = max(state.peak_bytes, stats.get("peak", 0))
-        state.leaked_bytes = stats.get("current", 0)
+        state.kept_by_caller_bytes = stats.get("current", 0) if caller is not None and caller.hold() else 0
+        state.leaked_bytes = stats.get("current", 0) - state.kept_by_caller_bytes
         stream.release()
         state.rt.job_stream = None
 

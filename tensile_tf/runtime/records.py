@@ -117,6 +117,7 @@ class JobState:
     peak_bytes: int = 0              # the job's own peak pool bytes, first step included
     leaked_bytes: int = 0            # bytes still attributed to it after teardown
     late_free_s: float = 0.0         # how long the teardown waited for its last bytes (Note [Late frees are not leaks])
+    kept_by_caller_bytes: int = 0    # what the caller's variables keep in its stream (Note [Bytes the caller keeps])
     # Note [Work outside the steps, inside the allowance] (work_outside_steps.py)
     outside_steps_peak_bytes: int = 0
     outside_steps_allowance_bytes: int | None = None
@@ -237,6 +238,7 @@ class JobRecord:
     plan_segments: list[PlanSegment] = field(default_factory=list)   # its steps, plan by plan (Note [Plan segments])
     traced_step_from: str | None = None   # the ended job whose traced step it trained (None: its own trace)
     late_free_s: float = 0.0              # the teardown's wait for its last bytes (Note [Late frees are not leaks])
+    kept_by_caller_bytes: int = 0         # bytes of the variables its caller still holds (Note [Bytes the caller keeps])
     # validation and the saved sample: the most they took above the job's bytes, and the room admission
     # counted for them (Note [Work outside the steps, inside the allowance] in work_outside_steps.py)
     outside_steps_peak_bytes: int = 0
@@ -259,7 +261,7 @@ class JobRecord:
             validation=list(s.validation), model_path=s.model_path,
             checkpoints=list(s.checkpoints), plan=s.plan, plan_error=s.plan_error, times=s.times.to_dict(),
             plan_segments=plan_segments(s.records, s.plan_history), traced_step_from=s.traced_step_from,
-            late_free_s=round(s.late_free_s, 4), outside_steps_peak_bytes=s.outside_steps_peak_bytes,
+            late_free_s=round(s.late_free_s, 4), kept_by_caller_bytes=s.kept_by_caller_bytes, outside_steps_peak_bytes=s.outside_steps_peak_bytes,
             outside_steps_allowance_bytes=s.outside_steps_allowance_bytes,
             outside_steps_need_bytes=s.outside_steps_need_bytes)
 

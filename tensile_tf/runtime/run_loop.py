@@ -142,7 +142,8 @@ class JobHost:
         # unplanned step (Note [Reuse under a planner]); a saved plan names its first owner's ops
         self.shelf = TracedStepShelf(spec.reuse_traced_steps and self.pipeline is None and saved_plan is None,
                                      planned=self.planning is not None)
-        self.admission.make_room = self.shelf.evict
+        self.admission.make_room = lambda state: self.shelf.evict(keep_for=state)
+        self.admission.kept_for = self.shelf.bytes_for   # Note [Steps kept for the jobs that wait]
         self.lifecycle = JobLifecycle(self.states, self.clock, self.admission, held_outside_jobs,
                                       pipeline=self.pipeline, planning=self.planning, shelf=self.shelf)
         self.arrivals = Arrivals(self)

@@ -40,7 +40,20 @@ A parked step holds its variables' pool bytes: the pool reports them under
 ``parked:<n>`` and ``held_outside_jobs`` counts them, so admission never
 places a job in memory a parked step holds. When admission finds that a
 job does not fit, the shelf is emptied first (``TracedStepShelf.evict``,
-via ``AdmissionControl.make_room``) and the job asked again. The shelf
+via ``AdmissionControl.make_room``) and the job asked again.
+
+Note [Steps kept for the jobs that wait]
+Emptying the whole shelf for a job that does not fit dropped the very step
+that job would take over: in a search whose trials fit only planned (issue
+58), every trial that arrived with the pool full evicted the step of the trial
+before it, and no trial reused one. The parked step a job would take becomes
+that job's: its variables are what the job's own build copies its values
+into. So admission counts its bytes as the job's (``bytes_for``: taken off
+what is held outside the jobs), and ``evict(keep_for=job)`` drops every
+other parked step. The job's build holds its own model beside the parked one
+for a moment; where that runs out of memory, the build fails as any build
+beside running jobs does, the shelf is emptied (``_evict_parked``) and the
+job tried again later. The shelf
 keeps at most ``MAX_PARKED`` steps, the newest, and is emptied when the run
 ends. ``run.reuse_traced_steps: false`` turns it off; a job's record says
 whose step it took (``traced_step_from``).
@@ -224,17 +237,30 @@ class TracedStepShelf:
             self._drop_oldest()
         return True
 
+    def _takeable(self, state: "JobState | None") -> int | None:
+        """The stream id of the newest parked step ``state``'s job may take over, or None."""
+        key = reuse_key(state.job.spec) if self.enabled and state is not None else None
+        for sid, parked in reversed(self._parked.items()):
+            if key is not None and parked.key == key and parked.batch_size in (None, state.job.spec.batch_size):
+                return sid
+        return None
+
+    def bytes_for(self, state: "JobState") -> int:
+        """Pool bytes of the parked step ``state``'s job would take over: its own once it starts
+        (Note [Steps kept for the jobs that wait])."""
+        sid = self._takeable(state)
+        return self._parked[sid].stream.stats().get("current", 0) if sid is not None else 0
+
     def take(self, state: "JobState") -> ParkedStep | None:
         """The newest parked step ``state``'s job may take over (off the shelf), or None."""
-        key = reuse_key(state.job.spec) if self.enabled else None
-        for sid, parked in reversed(self._parked.items()):
-            if parked.key == key and parked.batch_size in (None, state.job.spec.batch_size):
-                del self._parked[sid]
-                state.rt.custom_gradients |= parked.custom_gradients   # forgotten at the job's teardown
-                parked.stream.rename(state.name)
-                parked.stream.reset_peak()
-                return parked
-        return None
+        sid = self._takeable(state)
+        if sid is None:
+            return None
+        parked = self._parked.pop(sid)
+        state.rt.custom_gradients |= parked.custom_gradients   # forgotten at the job's teardown
+        parked.stream.rename(state.name)
+        parked.stream.reset_peak()
+        return parked
 
     def adopt(self, parked: ParkedStep, fresh: TrainStep) -> TrainStep | None:
         """Step 2 of the Note: ``fresh``'s values into the parked variables, and
@@ -269,15 +295,20 @@ class TracedStepShelf:
     def held_bytes(self) -> int:
         return sum(p.stream.stats().get("current", 0) for p in self._parked.values())
 
-    def evict(self) -> int:
-        """Drops every parked step; the pool bytes they held (now free)."""
-        if not self._parked:
+    def evict(self, keep_for: "JobState | None" = None) -> int:
+        """Drops every parked step but the one ``keep_for``'s job would take over (Note [Steps
+        kept for the jobs that wait]); the pool bytes they held (now free)."""
+        kept = self._takeable(keep_for)
+        dropped = [p for sid, p in self._parked.items() if sid != kept]
+        if not dropped:
             return 0
-        held = self.held_bytes()
-        streams = [p.stream for p in self._parked.values()]
-        forget_custom_gradients(set().union(*(p.custom_gradients for p in self._parked.values())))
-        self.evicted += len(self._parked)
-        self._parked.clear()
+        held = sum(p.stream.stats().get("current", 0) for p in dropped)
+        streams = [p.stream for p in dropped]
+        forget_custom_gradients(set().union(*(p.custom_gradients for p in dropped)))
+        self.evicted += len(dropped)
+        for sid in [sid for sid in self._parked if sid != kept]:
+            del self._parked[sid]
+        del dropped
         _release_once_collected(streams)
         return held
 

@@ -138,25 +138,32 @@ class OutsideStepsMeter:
         s.outside_steps_allowance_bytes = allowance_bytes(s)
 
 
-def predict_within_allowance(state, predict: Callable[[Any], Any], x) -> np.ndarray:
+def predict_within_allowance(state, predict: Callable[[Any], Any], x) -> Any:
     """``predict(x)`` as numpy, in calls that keep the job within its allowance (module docstring):
-    one example first, then calls sized by ``next_call_size`` from the call before."""
+    one example first, then calls sized by ``next_call_size`` from the call before. ``x`` and the
+    predictions may be nested (a dict or list of arrays: a Keras model's inputs and outputs)."""
+    import tensorflow as tf
+
+    def as_numpy(out):
+        return tf.nest.map_structure(np.asarray, out)
+
+    n = len(tf.nest.flatten(x)[0])
     allowance = allowance_bytes(state)
-    if not KEEP_WITHIN_ALLOWANCE or allowance is None or len(x) <= 1:
+    if not KEEP_WITHIN_ALLOWANCE or allowance is None or n <= 1:
         meter = OutsideStepsMeter(state)
-        out = np.asarray(predict(x))
+        out = as_numpy(predict(x))
         meter.done()
         return out
     parts, i, size = [], 0, 1
-    while i < len(x):
+    while i < n:
         meter = OutsideStepsMeter(state)
-        parts.append(np.asarray(predict(x[i:i + size])))
+        parts.append(as_numpy(predict(tf.nest.map_structure(lambda a, lo=i, hi=i + size: a[lo:hi], x))))
         used = meter.above_base()
         meter.done()
         i += size
         state.bytes_per_example = max(1, used // size)
-        size = next_call_size(allowance, size, used, len(x) - i)
-    return np.concatenate(parts)
+        size = next_call_size(allowance, size, used, n - i)
+    return tf.nest.map_structure(lambda *pieces: np.concatenate(pieces), *parts)
 
 
 #: Note [Work outside the steps, inside the allowance]: False leaves validation's tf.functions unbound

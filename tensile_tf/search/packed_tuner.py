@@ -44,9 +44,22 @@ next for its initializers' seeds; ``Trial.from_state``, made while another slot 
 packed trial other initial weights than the sequential search's (val_loss 1.27 against 1.46,
 twice in five runs).
 
+Note [Packed workers of KerasTuner's chief]
+KerasTuner's distributed mode (``KERASTUNER_TUNER_ID``, ``KERASTUNER_ORACLE_IP``,
+``KERASTUNER_ORACLE_PORT``): the process whose tuner id holds "chief" serves the oracle
+(KerasTuner's own ``search``, which trains nothing), and every other process's tuner talks to it
+through KerasTuner's ``OracleClient``. A packed tuner is such a worker as it is: each slot asks the
+chief's oracle for a trial under its own tuner id (``tuner0-packed1``), so one worker runs
+``concurrent_trials`` trials of the chief's search at once, in its own pool. A worker killed
+mid-trial leaves its trials running in the chief's oracle under their slots' ids; a worker
+started again with the same ``KERASTUNER_TUNER_ID`` is handed the same trials (``create_trial``
+returns a tuner id's ongoing trial) and trains them from the start, so none is lost
+(tests/search/test_packed_workers.py).
+
 KerasTuner private names used (keras-tuner 1.4): ``Tuner._build_hypermodel`` (build under
 the tuner's distribution scope), ``BaseTuner._try_run_and_update_trial`` (run, report and
-mark the trial), ``Oracle.create_trial(tuner_id)`` semantics per tuner id.
+mark the trial), ``Oracle.create_trial(tuner_id)`` semantics per tuner id, ``keras_tuner.src.distribute.utils``
+(which process is the chief).
 """
 from __future__ import annotations
 
@@ -160,8 +173,12 @@ class PackedSearch:
 
     # -- the search ---------------------------------------------------------------------
     def search(self, *fit_args: Any, **fit_kwargs: Any) -> None:
+        from keras_tuner.src.distribute import utils as dist_utils
+
         from tensile_tf.runtime import JobHost
 
+        if dist_utils.is_chief_oracle():   # Note [Packed workers of KerasTuner's chief]: it serves the oracle
+            return super().search(*fit_args, **fit_kwargs)
         fit_kwargs.pop("verbose", None)
         self.on_search_begin()
         fits = self._fits = _PackedFits(self.concurrent_trials)
