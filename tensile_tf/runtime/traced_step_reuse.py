@@ -40,7 +40,10 @@ A parked step holds its variables' pool bytes: the pool reports them under
 ``parked:<n>`` and ``held_outside_jobs`` counts them, so admission never
 places a job in memory a parked step holds. When admission finds that a
 job does not fit, the shelf is emptied first (``TracedStepShelf.evict``,
-via ``AdmissionControl.make_room``) and the job asked again.
+via ``AdmissionControl.make_room``) and the job asked again. The shelf
+keeps at most ``MAX_PARKED`` steps, the newest, and is emptied when the run
+ends. ``run.reuse_traced_steps: false`` turns it off; a job's record says
+whose step it took (``traced_step_from``).
 
 Note [Steps kept for the jobs that wait]
 Emptying the whole shelf for a job that does not fit dropped the very step
@@ -53,10 +56,7 @@ what is held outside the jobs), and ``evict(keep_for=job)`` drops every
 other parked step. The job's build holds its own model beside the parked one
 for a moment; where that runs out of memory, the build fails as any build
 beside running jobs does, the shelf is emptied (``_evict_parked``) and the
-job tried again later. The shelf
-keeps at most ``MAX_PARKED`` steps, the newest, and is emptied when the run
-ends. ``run.reuse_traced_steps: false`` turns it off; a job's record says
-whose step it took (``traced_step_from``).
+job tried again later.
 
 Note [One trace for every batch size]
 A search's trials mostly differ in batch size as well as in learning rate:
@@ -292,33 +292,27 @@ class TracedStepShelf:
         batch size]): one that may be parked, unless it is planned (Note [Reuse under a planner])."""
         return self.may_park(state) and not self.planned
 
-    def held_bytes(self) -> int:
-        return sum(p.stream.stats().get("current", 0) for p in self._parked.values())
-
     def evict(self, keep_for: "JobState | None" = None) -> int:
         """Drops every parked step but the one ``keep_for``'s job would take over (Note [Steps
         kept for the jobs that wait]); the pool bytes they held (now free)."""
         kept = self._takeable(keep_for)
-        dropped = [p for sid, p in self._parked.items() if sid != kept]
-        if not dropped:
+        return self._drop([sid for sid in self._parked if sid != kept])
+
+    def _drop_oldest(self) -> None:
+        self._drop([next(iter(self._parked))])
+
+    def _drop(self, sids: list[int]) -> int:
+        """Drops the parked steps of ``sids``; the pool bytes they held (now free)."""
+        if not sids:
             return 0
+        dropped = [self._parked.pop(sid) for sid in sids]
         held = sum(p.stream.stats().get("current", 0) for p in dropped)
         streams = [p.stream for p in dropped]
         forget_custom_gradients(set().union(*(p.custom_gradients for p in dropped)))
         self.evicted += len(dropped)
-        for sid in [sid for sid in self._parked if sid != kept]:
-            del self._parked[sid]
         del dropped
         _release_once_collected(streams)
         return held
-
-    def _drop_oldest(self) -> None:
-        _, parked = self._parked.popitem(last=False)
-        forget_custom_gradients(parked.custom_gradients)
-        self.evicted += 1
-        streams = [parked.stream]
-        del parked
-        _release_once_collected(streams)
 
 
 def _release_once_collected(streams: list) -> None:
