@@ -2,7 +2,7 @@
 
 1. **capture** (``tensile_tf.tf.capture``): the step's ops and tensors as a
    ``JobGraph``, ordered as TensorFlow's executor runs them
-   (``tensile_tf.tf.step_memory.executor_order``);
+   (``tensile_tf.tf.executor_order.executor_order``);
 2. **step memory** (``tensile_tf.tf.step_memory``): what the pool's trace of
    real steps adds to the graph (scratch, forwarded buffers, views, data held
    beside the step), read from the step as it will run: a planned step runs
@@ -50,8 +50,9 @@ from tensile_tf.scheduler.planner import collections_paused, plan_in_step_order
 from tensile_tf.tf.capture import capture_job_graph, measure_op_latencies
 from tensile_tf.tf.rewrite import REWRITE_PREFIX, PlannedStep, RewriteReport, apply_plan, chain_in_plan_order
 from tensile_tf.tf.rewrite.plan_table import TableCall, table_step_for
+from tensile_tf.tf.executor_order import executor_order
 from tensile_tf.tf.step_memory import (MIN_TRACED_STEPS, StepMemory, UnplannedPeaks, apply_step_memory,
-                                       executor_order, measure_step_memory)
+                                       measure_step_memory)
 
 
 def batch_specs(args: Sequence) -> tuple:

@@ -58,6 +58,23 @@ tensor, ``HELD_BESIDE_STEP``: an input (held all step, never swapped, Algorithm
 count it, and a plan refers to nothing of it (``JobGraph.fingerprint`` skips
 it).
 
+Note [Data held elsewhere]
+The other way round: a batch that a ``tf.data`` pipeline makes (a
+``function`` or dataset data source) is allocated by the pipeline's own
+threads, on the pool's ``default`` stream, not on the job's, and the step
+reads it there. The graph counted it as the job's input all the same, so a
+plan's predicted peak held one batch more than the job's stream ever holds,
+while admission counted it again among the bytes held outside the jobs
+(issue 58: an MLP at batch 2048 planned 21.7 MB of temporaries against 15.2
+measured, the 6.4 MB batch twice, and a search that packed two trials
+unplanned packed one planned). So where the job's stream holds less between
+steps than the graph's persistent tensors, the inputs it does not hold
+(largest first, each within the shortfall) are sized 0, the bytes of the
+job's memory they are (``inputs_held_elsewhere``), and
+``StepMemory.held_elsewhere`` names them with the bytes they had. Inputs are never swapped or
+recomputed (Algorithm 2's filter), so nothing a plan does refers to their
+size.
+
 Note [Memory of the step as planned]
 The buffers an op allocates depend on the graph TensorFlow runs, and
 Grappler rewrites the free-running step and the step chained in plan order
@@ -80,23 +97,6 @@ tensile_tf/scheduler/latency.py); the free step still gives what the
 executor's threads hold beside each op (Note [Concurrent scratch]) and what
 the job holds between steps. Where the chained step runs out of memory, the
 free step's trace stands.
-
-Note [Freeing successors first]
-``executor_order`` runs depth first: the op that became ready last runs
-next. When one op makes several ready at once, which runs first decides
-what the chained step holds. A layer's output gradient makes both its
-filter gradient (the last reader of the layer's input activation) and its
-input gradient ready; taking the input gradient first carried the backward
-pass down to the first layer while every filter gradient waited on the
-stack, each holding its activation and output gradient. ResNet50 (64x64,
-batch 16) in plan order held 88.8 MiB of such activations at its peak,
-none of them recomputable within four ops, and its plan on the 110 MiB/s
-link peaked at 371 MiB (5.9% MSR). Of the ops one op makes ready, the one
-that frees most (inputs it is the last unfinished reader of, less what it
-allocates) now runs first; ties keep the graph's order. The same capture
-then plans to 334.6 MiB and measures 333-336 (15.1%). A filter gradient
-larger than its input activation (conv5's 9 MiB kernels at 64x64) still
-waits: it allocates more than it frees.
 """
 from __future__ import annotations
 
@@ -107,7 +107,6 @@ from typing import Sequence
 import tf_plugin
 from tensile_tf.tf.pool import ops_of_traced_names
 from tensile_tf.tf.capture import snapshot_variables
-from tensile_tf.tf.rewrite.graph_edit import bypassed_identity_n
 from tensile_tf.tf.unplanned_peaks import UnplannedPeaks, inter_op_threads, scratch_that_meets, unplanned_peaks
 from tensile_tf.scheduler.concurrency import observed_concurrency_bytes
 from tensile_tf.scheduler.job_graph import HELD_BESIDE_STEP, JobGraph, TensorInfo
@@ -127,6 +126,7 @@ class StepMemory:
     held: list[dict[str, int]]   # per step: op -> most bytes the step held at its allocations (Note [Concurrent scratch])
     between_steps_bytes: int | None = None   # the job's pool bytes between two steps (Note [Data held beside the step])
     threads: int = 1             # the inter-op threads the steps ran on (Note [Scratch that meets])
+    held_elsewhere: dict[str, int] | None = None   # inputs the job's stream does not hold (Note [Data held elsewhere])
 
 
 # Steps traced for Note [Concurrent scratch]: the node-group CNN's steps meet
@@ -322,6 +322,22 @@ def _scratch_of_namesakes(entries: list[list], ops: list, graph: JobGraph, scrat
                 scratch[o.name] = scratch.get(o.name, 0) + (size if running is not None else size // len(ops))
 
 
+def inputs_held_elsewhere(graph: JobGraph, shortfall: int) -> dict[str, int]:
+    """Note [Data held elsewhere]: the graph's inputs that make up ``shortfall`` (what its
+    persistent tensors count beyond what the job's stream holds), sized 0 in ``graph``;
+    name -> the bytes they had."""
+    inputs = sorted((t for t in graph.tensors.values() if t.kind == "input" and not t.view_of
+                     and t.name != HELD_BESIDE_STEP and t.size_bytes > 0),
+                    key=lambda t: (-t.size_bytes, t.name))
+    elsewhere: dict[str, int] = {}
+    for t in inputs:
+        if t.size_bytes <= shortfall or _size_matches(shortfall, t.size_bytes):
+            elsewhere[t.name] = t.size_bytes
+            shortfall -= t.size_bytes
+            t.size_bytes = 0
+    return elsewhere
+
+
 def apply_step_memory(graph: JobGraph, memory: StepMemory) -> UnplannedPeaks:
     """Writes what ``measure_step_memory`` found into the graph: scratch,
     forwarded bytes, views, then each op's ``concurrent_bytes``: the worst
@@ -338,108 +354,14 @@ def apply_step_memory(graph: JobGraph, memory: StepMemory) -> UnplannedPeaks:
                                                 if t.persistent and not t.view_of)
         if held > 0:   # Note [Data held beside the step]
             graph.tensors[HELD_BESIDE_STEP] = TensorInfo(HELD_BESIDE_STEP, held, kind="input")
+        elif held < 0:
+            memory.held_elsewhere = inputs_held_elsewhere(graph, -held)
     observed = observed_concurrency_bytes(graph, memory.held)
     meets = scratch_that_meets(graph, memory.threads)
     scratch = {o.name: o.temp_bytes for o in graph.ops}
     for o in graph.ops:
         beside = sum(scratch[j] for j in meets.get(o.name, ()))
         o.concurrent_bytes = max(observed.get(o.name, 0), beside) if beside else observed.get(o.name, 0)
-    return unplanned_peaks(graph, memory.held, observed, meets, memory.threads)
-
-
-_LAZY_OPS = frozenset({"ReadVariableOp", "Const", "Identity", "NoOp", "Placeholder"})
-
-
-def executor_order(graph: JobGraph, step_fn, args: Sequence) -> JobGraph:
-    """The JobGraph with its ops in the order the planned step will run them
-    (Note [Plan order] in tensile_tf/tf/rewrite/rewriter.py). Depth first over the traced
-    GraphDef (data and control edges): the op that became ready last runs
-    next, so an optimizer update runs as soon as its gradient exists (in
-    creation order all of backprop precedes all of the optimizer and every
-    gradient piles up); of the ops one op makes ready, the one that frees
-    most runs first (Note [Freeing successors first]). Variable reads and
-    other trivial ops run just before their first consumer: a read run early
-    keeps an alias of the variable's buffer alive, and the optimizer's
-    in-place update must then copy it."""
-    fg = step_fn.get_concrete_function(*args).graph
-    gdef = fg.as_graph_def()
-    nodes = list(gdef.node)
-    index = {n.name: k for k, n in enumerate(nodes)}
-    by_name = {n.name: n for n in nodes}
-    bypassed = bypassed_identity_n(nodes, {t.op.name for t in fg.outputs})
-
-    def source(i: str) -> str:
-        """The node an input comes from, through the IdentityN nodes the
-        rewrite bypasses (Note [No gradient barrier] in tensile_tf/tf/rewrite/rewriter.py)."""
-        for _ in range(64):
-            name, _, out = i.lstrip("^").partition(":")
-            if i.startswith("^") or name not in bypassed:
-                return name
-            i = by_name[name].input[int(out) if out else 0]
-        return i.lstrip("^").split(":")[0]
-
-    preds: list[set[int]] = []
-    succ: list[list[int]] = [[] for _ in nodes]
-    for k, n in enumerate(nodes):
-        srcs = {index[name] for name in map(source, n.input) if name in index}
-        preds.append(srcs)
-        for j in srcs:
-            succ[j].append(k)
-    lazy = [n.op in _LAZY_OPS for n in nodes]
-    done = [False] * len(nodes)
-    rank: dict[str, int] = {}
-    # Note [Freeing successors first]: what running an op frees and allocates
-    ops = {o.name: o for o in graph.ops}
-    readers = {t: len(info.consumers) for t, info in graph.tensors.items()}
-
-    def net_freed(k: int) -> int:
-        """Bytes node k frees (inputs it is the last unfinished reader of) less the bytes it allocates."""
-        o = ops.get(nodes[k].name)
-        if o is None:
-            return 0
-        tensors = graph.tensors
-        freed = sum(tensors[t].size_bytes for t in set(o.inputs)
-                    if readers.get(t) == 1 and not tensors[t].persistent and not tensors[t].view_of)
-        return freed - sum(tensors[t].size_bytes for t in o.outputs if not tensors[t].view_of)
-    missing = [len([p for p in preds[k] if not lazy[p]]) for k in range(len(nodes))]
-    ready = [k for k in reversed(range(len(nodes))) if missing[k] == 0 and not lazy[k]]
-
-    def emit(k: int) -> None:
-        """Runs k after whatever it still waits for (lazy predecessors, and
-        anything they wait for, e.g. a node-group barrier's leaves), depth
-        first, predecessors before successors."""
-        stack = [(k, False)]
-        while stack:
-            x, expanded = stack.pop()
-            if done[x]:
-                continue
-            if not expanded:
-                stack.append((x, True))
-                stack.extend((p, False) for p in preds[x] if not done[p])
-                continue
-            done[x] = True
-            rank[nodes[x].name] = len(rank)
-            if nodes[x].name in ops:
-                for t in set(ops[nodes[x].name].inputs):
-                    readers[t] = readers.get(t, 0) - 1
-            if not lazy[x]:
-                now_ready = []
-                for j in succ[x]:
-                    if not lazy[j]:
-                        missing[j] -= 1
-                        if missing[j] == 0 and not done[j]:
-                            now_ready.append(j)
-                # the one that frees most runs next (stable: else the first successor, as before)
-                now_ready.sort(key=net_freed, reverse=True)
-                ready.extend(reversed(now_ready))
-
-    while ready:
-        k = ready.pop()
-        if not done[k]:
-            emit(k)
-    for k in range(len(nodes)):
-        if not done[k]:
-            emit(k)
-    unranked = len(rank)  # ops the GraphDef lacks keep their relative order, after the rest
-    order = sorted(range(len(graph.ops)), key=lambda k: (rank.get(graph.ops[k].name, unranked), k))
-    return JobGraph(graph.name, [graph.ops[k] for k in order], graph.tensors)
+    peaks = unplanned_peaks(graph, memory.held, observed, meets, memory.threads)
+    peaks.inputs_held_elsewhere = dict(memory.held_elsewhere or {})
+    return peaks

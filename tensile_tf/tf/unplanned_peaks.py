@@ -50,6 +50,8 @@ class UnplannedPeaks:
     threads: int = 1             # inter-op threads it was predicted for
     at_op: str | None = None     # the op at the predicted peak
     scratch_beside: list[str] = field(default_factory=list)   # ops whose scratch meets it there (empty: observed)
+    # inputs the job's stream does not hold, not counted (Note [Data held elsewhere] in tensile_tf/tf/step_memory.py)
+    inputs_held_elsewhere: dict[str, int] = field(default_factory=dict)
 
     @property
     def observed_range(self) -> tuple[int, int] | None:
@@ -80,7 +82,8 @@ class UnplannedPeaks:
         rng = self.observed_range
         return {"predicted_bytes": self.predicted, "observed_steps": len(self.observed),
                 "observed_min_bytes": rng[0] if rng else None, "observed_max_bytes": rng[1] if rng else None,
-                "inter_op_threads": self.threads, "at_op": self.at_op, "scratch_beside": list(self.scratch_beside)}
+                "inter_op_threads": self.threads, "at_op": self.at_op, "scratch_beside": list(self.scratch_beside),
+                "inputs_held_elsewhere_bytes": sum(self.inputs_held_elsewhere.values())}
 
 
 def _short(op_name: str | None) -> str:

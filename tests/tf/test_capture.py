@@ -6,7 +6,8 @@ import tensorflow as tf
 
 from tensile_tf.tf.capture import capture_job_graph, measure_op_latencies
 from tensile_tf.pipeline import JobToPlan, capture_for_planning
-from tensile_tf.tf.step_memory import executor_order, measure_step_memory
+from tensile_tf.tf.executor_order import executor_order
+from tensile_tf.tf.step_memory import measure_step_memory
 from tensile_tf.jobs.job import supervised_train_step
 from tensile_tf.reports.outputs import format_plan_summary
 from tensile_tf.scheduler import Plan, Planner, PlannerJob, TensorAccessSequence, UniformLatency

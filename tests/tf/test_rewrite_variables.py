@@ -113,7 +113,7 @@ def test_optimizer_updates_run_as_their_gradients_exist_not_after_all_of_them():
     IdentityN left; it trains bit for bit."""
     import keras
 
-    from tensile_tf.tf.step_memory import executor_order
+    from tensile_tf.tf.executor_order import executor_order
     from tensile_tf.jobs.job import supervised_train_step
 
     keras.utils.set_random_seed(0)

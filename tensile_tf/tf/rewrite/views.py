@@ -8,7 +8,7 @@ input through Tensordot's Reshape, and the kernel's gradient reads that view
 again in the backward pass, so an owner swapped out between the forward and
 the backward reads freed nothing until the view's last reader had run. Since
 the plan order runs each kernel gradient first (Note [Freeing successors
-first] in tensile_tf/tf/step_memory.py), the view's last read comes before the
+first] in tensile_tf/tf/executor_order.py), the view's last read comes before the
 owner's last read (its ReluGrad or layer-norm gradient), no view took the
 buffer (Note [View takes the buffer]), and the Transformer's FFN activations
 (3 MiB each at batch 48) could not leave the device: the 3x batch planned for
