@@ -88,6 +88,13 @@ class CapturedJob:
     #: meets (Note [Scratch that meets] in tensile_tf/tf/unplanned_peaks.py); None: not traced
     unplanned_peaks: UnplannedPeaks | None = None
 
+    def for_job(self, name: str) -> "CapturedJob":
+        """The same capture under another job's name: the job that took over this one's traced
+        step (Note [Captures kept with the step] in tensile_tf/runtime/traced_step_reuse.py)."""
+        graph = JobGraph(name, self.graph.ops, self.graph.tensors)
+        return replace(self, job=replace(self.job, name=name), graph=graph,
+                       planner_job=replace(self.planner_job, graph=graph, unplanned_step_ran_out=False))
+
 
 def capture_for_planning(job: JobToPlan, *, latency_repeats: int = 3, with_temp: bool = True,
                          step_order: str = "plan") -> CapturedJob:

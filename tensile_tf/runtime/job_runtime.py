@@ -45,6 +45,8 @@ class JobRuntime:
     switch: Handoff = field(default_factory=Handoff)
     latency_monitor: Any = None         # replanning.LatencyMonitor (its checks are the state's drift_checks)
     captured: Any = None                # execution.CapturedJob of the current build
+    # the capture parked with the step it took over, for its planning (Note [Captures kept with the step])
+    taken_capture: Any = None
 
     @property
     def pending_switch(self) -> Any:

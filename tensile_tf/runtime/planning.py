@@ -170,6 +170,11 @@ class JobPlanning:
     def capture(self, state: JobState) -> None:
         """Traces and profiles a built, probed job, while the pool can still
         run its vanilla step (Note [Planning in the host])."""
+        taken, state.rt.taken_capture = state.rt.taken_capture, None
+        if taken is not None:   # Note [Captures kept with the step] in traced_step_reuse.py
+            state.rt.captured, state.captured_from = taken.for_job(state.name), taken.job.name
+            self.unplanned_peaks[state.name] = state.rt.captured.unplanned_peaks
+            return
         job = self._to_plan(state)
         out_of_memory = False
         try:

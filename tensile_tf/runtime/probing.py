@@ -98,7 +98,7 @@ class JobLifecycle:
         taken = [parked] if parked is not None else []   # the only reference, handed to _take_over
         del parked
         state.stream = state.rt.job_stream.stream
-        state.traced_step_from = None
+        state.traced_step_from = state.captured_from = None
         state.records.clear()
         state.validation.clear()
         state.steps_done = 0
@@ -156,6 +156,7 @@ class JobLifecycle:
         adopted = self.shelf.adopt(parked, state.rt.train)
         if adopted is not None:
             state.rt.train, state.rt.step_fn, state.traced_step_from = adopted, parked.step_fn, parked.owner
+            state.rt.taken_capture = parked.captured   # Note [Captures kept with the step]
         else:   # not taken: the registry must let go of the parked step now, not at the job's teardown
             forget_custom_gradients(parked.custom_gradients)
             state.rt.custom_gradients -= parked.custom_gradients
@@ -381,8 +382,10 @@ class JobLifecycle:
         planned, state.rt.planned_step = state.rt.planned_step, None
         state.rt.switch.clear()   # a switch its thread never took: its step holds the job's variables
         # the step its plans were made from (Note [Reuse under a planner] in traced_step_reuse.py)
-        unplanned_step = state.rt.captured.job.step_fn if state.rt.captured is not None else state.rt.step_fn
-        state.rt.captured = None  # a rebuild traces new ops; it is captured and planned again
+        captured, state.rt.captured, state.rt.taken_capture = state.rt.captured, None, None
+        unplanned_step = captured.job.step_fn if captured is not None else state.rt.step_fn
+        # Note [Captures kept with the step]: a capture of the graph the job ran (not a cold one)
+        captured = captured if captured is not None and not captured.cold else None
         if state.status not in FINAL_STATUSES:
             state.plan = None   # this build's plan (each one ran stays in plan_history); a rebuild is planned anew
         state.cold_planned = False
@@ -400,10 +403,10 @@ class JobLifecycle:
                 swap.release_stream_host_copies(stream.stream)  # activation copies a failed step left
             del planned
         if (stream is not None and self.shelf is not None and state.status in (JobStatus.finished, JobStatus.stopped)
-                and self.shelf.park(state, unplanned_step)):   # Note [Reusing a finished job's traced step]
+                and self.shelf.park(state, unplanned_step, captured)):   # Note [Reusing a finished job's traced step]
             state.peak_bytes = max(state.peak_bytes, stream.stats().get("peak", 0))   # renamed, its counters kept
             stream = state.rt.job_stream = None
-        del unplanned_step
+        del unplanned_step, captured
         # Note [Bytes the caller keeps] in teardown_memory.py: a handed-over job's model its caller holds
         caller = CallerObjects(state.rt.train) if not state.job.rebuildable and state.status in FINAL_STATUSES \
             else None

@@ -138,6 +138,7 @@ class JobState:
     waits: list[dict] = field(default_factory=list)   # why it was not started yet: {"at_s", "why"}, each change once
     weights_digest: str | None = None    # sha256 of the final variables (record_weights=True)
     traced_step_from: str | None = None  # the ended job whose traced step it took over (traced_step_reuse.py)
+    captured_from: str | None = None     # the ended job whose capture it was planned from (same module)
     times: JobTimes = field(default_factory=JobTimes)   # Note [Where a trial's time goes] (job_times.py)
     end_notified: bool = field(default=False, repr=False)  # on_end called
     awaiting_switches: bool = field(default=False, repr=False)  # jointly planned on arrival, starts once all switched
@@ -237,6 +238,7 @@ class JobRecord:
     times: dict[str, float] = field(default_factory=dict)   # seconds per phase (Note [Where a trial's time goes])
     plan_segments: list[PlanSegment] = field(default_factory=list)   # its steps, plan by plan (Note [Plan segments])
     traced_step_from: str | None = None   # the ended job whose traced step it trained (None: its own trace)
+    captured_from: str | None = None      # the ended job whose capture planned it (None: its own, or unplanned)
     late_free_s: float = 0.0              # the teardown's wait for its last bytes (Note [Late frees are not leaks])
     kept_by_caller_bytes: int = 0         # bytes of the variables its caller still holds (Note [Bytes the caller keeps])
     # validation and the saved sample: the most they took above the job's bytes, and the room admission
@@ -261,6 +263,7 @@ class JobRecord:
             validation=list(s.validation), model_path=s.model_path,
             checkpoints=list(s.checkpoints), plan=s.plan, plan_error=s.plan_error, times=s.times.to_dict(),
             plan_segments=plan_segments(s.records, s.plan_history), traced_step_from=s.traced_step_from,
+            captured_from=s.captured_from,
             late_free_s=round(s.late_free_s, 4), kept_by_caller_bytes=s.kept_by_caller_bytes, outside_steps_peak_bytes=s.outside_steps_peak_bytes,
             outside_steps_allowance_bytes=s.outside_steps_allowance_bytes,
             outside_steps_need_bytes=s.outside_steps_need_bytes)

@@ -96,6 +96,17 @@ plan applied to it; re-plans as for any job). With a planner a step is traced
 for its own batch's shapes (a trace for every batch size leaves the batch
 dimension free, and a capture would count its activations as nothing), so it
 is taken over only by jobs of that batch size (``ParkedStep.batch_size``).
+
+Note [Captures kept with the step]
+A capture (the graph, its measured scratch and latencies) is a function of
+the traced step, so a job that takes over a parked step needs none of its
+own: the step is parked with its owner's capture (``ParkedStep.captured``),
+and the taker is planned from it under its own name (``CapturedJob.for_job``)
+instead of profiling the same step again. On the memory-bound search of
+issue 58 every trial after the first took over a step, and each capture was
+about 2 s of profiled steps on the run loop's thread (24.9 s over 12 trials).
+The taker still runs its probe step (P and T are measured) and its
+latencies are corrected while it runs, as any job's (Note [Latency drift]).
 """
 from __future__ import annotations
 
@@ -182,6 +193,7 @@ class ParkedStep:
     train: TrainStep        # the parked model, optimizer and variables (its batches dropped)
     step_fn: Any            # the traced, attributed tf.function
     custom_gradients: set[str]   # registered by its trace (Note [Custom gradients keep traced jobs alive])
+    captured: Any = None    # its owner's CapturedJob of this step (Note [Captures kept with the step])
 
 
 def _values(obj: Any) -> list:
@@ -209,10 +221,10 @@ class TracedStepShelf:
         self.taken = 0    # jobs that took over a parked step
         self.evicted = 0  # parked steps dropped unused
 
-    def park(self, state: "JobState", step_fn: Any) -> bool:
+    def park(self, state: "JobState", step_fn: Any, captured: Any = None) -> bool:
         """Keeps an ended job's unplanned traced ``step_fn`` (with its stream, model,
-        optimizer) if it may be taken over (Note [Reuse under a planner]); True: parked,
-        and ``state`` no longer holds them."""
+        optimizer, and ``captured``, its capture) if it may be taken over (Note [Reuse under a
+        planner]); True: parked, and ``state`` no longer holds them."""
         from tensile_tf.tf.rewrite.plan_table import forget_table_step
 
         key = reuse_key(state.job.spec) if self.enabled else None
@@ -231,7 +243,7 @@ class TracedStepShelf:
         forget_table_step(step_fn)   # the owner's plan table (its rows name the owner's plan)
         stream.rename(f"{PARKED_PREFIX}{next(self._numbers)}")
         self._parked[stream.stream] = ParkedStep(key, state.name, _batch_size_traced(concrete), stream, train, step_fn,
-                                                 state.rt.custom_gradients)
+                                                 state.rt.custom_gradients, captured)
         state.rt.custom_gradients = set()   # the parked step's now: forgotten when it is dropped
         while len(self._parked) > MAX_PARKED:
             self._drop_oldest()
