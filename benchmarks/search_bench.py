@@ -27,7 +27,7 @@ drops the ones above its limit). A trial is finished when COMPLETE.
     PYTHONPATH=. python benchmarks/search_bench.py --mode packed     # one mode, prints JSON
     SEARCH_BENCH_MODEL=mlp PYTHONPATH=. python benchmarks/search_bench.py --pool 256MiB   # the MLP trials
     SEARCH_BENCH_MODEL=io PYTHONPATH=. python benchmarks/search_bench.py --pool 256MiB    # trials waiting on data
-    SEARCH_BENCH_MODEL=io-mem PYTHONPATH=. python benchmarks/search_bench.py --pool 160MiB --jobs 4 \
+    SEARCH_BENCH_MODEL=io-mem PYTHONPATH=. python benchmarks/search_bench.py --pool 48MiB --jobs 4 \
         --modes packed-planned,packed,optuna,sequential    # memory-bound: fit two unplanned, four planned
 """
 from __future__ import annotations
@@ -58,12 +58,14 @@ MODELS = {
             "input_shape": [64], "classes": 10, "optimizer": {"name": "adam"},
             "data": {"kind": "function", "function": "benchmarks.search_bench_data:digits_with_latency",
                      "args": {"latency_ms": 20}}, "steps": 100, "seed": 1}, [16, 32, 64, 128]),
-    # memory-bound and stalled on data (issue 58): wide batches (SGD: few persistent bytes), each
-    # 200 ms late, as from a slow loader; the pool holds few unplanned, more planned
-    "io-mem": ({"name": "iomem", "model": {"builder": "tensile_tf.jobs.zoo:mlp", "args": {"hidden": [512, 512]}},
-                "input_shape": [784], "classes": 10, "optimizer": {"name": "sgd"},
+    # memory-bound and stalled on data (issue 58): a deep MLP (12 x 256, batch 1024, SGD: few
+    # persistent bytes, 0.25 MiB batches) whose activations a plan moves out (`tensile plan`: 20.2
+    # MiB unplanned, 3.5 MiB planned alone), each batch 200 ms late, as from a slow loader; a 48 MiB
+    # pool holds two unplanned, four planned
+    "io-mem": ({"name": "iomem", "model": {"builder": "tensile_tf.jobs.zoo:mlp", "args": {"hidden": [256] * 12}},
+                "input_shape": [64], "classes": 10, "optimizer": {"name": "sgd"},
                 "data": {"kind": "function", "function": "benchmarks.search_bench_data:wide_with_latency",
-                         "args": {"latency_ms": 200}}, "steps": 30, "seed": 1}, [2048]),
+                         "args": {"latency_ms": 200, "input_dim": 64}}, "steps": 30, "seed": 1}, [1024]),
 }
 MODEL = os.environ.get("SEARCH_BENCH_MODEL", "cnn")
 BASE_JOB, BATCHES = MODELS[MODEL]
@@ -169,7 +171,10 @@ def run_mode(mode: str, pool: str, jobs: int, n_trials: int, cap_batch: int | No
            "pool_ooms": stats.get("num_ooms"), "requeued": requeued,
            "batches_run": sorted({t.params.get("batch_size") for t in done}),
            # each enqueued trial's objective, in enqueue order: equal across modes where packing computes alike
-           "values": [t.value for t in sorted(trials, key=lambda t: t.number)], **extra}
+           "values": [t.value for t in sorted(trials, key=lambda t: t.number)],
+           # and its parameters: a re-queued trial runs again under a later number
+           "scores": [[json.dumps(t.params, sort_keys=True), t.value] for t in sorted(trials, key=lambda t: t.number)],
+           **extra}
     if mode.startswith("optuna"):
         out["errors"] = sorted(set(errors))[:4]
     return out
@@ -200,10 +205,16 @@ def _parse_bytes(text: str) -> int:
     return int(text)
 
 
-def _child(args: list[str]) -> dict:
+def _child(args: list[str], timeout_s: float | None = None) -> dict:
     env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("TENSILE_POOL_BYTES", None)
-    proc = subprocess.run([sys.executable, __file__, *args], cwd=REPO, env=env, capture_output=True, text=True)
+    try:
+        proc = subprocess.run([sys.executable, __file__, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired as e:   # a mode that hangs (Optuna's threads on a full pool) is reported
+        return {"mode": args[1], "crashed": True, "rc": f"timed out after {timeout_s:.0f} s",
+                "stderr": (e.stderr or b"")[-1500:].decode(errors="replace") if isinstance(e.stderr, bytes)
+                else (e.stderr or "")[-1500:]}
     for line in reversed(proc.stdout.splitlines()):
         try:
             return json.loads(line)
@@ -221,6 +232,7 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=12)
     ap.add_argument("--cap-batch", type=int, default=None, help="optuna-cap: largest batch size run")
     ap.add_argument("--json", help="write all results here")
+    ap.add_argument("--mode-timeout", type=float, default=900.0, help="seconds a mode may run before it is reported hung")
     ap.add_argument("--modes", default="packed,packed-nocores,packed-salus,sequential,optuna,optuna-cap",
                     help="the modes to run, in order (without --mode)")
     args = ap.parse_args()
@@ -240,7 +252,7 @@ def main() -> None:
     results = {"peaks": peaks, "cap_batch": cap, "modes": []}
     for mode in args.modes.split(","):
         extra = ["--cap-batch", str(cap)] if mode == "optuna-cap" else []
-        r = _child(["--mode", mode, *common, *extra])
+        r = _child(["--mode", mode, *common, *extra], timeout_s=args.mode_timeout)
         results["modes"].append(r)
         print(json.dumps(r), flush=True)
     print(f"\npool {args.pool}, {args.trials} trials of {BASE_JOB['name']} (steps {BASE_JOB['steps']}), "
@@ -258,8 +270,14 @@ def main() -> None:
     if reference is not None:   # every trial's score against its one-at-a-time run
         for r in results["modes"]:
             if not r.get("crashed") and r is not reference and not r["mode"].startswith("optuna"):
-                both = [(a, b) for a, b in zip(r["values"], reference["values"]) if a is not None and b is not None]
-                print(f"  {r['mode']:<14} scores equal to sequential's: {sum(a == b for a, b in both)} of the "
+                # by parameters (every trial has the same seed): a re-queued trial ran under a later number
+                seen: dict[str, set] = {}
+                for params, value in reference["scores"]:
+                    if value is not None:
+                        seen.setdefault(params, set()).add(value)
+                both = [(params, value) for params, value in r["scores"] if value is not None and params in seen]
+                r["scores_equal"] = sum(value in seen[params] for params, value in both)
+                print(f"  {r['mode']:<14} scores equal to sequential's: {r['scores_equal']} of the "
                       f"{len(both)} both completed")
     print("\nwhere the trials' time went (seconds summed over trials; Note [Where a trial's time goes]):")
     for r in results["modes"]:

@@ -153,7 +153,8 @@ class Arrivals:
                 host.notify_end(state)
                 return
             record = None
-            if host.planning.capture_cold(state):
+            # the capture of the step it took over, else its graph alone (Note [Captures kept with the step])
+            if host.planning.capture_taken(state) or host.planning.capture_cold(state):
                 record = host.replanner.on_arrival(state, active, self.outside_replan_need(active))
             else:
                 host.note_wait(state, f"could not be captured for a joint plan ({state.plan_error})" + later)

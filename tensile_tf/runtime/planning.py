@@ -170,10 +170,7 @@ class JobPlanning:
     def capture(self, state: JobState) -> None:
         """Traces and profiles a built, probed job, while the pool can still
         run its vanilla step (Note [Planning in the host])."""
-        taken, state.rt.taken_capture = state.rt.taken_capture, None
-        if taken is not None:   # Note [Captures kept with the step] in traced_step_reuse.py
-            state.rt.captured, state.captured_from = taken.for_job(state.name), taken.job.name
-            self.unplanned_peaks[state.name] = state.rt.captured.unplanned_peaks
+        if self.capture_taken(state):
             return
         job = self._to_plan(state)
         out_of_memory = False
@@ -189,6 +186,16 @@ class JobPlanning:
             # the pool); they restored the variables they had changed. Plan
             # from the graph alone (Note [Cold-start planning]).
             self.capture_cold(state)
+
+    def capture_taken(self, state: JobState) -> bool:
+        """Note [Captures kept with the step] in traced_step_reuse.py: the capture parked with the
+        step the job took over, as the job's own. False: it took over none (or it was used)."""
+        taken, state.rt.taken_capture = state.rt.taken_capture, None
+        if taken is None:
+            return False
+        state.rt.captured, state.captured_from = taken.for_job(state.name), taken.job.name
+        self.unplanned_peaks[state.name] = state.rt.captured.unplanned_peaks
+        return True
 
     def capture_cold(self, state: JobState) -> bool:
         """The graph alone, no step run (Note [Cold-start planning]). False if it failed."""

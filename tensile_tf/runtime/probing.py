@@ -217,7 +217,8 @@ class JobLifecycle:
             state.status = JobStatus.finished
             self.teardown(state)
             return ProbeOutcome.ended
-        if self.planning is not None and not state.cold_planned:
+        # a job planned on arrival was captured for that plan (cold, or from the step it took over)
+        if self.planning is not None and state.rt.captured is None:
             with state.times.timed("capture"):
                 self.planning.capture(state)
         state.times.wait_begins("admission_wait")   # ends when admitted (JobHost.start_job)

@@ -105,7 +105,11 @@ and the taker is planned from it under its own name (``CapturedJob.for_job``)
 instead of profiling the same step again. On the memory-bound search of
 issue 58 every trial after the first took over a step, and each capture was
 about 2 s of profiled steps on the run loop's thread (24.9 s over 12 trials).
-The taker still runs its probe step (P and T are measured) and its
+A taker that arrives to a full pool and is planned together with the running
+jobs (Note [Joint re-plan on arrival] in replanning.py) is planned from it
+too, not from its graph alone (a cold capture, whose guessed latencies and
+scratch planned such trials too tight: 11 out-of-memory retries in that
+search). The taker still runs its probe step (P and T are measured) and its
 latencies are corrected while it runs, as any job's (Note [Latency drift]).
 """
 from __future__ import annotations
