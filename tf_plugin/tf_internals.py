@@ -15,7 +15,7 @@ installed by an explicit call from the code that needs it.
 | ``xplane_pb2.XSpace`` | read tf.profiler's per-op latencies | ``tensile_tf.tf.capture`` |
 | ``pywrap_tf_session`` (graph import, ``TF_GraphToFunction_wrapper``), ``atomic_function.from_function_def``, ``ConcreteFunction._inference_function``, ``op_def_registry`` | Note [A planned step without a trace] | ``tensile_tf.tf.rewrite.planned_step`` |
 | ``execute.execute_with_cancellation``, ``cancellation.CancellationManager`` | Note [Instantiated off the job's thread] | ``tensile_tf.tf.rewrite.planned_step`` |
-| Keras 3.15: ``keras.src.backend.tensorflow.trainer.TFEpochIterator`` (and its ``_get_iterator()``: fit's dataset), ``keras.src.trainers.data_adapters.array_slicing.train_validation_split``, ``keras.src.trainers.data_adapters.data_adapter_utils.unpack_x_y_sample_weight`` | fit's own batches, split and validation data (Note [fit's batches]) | ``tensile_tf.jobs.keras_fit`` |
+| Keras 3.15: ``keras.src.backend.tensorflow.trainer.TFEpochIterator`` (and its ``_get_iterator()``: fit's dataset), ``keras.src.trainers.data_adapters.array_slicing.train_validation_split``, ``keras.src.trainers.data_adapters.data_adapter_utils.unpack_x_y_sample_weight``, ``Model._eval_epoch_iterator`` with ``evaluate(_use_cached_eval_dataset=True)`` (fit's validation iterator, made once) | fit's own batches, split and validation data (Note [fit's batches]) | ``tensile_tf.jobs.keras_fit`` |
 
 Note [Custom gradients keep traced jobs alive]
 ``tf.custom_gradient`` in graph mode (Keras optimizers use it while a train

@@ -99,6 +99,7 @@ class FitLoop:
     _begun_batch: int = -1
     _ended: bool = False
     _own_test_step: tuple | None = None   # (the model's instance test_step or None,), kept by attribute_to
+    _eval_iterator: Any = None            # fit's cached validation iterator, made at the first validation
 
     @property
     def total_steps(self) -> int:
@@ -141,6 +142,10 @@ class FitLoop:
                 self.logs = epoch_logs
             if last or self.model.stop_training:
                 self.model.optimizer.finalize_variable_values(self.model.trainable_weights)
+                # fit drops its validation iterator after the last epoch, before on_train_end
+                self._eval_iterator = None
+                if getattr(self.model, "_eval_epoch_iterator", None) is not None:
+                    del self.model._eval_epoch_iterator
                 self.callbacks.on_train_end(logs=self.logs)
                 self._ended = True
 
@@ -185,10 +190,21 @@ class FitLoop:
 
     def _validate(self, steps: int | None = None, callbacks: Any = "fit's") -> dict[str, float]:
         x, y, sample_weight = self.validation
+        cached = steps is None   # fit's validation (not the probe's one batch): fit's iterator, made once
         steps = steps or self.validation_steps
         callbacks = self.callbacks if callbacks == "fit's" else callbacks
+        if cached:
+            from keras.src.backend.tensorflow.trainer import TFEpochIterator
+
+            if self._eval_iterator is None:   # as fit makes it, and keeps it for every later epoch
+                self._eval_iterator = TFEpochIterator(
+                    x=x, y=y, sample_weight=sample_weight, batch_size=self.validation_batch_size,
+                    distribute_strategy=self.model.distribute_strategy,
+                    steps_per_execution=self.model.steps_per_execution, steps_per_epoch=steps, shuffle=False)
+            self.model._eval_epoch_iterator = self._eval_iterator
         logs = self.model.evaluate(x=x, y=y, sample_weight=sample_weight, batch_size=self.validation_batch_size,
-                                   steps=steps, verbose=0, return_dict=True, callbacks=callbacks)
+                                   steps=steps, verbose=0, return_dict=True, callbacks=callbacks,
+                                   **({"_use_cached_eval_dataset": True} if cached else {}))
         return {f"val_{k}": float(val) for k, val in logs.items()}
 
 
