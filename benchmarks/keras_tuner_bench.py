@@ -15,7 +15,9 @@ user gives it: 1,797 examples, 20% held out, batches of 64 (the last one partial
 fit each epoch (its default). Reported: wall time from the first process's start to the last's
 end, trials per hour, trials completed, trials lost (failed or invalid; for ``packed`` also those
 retried alone), and how many trials' scores equal the sequential search's, trial by trial (the
-same oracle seed proposes the same trials; issue 58 asks for all of them).
+same oracle seed proposes the same trials, and the hypermodel seeds Keras at each build, so a
+trial's initial weights and fit's shuffling do not depend on the trials before it; issue 58 asks
+for all of them).
 
     PYTHONPATH=. python benchmarks/keras_tuner_bench.py --trials 16 --epochs 5 --concurrent 2
     PYTHONPATH=. python benchmarks/keras_tuner_bench.py --tuner hyperband --epochs 9 --modes packed,sequential
@@ -45,6 +47,7 @@ import keras, keras_tuner, numpy as np
 from sklearn.datasets import load_digits
 
 def build(hp):
+    keras.utils.set_random_seed(1)   # the hypermodel seeds itself: each trial the same seeds, packed or not
     model = keras.Sequential([keras.Input((64,)),
                               keras.layers.Dense(hp.Int("units", 32, 512, step=32), activation="relu"),
                               keras.layers.Dropout(hp.Float("dropout", 0.0, 0.4, step=0.1)),

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tensile_tf.jobs.job import supervised_train_step
 from tensile_tf.pipeline import JobToPlan, capture_for_planning
 from tensile_tf.tf.pool import JobStream
 
@@ -21,15 +22,8 @@ def _job(stream: JobStream, from_pipeline: bool):
     model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(UNITS, activation="relu"),
                               keras.layers.Dense(10)])
     opt = keras.optimizers.SGD(1e-3)
-    lossf = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    @tf.function(jit_compile=False)
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = lossf(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
+    step = tf.function(supervised_train_step(model, opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True)),
+                       jit_compile=False)
 
     rng = np.random.default_rng(0)
     xs, ys = rng.standard_normal((BATCH, FEATURES)).astype("float32"), np.zeros(BATCH, "int32")
