@@ -74,8 +74,10 @@ else:
 tuner.search(x, y, epochs=epochs, batch_size=64, validation_split=0.2, verbose=0)
 if os.environ.get("KERASTUNER_TUNER_ID", "chief") == "chief":
     statuses = [t.status for t in tuner.oracle.trials.values()]
-    # each trial's hyperparameters and score, to compare trial by trial with another mode's
-    scores = {tid: [json.dumps(t.hyperparameters.values, sort_keys=True), t.score]
+    # each trial's hyperparameters and score, to compare trial by trial with another mode's; a Hyperband
+    # trial names the trial it continues by id, and ids follow the order trials were asked for
+    scores = {tid: [json.dumps({k: v for k, v in t.hyperparameters.values.items() if k != "tuner/trial_id"},
+                               sort_keys=True), t.score]
               for tid, t in tuner.oracle.trials.items()}
     print(json.dumps({"completed": statuses.count("COMPLETED"), "lost": len(statuses) - statuses.count("COMPLETED"),
                       "scores": scores,
@@ -141,10 +143,17 @@ def main() -> None:
                   + (f"  (retried alone {row['packing']['retried_alone']}, at most {row['most_at_once']} at once)"
                      if row.get("packing") else ""), flush=True)
     seq = next((r for r in rows if r["mode"] == "sequential" and "scores" in r), None)
-    for row in rows:   # trial by trial: the same hyperparameters, the same score
+    for row in rows:   # trial by trial: a trial of the same hyperparameters has the same score
         if seq is not None and row is not seq and "scores" in row:
-            same = [tid for tid, (hp, score) in row["scores"].items() if seq["scores"].get(tid) == [hp, score]]
-            row["scores_equal_to_sequential"] = f"{len(same)} of {len(seq['scores'])}"
+            expected: dict[str, list] = {}
+            for hp, score in seq["scores"].values():
+                expected.setdefault(hp, []).append(score)
+            same = 0
+            for hp, score in row["scores"].values():
+                if score in expected.get(hp, []):
+                    expected[hp].remove(score)
+                    same += 1
+            row["scores_equal_to_sequential"] = f"{same} of {len(seq['scores'])}"
             print(f"{row['mode']:12s} scores equal to the sequential search's: {row['scores_equal_to_sequential']}")
     if a.json:
         Path(a.json).write_text(json.dumps({"tuner": a.tuner, "trials": a.trials, "epochs": a.epochs,
