@@ -126,7 +126,8 @@ class StepMemory:
     held: list[dict[str, int]]   # per step: op -> most bytes the step held at its allocations (Note [Concurrent scratch])
     between_steps_bytes: int | None = None   # the job's pool bytes between two steps (Note [Data held beside the step])
     threads: int = 1             # the inter-op threads the steps ran on (Note [Scratch that meets])
-    held_elsewhere: dict[str, int] | None = None   # inputs the job's stream does not hold (Note [Data held elsewhere])
+    # inputs the job's stream does not hold, with their bytes (Note [Data held elsewhere])
+    held_elsewhere: dict[str, int] | None = None
 
 
 # Steps traced for Note [Concurrent scratch]: the node-group CNN's steps meet
