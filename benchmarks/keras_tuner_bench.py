@@ -6,7 +6,10 @@ digits-sized models, three ways on the same cores (issues 42, 58):
 - ``sequential``: KerasTuner's own ``RandomSearch`` / ``Hyperband``, one trial at a time, one
   process, plain TensorFlow (no pool);
 - ``distributed``: KerasTuner's own distributed mode: a chief process serving the oracle over
-  gRPC and ``--concurrent`` worker processes, each a tuner running one trial at a time.
+  gRPC and ``--concurrent`` worker processes (``--workers``), each a tuner running one trial at a
+  time;
+- ``distributed-packed``: the same chief, each worker a packed tuner with its own pool running
+  ``--concurrent`` trials at once (Note [Packed workers of KerasTuner's chief]).
 
 Each mode runs in fresh processes on the same hypermodel (an MLP on scikit-learn's bundled 8x8
 digits, units / dropout / learning rate searched), the same oracle seed, ``--trials`` trials of
@@ -100,12 +103,15 @@ def run_mode(mode: str, a: argparse.Namespace) -> dict:
         script.write_text(TRIAL_SCRIPT)
         args = [str(a.trials), str(a.epochs), str(a.concurrent), a.tuner]
         t0 = time.perf_counter()
-        if mode == "distributed":
+        if mode in ("distributed", "distributed-packed"):
             port = str(free_port())
             base = dict(env, KERASTUNER_ORACLE_IP="127.0.0.1", KERASTUNER_ORACLE_PORT=port)
-            procs = [subprocess.Popen([sys.executable, str(script), mode, d, *args], env=dict(base, KERASTUNER_TUNER_ID=tid),
+            # the chief serves the oracle; each worker a plain tuner, or a packed one (--concurrent trials at once)
+            worker = "packed" if mode == "distributed-packed" else mode
+            procs = [subprocess.Popen([sys.executable, str(script), worker if tid != "chief" else mode, d, *args],
+                                      env=dict(base, KERASTUNER_TUNER_ID=tid),
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                     for tid in ["chief"] + [f"tuner{k}" for k in range(a.concurrent)]]
+                     for tid in ["chief"] + [f"tuner{k}" for k in range(a.workers or a.concurrent)]]
             outs = [p.communicate(timeout=3600) for p in procs]
             rc = max(p.returncode for p in procs)
             out = outs[0][0]
@@ -129,6 +135,8 @@ def main() -> None:
     ap.add_argument("--concurrent", type=int, default=2)
     ap.add_argument("--modes", default="packed,sequential,distributed")
     ap.add_argument("--tuner", choices=["random", "hyperband"], default="random")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="distributed modes: worker processes (default --concurrent)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     rows = []
