@@ -99,7 +99,6 @@ class FitLoop:
     _begun_batch: int = -1
     _ended: bool = False
     _own_test_step: tuple | None = None   # (the model's instance test_step or None,), kept by attribute_to
-    _eval_iterator: Any = None            # fit's cached validation iterator, made at the first validation
 
     @property
     def total_steps(self) -> int:
@@ -118,6 +117,7 @@ class FitLoop:
         with on_device():
             if step == 0:
                 self.model.stop_training = False
+                self.model._eval_epoch_iterator = None   # fit's validation iterator, made at its first validation
                 self.callbacks.on_train_begin()
             if batch == 0:
                 self.model.reset_metrics()
@@ -143,7 +143,6 @@ class FitLoop:
             if last or self.model.stop_training:
                 self.model.optimizer.finalize_variable_values(self.model.trainable_weights)
                 # fit drops its validation iterator after the last epoch, before on_train_end
-                self._eval_iterator = None
                 if getattr(self.model, "_eval_epoch_iterator", None) is not None:
                     del self.model._eval_epoch_iterator
                 self.callbacks.on_train_end(logs=self.logs)
@@ -196,12 +195,11 @@ class FitLoop:
         if cached:
             from keras.src.backend.tensorflow.trainer import TFEpochIterator
 
-            if self._eval_iterator is None:   # as fit makes it, and keeps it for every later epoch
-                self._eval_iterator = TFEpochIterator(
+            if getattr(self.model, "_eval_epoch_iterator", None) is None:   # as fit makes it, kept for later epochs
+                self.model._eval_epoch_iterator = TFEpochIterator(
                     x=x, y=y, sample_weight=sample_weight, batch_size=self.validation_batch_size,
                     distribute_strategy=self.model.distribute_strategy,
                     steps_per_execution=self.model.steps_per_execution, steps_per_epoch=steps, shuffle=False)
-            self.model._eval_epoch_iterator = self._eval_iterator
         logs = self.model.evaluate(x=x, y=y, sample_weight=sample_weight, batch_size=self.validation_batch_size,
                                    steps=steps, verbose=0, return_dict=True, callbacks=callbacks,
                                    **({"_use_cached_eval_dataset": True} if cached else {}))
