@@ -36,7 +36,6 @@ MODELS = {
 STEPS = ["--steps", "4"]
 PLANNED = ["--planned", "--budget-frac", "0.6"]
 TRANSFORMER_PAIR = ["--model", "transformer_encoder", "--input-shape", "64x128", "--batch", "16", "--jobs", "2"]
-TRANSFORMER_B16 = [*MODELS["transformer_encoder"], "--batch", "16"]
 
 # Every run the file reads, by family (one process each) and name.
 FAMILIES = {
@@ -63,8 +62,7 @@ FAMILIES = {
     "transformer_encoder": {
         "vanilla": [*MODELS["transformer_encoder"], *STEPS],
         "planned": [*MODELS["transformer_encoder"], *STEPS, *PLANNED],
-        "b16_vanilla": [*TRANSFORMER_B16, "--steps", "3"],
-        "b16_tight": [*TRANSFORMER_B16, "--steps", "3", "--planned", "--budget-frac", "0.4"],
+        "tight": [*MODELS["transformer_encoder"], *STEPS, "--planned", "--budget-frac", "0.4"],
         "pair_vanilla": [*TRANSFORMER_PAIR, *STEPS],
         "pair_planned": [*TRANSFORMER_PAIR, *STEPS, "--planned", "--budget-frac", "0.5"],
         # Note [Plans read at run time] (tf_plugin/swap/plan_table.h): one step per job, plans in its table
@@ -246,7 +244,7 @@ def test_a_view_that_took_its_owners_buffer_is_swapped_and_training_stays_bit_fo
     # Note [View takes the buffer] (tensile_tf/scheduler/access_sequence.py): a Keras Dense layer on
     # a sequence reads its input through Tensordot's Reshape, a view that outlives the layer-norm
     # output it shares a buffer with; a tight budget makes the plan swap such views
-    planned, vanilla = transformer["b16_tight"], transformer["b16_vanilla"]
+    planned, vanilla = transformer["tight"], transformer["vanilla"]
     p = planned["jobs"]["job0"]
     assert p["view_swaps"] > 0, p
     _same_training(p, vanilla["jobs"]["job0"])
