@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -153,14 +154,8 @@ def main() -> None:
     seq = next((r for r in rows if r["mode"] == "sequential" and "scores" in r), None)
     for row in rows:   # trial by trial: a trial of the same hyperparameters has the same score
         if seq is not None and row is not seq and "scores" in row:
-            expected: dict[str, list] = {}
-            for hp, score in seq["scores"].values():
-                expected.setdefault(hp, []).append(score)
-            same = 0
-            for hp, score in row["scores"].values():
-                if score in expected.get(hp, []):
-                    expected[hp].remove(score)
-                    same += 1
+            pairs = [Counter(tuple(v) for v in r["scores"].values()) for r in (row, seq)]
+            same = sum((pairs[0] & pairs[1]).values())   # each sequential trial matched once
             row["scores_equal_to_sequential"] = f"{same} of {len(seq['scores'])}"
             print(f"{row['mode']:12s} scores equal to the sequential search's: {row['scores_equal_to_sequential']}")
     if a.json:
