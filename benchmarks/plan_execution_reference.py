@@ -32,8 +32,12 @@ process trains bit for bit what a fresh process trains."""
 import argparse
 import hashlib
 import json
+import os
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from shared_builds import SHARED_BUILDS, build_key, job_for_run, release_job  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--model", default="mlp")
@@ -237,8 +241,6 @@ def plan_jobs(args, jobs: list[dict], out: dict) -> None:
     if args.budget_bytes:
         budget = args.budget_bytes
     if args.save_capture:
-        import os
-
         os.makedirs(args.save_capture, exist_ok=True)
         for c in captured:
             with open(os.path.join(args.save_capture, f"{c.job.name}.graph.json"), "w") as f:
@@ -334,8 +336,11 @@ def run(args: argparse.Namespace, tag: str = "") -> dict:
 
     pool = tf_plugin.device_pool()
     swap.configure_swap_link(args.bandwidth, args.link_lanes, args.combined_bandwidth)
-    held_before = pool.stats()["current"]   # Note [Runs that share a process]
-    jobs = [build(args, f"job{j}", j, f"{tag}job{j}") for j in range(args.jobs)]
+    kept = [SHARED_BUILDS[build_key(args, j)]["job"] for j in range(args.jobs)
+            if "job" in SHARED_BUILDS.get(build_key(args, j), {})]
+    # Note [Runs that share a process]; Note [Builds shared by runs of one job]: less what a kept job holds
+    held_before = pool.stats()["current"] - sum(job["stream"].stats()["current"] for job in kept)
+    jobs = [job_for_run(args, j, tag, build) for j in range(args.jobs)]
     # the plan tables an earlier run in this process left (none: each goes with its step)
     out = {"model": args.model, "planned": args.planned, "jobs": {}, "plan_tables_known": swap.plan_tables_known()}
     if args.planned:
@@ -406,8 +411,10 @@ def run(args: argparse.Namespace, tag: str = "") -> dict:
     out["job_peaks"] = job_peaks
     out["step_s"] = times
     out["swap"] = swap.swap_stats()
-    for j in jobs + ([twin] if twin else []):
-        j["stream"].release()
+    for k, j in enumerate(jobs):
+        release_job(args, k, j)
+    if twin:
+        twin["stream"].release()
     return out
 
 
@@ -425,7 +432,11 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"--variants: variant {k} sets {differ} unlike the process (Note [Runs that share a process])")
     set_up_process(first)
     import gc
+    from collections import Counter
 
+    # Note [Builds shared by runs of one job]: the jobs built by more than one variant
+    uses = Counter(build_key(v, j) for v in variants for j in range(v.jobs))
+    SHARED_BUILDS.update({key: {"runs_left": n} for key, n in uses.items() if n > 1})
     for k, v in enumerate(variants):
         print(json.dumps({"variant": k, **run(v, tag=f"v{k}.")}), flush=True)
         gc.collect()

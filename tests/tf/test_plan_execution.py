@@ -3,9 +3,13 @@ computes unplanned, and the pool's measured peak drops.
 
 One process per model family (benchmarks/plan_execution_reference.py
 --variants, Note [Runs that share a process] there): its own device pool,
-deterministic ops, fixed seeds; within it every run builds its jobs afresh
-from their seeds, so the vanilla and the planned run start from the same
-weights and see the same batches.
+deterministic ops, fixed seeds; within it runs of one job share its build,
+each starting from the values its probe step left (Note [Builds shared by
+runs of one job] in benchmarks/shared_builds.py), so the vanilla and the
+planned run start from the same weights and see the same batches. The
+vanilla run is each job's first: it trains a fresh build, and every
+planned run that trains bit for bit what it trained shows that a shared
+build starts where a fresh one does.
 
 What the default suite asserts holds on any machine at any load: what the
 step computes (losses and weights, bit for bit), what the rewrite did (its
