@@ -338,7 +338,8 @@ def run(args: argparse.Namespace, tag: str = "") -> dict:
     swap.configure_swap_link(args.bandwidth, args.link_lanes, args.combined_bandwidth)
     kept = [SHARED_BUILDS[build_key(args, j)]["job"] for j in range(args.jobs)
             if "job" in SHARED_BUILDS.get(build_key(args, j), {})]
-    # Note [Runs that share a process]; Note [Builds shared by runs of one job]: less what a kept job holds
+    # Note [Runs that share a process]; Note [Builds shared by runs of one job] in benchmarks/shared_builds.py:
+    # less what a kept job holds
     held_before = pool.stats()["current"] - sum(job["stream"].stats()["current"] for job in kept)
     jobs = [job_for_run(args, j, tag, build) for j in range(args.jobs)]
     # the plan tables an earlier run in this process left (none: each goes with its step)
@@ -434,7 +435,7 @@ def main(argv: list[str] | None = None) -> None:
     import gc
     from collections import Counter
 
-    # Note [Builds shared by runs of one job]: the jobs built by more than one variant
+    # Note [Builds shared by runs of one job] in benchmarks/shared_builds.py: the jobs built by more than one variant
     uses = Counter(build_key(v, j) for v in variants for j in range(v.jobs))
     SHARED_BUILDS.update({key: {"runs_left": n} for key, n in uses.items() if n > 1})
     for k, v in enumerate(variants):
