@@ -37,7 +37,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from shared_builds import SHARED_BUILDS, build_key, job_for_run, release_job  # noqa: E402
+from shared_builds import held_by_kept_jobs, job_for_run, release_job, share_builds  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--model", default="mlp")
@@ -336,11 +336,8 @@ def run(args: argparse.Namespace, tag: str = "") -> dict:
 
     pool = tf_plugin.device_pool()
     swap.configure_swap_link(args.bandwidth, args.link_lanes, args.combined_bandwidth)
-    kept = [SHARED_BUILDS[build_key(args, j)]["job"] for j in range(args.jobs)
-            if "job" in SHARED_BUILDS.get(build_key(args, j), {})]
-    # Note [Runs that share a process]; Note [Builds shared by runs of one job] in benchmarks/shared_builds.py:
-    # less what a kept job holds
-    held_before = pool.stats()["current"] - sum(job["stream"].stats()["current"] for job in kept)
+    # Note [Runs that share a process]; Note [Builds shared by runs of one job] in benchmarks/shared_builds.py
+    held_before = pool.stats()["current"] - held_by_kept_jobs(args)
     jobs = [job_for_run(args, j, tag, build) for j in range(args.jobs)]
     # the plan tables an earlier run in this process left (none: each goes with its step)
     out = {"model": args.model, "planned": args.planned, "jobs": {}, "plan_tables_known": swap.plan_tables_known()}
@@ -433,11 +430,8 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"--variants: variant {k} sets {differ} unlike the process (Note [Runs that share a process])")
     set_up_process(first)
     import gc
-    from collections import Counter
 
-    # Note [Builds shared by runs of one job] in benchmarks/shared_builds.py: the jobs built by more than one variant
-    uses = Counter(build_key(v, j) for v in variants for j in range(v.jobs))
-    SHARED_BUILDS.update({key: {"runs_left": n} for key, n in uses.items() if n > 1})
+    share_builds(variants)   # Note [Builds shared by runs of one job] in benchmarks/shared_builds.py
     for k, v in enumerate(variants):
         print(json.dumps({"variant": k, **run(v, tag=f"v{k}.")}), flush=True)
         gc.collect()

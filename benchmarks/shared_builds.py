@@ -6,8 +6,9 @@ step) was most of a run: the Transformer family's 8 runs took 116 s in one
 process, and under cProfile tracing the step with Keras' Adam took 8-11 s of
 a 17 s planned run. Runs of the same job (same model, shapes, batch,
 optimizer and seed: ``build_key``) in one ``--variants`` process therefore
-build it once: the job's variables (model and optimizer, slots and
-iteration included) are read right after its probe step, and every later
+build it once: the variables its step reads (model and optimizer, slots
+and iteration included) are copied to the host right after its probe step
+(``snapshot_variables``, as a capture keeps them), and every later
 run of it assigns those values back before it starts, so it starts where a
 fresh build starts. It trains the same traced step, which is what the
 runtime does when a job takes over a finished one's step (Note [Reusing a
@@ -19,11 +20,17 @@ plan-table step made from its step is dropped (its C++ table with it, as
 when a fresh build's run ends); the job's stream is released after the last
 run that uses it.
 """
+from collections import Counter
 
-
-# Note [Builds shared by runs of one job]: build_key -> {"job": the built job, "values": its variables' values
-# after the probe step, "runs_left": later runs that use it}; set by main() for keys used by several variants
+# Note [Builds shared by runs of one job]: build_key -> {"job": the built job, "restore": sets the variables its
+# step reads back to their values after the probe step, "runs_left": later runs that use it}; set by share_builds()
 SHARED_BUILDS: dict[tuple, dict] = {}
+
+
+def share_builds(variants) -> None:
+    """Marks the jobs that more than one of the process's runs (``variants``, parsed) build."""
+    uses = Counter(build_key(v, j) for v in variants for j in range(v.jobs))
+    SHARED_BUILDS.update({key: {"runs_left": n} for key, n in uses.items() if n > 1})
 
 
 def build_key(args, j: int) -> tuple:
@@ -32,8 +39,10 @@ def build_key(args, j: int) -> tuple:
             args.grappler_memory, j)
 
 
-def job_variables(job: dict) -> list:
-    return list(job["model"].variables) + list(job["opt"].variables)
+def held_by_kept_jobs(args) -> int:
+    """Pool bytes the run's jobs built by an earlier run hold already (what their fresh builds would add)."""
+    kept = (SHARED_BUILDS.get(build_key(args, j), {}).get("job") for j in range(args.jobs))
+    return sum(job["stream"].stats()["current"] for job in kept if job is not None)
 
 
 def job_for_run(args, j: int, tag: str, build) -> dict:
@@ -44,14 +53,14 @@ def job_for_run(args, j: int, tag: str, build) -> dict:
     if shared is None:
         return build(args, f"job{j}", j, f"{tag}job{j}")
     if "job" not in shared:
-        shared["job"] = build(args, f"job{j}", j, f"shared{len(SHARED_BUILDS)}.{tag}job{j}")
-        # copies: an array that aliases a variable's pool buffer (numpy() on the CPU) would keep it in the pool
-        # after the step writes the variable (copy on write) or a plan swaps it out
-        shared["values"] = [v.numpy().copy() for v in job_variables(shared["job"])]
+        from tensile_tf.tf.capture import snapshot_variables
+
+        job = shared["job"] = build(args, f"job{j}", j, f"shared{len(SHARED_BUILDS)}.{tag}job{j}")
+        # host copies of what the step reads (copies in the pool would stay there after a plan swaps them out)
+        shared["restore"] = snapshot_variables(job["step"].get_concrete_function(*job["batches"][0]).graph)
     else:
         with shared["job"]["stream"].eager_scope():
-            for v, x in zip(job_variables(shared["job"]), shared["values"]):
-                v.assign(x)
+            shared["restore"]()
     shared["runs_left"] -= 1
     return dict(shared["job"])   # the run's own dict: its step to run and its losses
 
