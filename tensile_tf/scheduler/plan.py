@@ -127,6 +127,8 @@ class Plan:
     stop_reason: str = ""
     peak_model: str = "timeline"               # how the jobs' peaks were assumed to overlap (config.PlanPeaks)
     version: int = 2                           # 2: JobPlan.graph_fingerprint / graph_ops
+    representatives: int = 0                   # identical jobs planned as this many (0: jointly; Note [Identical
+                                               # jobs planned by representatives] in scheduler.identical_jobs)
 
     def refusal(self, job: str, fingerprint: str, ops: int) -> str | None:
         """Why this plan cannot run ``job`` whose traced graph has

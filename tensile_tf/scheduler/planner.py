@@ -52,6 +52,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from tensile_tf.scheduler.access_sequence import TensorAccessSequence
+from tensile_tf.scheduler.identical_jobs import copied_unchained_runs, plan_by_representatives, plans_by_representatives
 from tensile_tf.scheduler.job_graph import JobGraph
 from tensile_tf.scheduler.latency import LatencyModel
 from tensile_tf.scheduler.peak_analysis import JobFootprint, PoolTimeline, gpu_memory_peak_analysis
@@ -123,6 +124,11 @@ class Planner(PlannerPasses, PlannerRebuilds):
     unless ``enable_recompute=False``, recomputation: Note [Minimise mode] in planner_passes).
     """
 
+    # Note [Identical jobs planned by representatives] in scheduler.identical_jobs: from this many
+    # identical jobs (0: never), planned as this many representatives
+    representatives_from = 6
+    representatives = 2
+
     def __init__(self, jobs: Sequence[PlannerJob], *, pool_bytes: int | None = None,
                  bandwidth_bytes_per_s: float = DEFAULT_BANDWIDTH_BYTES_PER_S,
                  horizon_iterations: float = 2.0, stop_at_budget: bool = True,
@@ -169,6 +175,7 @@ class Planner(PlannerPasses, PlannerRebuilds):
         # Note [Paired peaks]: the peaks that meet while no job runs a plan
         self.unplanned_peaking_jobs = unplanned_peaking_jobs if unplanned_peaking_jobs is not None else peaking_jobs
         self.bottleneck_restarts = bottleneck_restarts   # Note [Bottleneck first]
+        self.planned_by_representatives = 0              # Note [Identical jobs planned by representatives]
         self.drop_idle_swaps = drop_idle_swaps           # Note [Transfers that lower no peak]
         self.unchain = unchain                           # Note [Unchained runs] in scheduler.unchained_runs
         self.dropped_swaps = 0
@@ -235,8 +242,13 @@ class Planner(PlannerPasses, PlannerRebuilds):
         limits tried] in scheduler.planner_passes), the best kept."""
         t0 = time.perf_counter()
         with collections_paused():
-            if self.pool_bytes is None and type(self)._loop is Planner._loop:   # a policy's own loop aims at nothing
+            own_loop = type(self)._loop is Planner._loop     # a policy's own loop aims at nothing
+            self.planned_by_representatives = 0
+            if self.pool_bytes is None and own_loop:
                 self._plan_minimised()     # Note [Minimise mode] in scheduler.planner_passes
+            elif own_loop and plans_by_representatives(self):
+                # Note [Identical jobs planned by representatives] in scheduler.identical_jobs
+                self.planned_by_representatives = plan_by_representatives(self)
             else:
                 self._plan_each_chain_limit()
             return self._make_plan_with_gain(t0)
@@ -409,8 +421,11 @@ class Planner(PlannerPasses, PlannerRebuilds):
             jp.swapped_bytes_per_iteration = moved
             jobs[js.name] = jp
         if self.unchain and self.step_order == "plan":     # Note [Unchained runs]
-            runs = unchained_runs([js.tas for js in self.jobs], [js.fp for js in self.jobs],
-                                  [ordered[js.j] for js in self.jobs], self.timeline, pool_peak)
+            if self.planned_by_representatives:       # Note [Identical jobs planned by representatives]
+                runs = copied_unchained_runs(self, jobs, ordered, pool_peak)
+            else:
+                runs = unchained_runs([js.tas for js in self.jobs], [js.fp for js in self.jobs],
+                                      [ordered[js.j] for js in self.jobs], self.timeline, pool_peak)
             for js, r in zip(self.jobs, runs or ()):
                 jobs[js.name].unchained_runs = r
         vanilla_peak = self._vanilla_pool_peak
@@ -420,7 +435,7 @@ class Planner(PlannerPasses, PlannerRebuilds):
                     pool_bytes=self.pool_bytes, bandwidth_bytes_per_s=self.bandwidth,
                     horizon_s=self.timeline.horizon_s, sum_of_job_peaks_bytes=self._sum_job_peaks,
                     iterations=self.iterations, planning_s=seconds, stop_reason=self.stop_reason,
-                    peak_model=self.peak_model)
+                    peak_model=self.peak_model, representatives=self.planned_by_representatives)
 
 
 def plan_graphs(jobs: Sequence[PlannerJob], **kwargs) -> Plan:
