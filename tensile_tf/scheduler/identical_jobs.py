@@ -113,6 +113,7 @@ def plan_by_representatives(planner: "Planner") -> int:
                         combined_bytes_per_s=None if combined is None else combined / c)
     rep.representatives_from = 0
     rep.recompute_first_passes = False
+    rep._structures = planner.__dict__.setdefault("_structures", {})   # one sequence structure for the graph
     rep.plan()
     planner._init_state()   # noqa: SLF001 - the planner's own state, as a pass starts it
     kept: OrderedDict = planner.__dict__.setdefault("_recompute_structures", OrderedDict())

@@ -175,7 +175,7 @@ class Planner(PlannerPasses, PlannerRebuilds):
         # Note [Paired peaks]: the peaks that meet while no job runs a plan
         self.unplanned_peaking_jobs = unplanned_peaking_jobs if unplanned_peaking_jobs is not None else peaking_jobs
         self.bottleneck_restarts = bottleneck_restarts   # Note [Bottleneck first]
-        self.planned_by_representatives = 0              # Note [Identical jobs planned by representatives]
+        self.planned_by_representatives, self.representative_planner = 0, None   # scheduler.identical_jobs
         self.drop_idle_swaps = drop_idle_swaps           # Note [Transfers that lower no peak]
         self.unchain = unchain                           # Note [Unchained runs] in scheduler.unchained_runs
         self.dropped_swaps = 0
@@ -208,6 +208,7 @@ class Planner(PlannerPasses, PlannerRebuilds):
             self.jobs.append(JobState(j, pj.graph, pj.latencies, pj.start_offset_s, pj.max_swapping_rate,
                                       tas, fp, tas, fp.vanilla_peak))
         self.order = []
+        self.representative_planner = None      # the state copies no representatives' plans
         self._new_timeline()
         self._set_vanilla_pool_peaks([js.tas for js in self.jobs], [js.fp.free_running for js in self.jobs])
         self._sum_job_peaks = sum(js.vanilla_peak for js in self.jobs)
@@ -242,8 +243,7 @@ class Planner(PlannerPasses, PlannerRebuilds):
         limits tried] in scheduler.planner_passes), the best kept."""
         t0 = time.perf_counter()
         with collections_paused():
-            own_loop = type(self)._loop is Planner._loop     # a policy's own loop aims at nothing
-            self.planned_by_representatives = 0
+            own_loop, self.planned_by_representatives = type(self)._loop is Planner._loop, 0   # a policy's loop aims at nothing
             if self.pool_bytes is None and own_loop:
                 self._plan_minimised()     # Note [Minimise mode] in scheduler.planner_passes
             elif own_loop and plans_by_representatives(self):
@@ -278,6 +278,7 @@ class Planner(PlannerPasses, PlannerRebuilds):
 
     def _replan(self, latencies: Mapping[str, LatencyModel] | None, pool_bytes: int | None | str) -> Plan:
         t0 = time.perf_counter()
+        self.planned_by_representatives, self.representative_planner = 0, None   # each job re-planned as itself
         if pool_bytes != "same":
             self.pool_bytes = pool_bytes  # type: ignore[assignment]
         retime = {}
@@ -421,7 +422,7 @@ class Planner(PlannerPasses, PlannerRebuilds):
             jp.swapped_bytes_per_iteration = moved
             jobs[js.name] = jp
         if self.unchain and self.step_order == "plan":     # Note [Unchained runs]
-            if self.planned_by_representatives:       # Note [Identical jobs planned by representatives]
+            if self.representative_planner is not None:   # Note [Identical jobs planned by representatives]
                 runs = copied_unchained_runs(self, jobs, ordered, pool_peak)
             else:
                 runs = unchained_runs([js.tas for js in self.jobs], [js.fp for js in self.jobs],

@@ -74,3 +74,15 @@ def test_a_link_booked_at_once_refuses_overlapping_transfers():
         SwapChannel(1.0, 10.0, [0.0, 0.0], [5.0, 5.0]).reserve_many([(0, 0.0, 1.0, "out"), (1, 0.5, 1.0, "in")])
     with pytest.raises(RuntimeError, match="empty link"):
         channel.reserve_many([(0, 4.0, 0.5, "out")])
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None, max_examples=30)
+@given(identical_jobs(), st.floats(0.5, 2.0))
+def test_a_replan_of_copies_plans_each_job_as_itself_and_keeps_the_invariants(scn, scale):
+    jobs, frac, options = scn
+    planner = Planner(jobs, pool_bytes=_budget(jobs, frac, options), **options)
+    assert planner.plan().representatives == 2
+    lat = jobs[0].latencies
+    plan = planner.replan({jobs[0].graph.name: type(lat)({o: s * scale for o, s in lat.seconds.items()})})
+    assert plan.representatives == 0 and planner.representative_planner is None
+    check_invariants(planner, plan)
