@@ -145,7 +145,14 @@ PAIRED_PEAK_MARGIN = 0.02
 # unpaired, so a job that arrives while others train keeps the static rule
 # (recorded as ``skipped``). Measured with repeats (twelfth session): two
 # small CNN jobs train batch 66 tuned against 60 static (sole 65); the
-# Transformer keeps the static split and is unchanged (49).
+# Transformer keeps the static split and is unchanged (49). The candidates
+# run smallest first, and the first that runs out of memory alone ends the
+# tuning: a larger split peaks alike or higher alone (``stopped`` in
+# results.json says which). A job whose unplanned step does not fit the
+# pool alone, which a plan must make fit (configs/hybrid.yaml: two
+# Transformer encoders of 75.8 MiB unplanned in 64 MiB), ran all five
+# candidates out of memory, traced and run twice each: 15-17 s a job, half
+# of the shortened example's run, for the static rule's split.
 SPLIT_FACTORS = (1 / 16, 1 / 4, 1 / 2, 1, 2)
 SPLIT_PROBE_RUNS = 2
 MIN_SPLIT_BYTES = 64 << 10

@@ -237,7 +237,8 @@ class JobLifecycle:
         the job's step SPLIT_PROBE_RUNS times alone with each candidate
         split's barriers (variables restored after each run) and keeps the
         split whose higher peak was lowest (``tuned_split``). A candidate
-        that fails is left out; a job planned on arrival keeps the split it
+        that fails is left out, and one that runs out of memory ends the
+        tuning, smallest split first; a job planned on arrival keeps the split it
         was planned with, and a job that arrives while others train keeps
         the static rule's: its candidates' steps would run unpaired beside
         theirs."""
@@ -257,7 +258,9 @@ class JobLifecycle:
         restore = snapshot_variables(state.rt.step_fn.get_concrete_function(*state.rt.first_batch).graph)
         held_before = stream.stats()["current"]
         pool_before = pool_stats()["current"]
-        for split in candidates:
+        stopped: dict[str, str] = {}
+        for split in candidates:      # smallest first
+            ran_out = False
             try:
                 with stream.eager_scope():
                     if split not in steps:
@@ -270,12 +273,17 @@ class JobLifecycle:
                         stream.reset_peak()
                         steps[split](*state.rt.first_batch)
                         peaks[split] = max(peaks.get(split) or 0, stream.stats()["peak"] - before)
-            except Exception:  # noqa: BLE001 - a candidate that fails is not chosen; the probe tells the rest
+            except Exception as e:  # noqa: BLE001 - a candidate that fails is not chosen; the probe tells the rest
                 peaks[split] = None
+                ran_out = isinstance(e, tf.errors.ResourceExhaustedError)
             finally:
                 restore()
+            if ran_out:   # Note [Split size tuning]: the larger splits peak alike or higher alone
+                stopped = {"stopped": f"split {split} ran out of memory alone; the larger ones were not run"}
+                break
         state.rt.custom_gradients |= custom_gradient_names() - registered_before
         chosen = pipe.choose_split(state.name, state.stream, base, peaks)
+        pipe.note_split_tuning(state.name, **stopped)
         state.rt.step_fn = steps.pop(chosen)
         steps.clear()   # the candidates not chosen, and what their functions hold in the pool
         gc.collect()

@@ -67,3 +67,10 @@ def test_example_config_runs_shortened(tmp_path, name, steps, updates):
         pipeline = results["pool"]["nodegroup"]
         assert any(s["num_pairs"] > 0 and len(s["jobs"]) == 2 for s in pipeline["schedules"]), pipeline["schedules"]
         assert pipeline["runtime"]["waits"] > 0 and pipeline["runtime"]["timeouts"] == 0, pipeline["runtime"]
+    if name == "hybrid.yaml":
+        # Note [Split size tuning]: neither encoder's unplanned step fits the pool alone, so the smallest
+        # candidate split runs out of memory and ends the tuning; each keeps the static rule's split
+        for job, tuning in results["pool"]["nodegroup"]["split_tuning"].items():
+            assert "ran out of memory alone" in tuning.get("stopped", ""), (job, tuning)
+            assert list(tuning["measured_peak_bytes"].values()) == [None], (job, tuning)
+            assert tuning["chosen_split"] == tuning["static_rule_split"], (job, tuning)
