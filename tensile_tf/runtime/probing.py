@@ -237,11 +237,10 @@ class JobLifecycle:
         the job's step SPLIT_PROBE_RUNS times alone with each candidate
         split's barriers (variables restored after each run) and keeps the
         split whose higher peak was lowest (``tuned_split``). A candidate
-        that fails is left out, and one that runs out of memory ends the
-        tuning, smallest split first; a job planned on arrival keeps the split it
-        was planned with, and a job that arrives while others train keeps
-        the static rule's: its candidates' steps would run unpaired beside
-        theirs."""
+        that fails is left out (one out of memory ends it); a job planned on
+        arrival keeps the split it was planned with, and one that arrives
+        while others train the static rule's (its candidates would run
+        unpaired beside their steps)."""
         pipe = self.pipeline
         if pipe is None or not pipe.tunes_split or state.rt.planned_step is not None:
             return
@@ -256,11 +255,9 @@ class JobLifecycle:
         registered_before = custom_gradient_names()
         stream = state.rt.job_stream
         restore = snapshot_variables(state.rt.step_fn.get_concrete_function(*state.rt.first_batch).graph)
-        held_before = stream.stats()["current"]
-        pool_before = pool_stats()["current"]
-        stopped: dict[str, str] = {}
+        held_before, pool_before, stopped = stream.stats()["current"], pool_stats()["current"], {}
         for split in candidates:      # smallest first
-            ran_out = False
+            ran_out = False           # Note [Split size tuning]: then the larger splits peak alike or higher alone
             try:
                 with stream.eager_scope():
                     if split not in steps:
@@ -278,7 +275,7 @@ class JobLifecycle:
                 ran_out = isinstance(e, tf.errors.ResourceExhaustedError)
             finally:
                 restore()
-            if ran_out:   # Note [Split size tuning]: the larger splits peak alike or higher alone
+            if ran_out:
                 stopped = {"stopped": f"split {split} ran out of memory alone; the larger ones were not run"}
                 break
         state.rt.custom_gradients |= custom_gradient_names() - registered_before

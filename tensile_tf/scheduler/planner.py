@@ -244,11 +244,11 @@ class Planner(PlannerPasses, PlannerRebuilds):
         t0 = time.perf_counter()
         with collections_paused():
             own_loop, self.planned_by_representatives = type(self)._loop is Planner._loop, 0   # a policy's loop aims at nothing
-            if self.pool_bytes is None and own_loop:
-                self._plan_minimised()     # Note [Minimise mode] in scheduler.planner_passes
-            elif own_loop and plans_by_representatives(self):
+            if own_loop and plans_by_representatives(self):
                 # Note [Identical jobs planned by representatives] in scheduler.identical_jobs
                 self.planned_by_representatives = plan_by_representatives(self)
+            elif self.pool_bytes is None and own_loop:
+                self._plan_minimised()     # Note [Minimise mode] in scheduler.planner_passes
             else:
                 self._plan_each_chain_limit()
             return self._make_plan_with_gain(t0)
