@@ -22,7 +22,8 @@ pool: 256MiB
 run: {{concurrency: 1}}
 jobs:
   - name: long
-    model: {{train_step_factory: "tests.job_factories:signals_progress", args: {{marker: "{marker}", mark_at_step: 5}}}}
+    model: {{train_step_factory: "tests.job_factories:signals_progress", args: {{marker: "{marker}", mark_at_step: 5,
+                                                                             hold_until: "{release}"}}}}
     steps: 100000000
   - name: waiting
     model: {{builder: "tensile_tf.jobs.zoo:mlp", args: {{hidden: [64]}}}}
@@ -72,17 +73,19 @@ def _signalled(marker, sig, *args, release=None) -> tuple[int, str]:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_mid_run_stops_at_a_step_boundary_and_keeps_the_results(tmp_path, sig):
-    marker = tmp_path / "reached-step-5"
-    cfg = write(tmp_path, INTERRUPTIBLE.format(marker=marker))
+    # held at its step 6 until the process says it is stopping: it trains 6 steps, not as many as
+    # fit between the marker and the signal (thousands on a quiet machine, each in results.json)
+    marker, release = tmp_path / "reached-step-5", tmp_path / "release"
+    cfg = write(tmp_path, INTERRUPTIBLE.format(marker=marker, release=release))
     out = tmp_path / "out"
-    returncode, output = _signalled(marker, sig, "run", str(cfg), "--out", str(out))
+    returncode, output = _signalled(marker, sig, "run", str(cfg), "--out", str(out), release=release)
     assert returncode == 130, output[-4000:]
     assert "Traceback" not in output
     assert f"{sig.name}: stopping every job at its next step boundary" in output
     results = json.loads((out / "results.json").read_text())
     assert results["status"] == "interrupted" and results["interrupted"] == f"stopped by {sig.name}"
     jobs = {j["name"]: j for j in results["jobs"]}
-    assert jobs["long"]["status"] == "interrupted" and 5 <= jobs["long"]["steps"] < 100000000
+    assert jobs["long"]["status"] == "interrupted" and jobs["long"]["steps"] == 6, jobs["long"]["steps"]   # held at 6
     assert len(jobs["long"]["losses"]) == jobs["long"]["steps"]        # every step it ran is recorded
     assert jobs["waiting"]["status"] == "interrupted" and jobs["waiting"]["steps"] == 1  # probed, never admitted
     assert all(j["leaked_bytes"] == 0 for j in jobs.values())
