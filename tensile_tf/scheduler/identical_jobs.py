@@ -36,13 +36,15 @@ Why two and not one: a representative's jobs all get one plan, and two
 let the planner give half the jobs other swaps than the other half. On the
 saved ResNet50 capture at 60% (one plan each, chains of 4, swaps first):
 
-| jobs | joint plan | 1 representative | 2 representatives |
+| jobs | joint plan | 1 representative (bound) | 2 representatives, copied |
 | --- | --- | --- | --- |
-| 6 | 1,493.0 MiB (met), 4.9 s | | 1,493.1 (met, bound), 0.82 s |
-| 8 | 2,037.8 MiB, 49.7 s | 2,084.7, 5.0 s | 2,052.1, 2.1 s |
-| 16 | 4,494.2 MiB, 329 s | 4,525.8, 0.64 s | **4,413.7**, 2.5-2.9 s |
+| 6 | 1,493.0 MiB (met), 3.3-4.9 s | | 1,487.3 (met), 1.7 s |
+| 8 | 2,037.8 MiB, 49.7 s | 2,084.7 | 2,052.1, 1.9 s |
+| 16 | 4,494.2 MiB, 329 s | 4,510.4-4,525.8 | **4,413.7**, 3.4-4.2 s |
 
-(bounds: c x the representatives' peak.) Four representatives of 16 jobs
+(the bound: c x one representative's planned peak; the times of the last
+column are the whole plan, copies included, on a day when 4 jobs planned
+in 0.32-0.50 s against 0.19 s on a normal one.) Four representatives of 16 jobs
 planned worse (4,532.7 MiB) in 130 s: the count is not a dial to turn up.
 Eight jobs plan 0.7% above the joint plan, at a 24th of its time.
 The representatives plan one pass because the passes after it cost 3-6x
