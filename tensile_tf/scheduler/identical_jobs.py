@@ -25,7 +25,7 @@ earlier and ends no later than the representative's transfer, so:
     swap-in's copy starts, and its tensor is back, no earlier: each job's
     footprint is at most its representative's at every time;
   * the copies of one transfer never overlap, and transfers the
-    representatives' lane kept apart stay apart (``SwapChannel.reserve``
+    representatives' lane kept apart stay apart (``SwapChannel.reserve_many``
     books every copy and would raise on an overlap).
 So the pool holds at most c times the representatives' planned peak
 (c·f0 + c·f1 <= c·B / c), and the plan's peak is worked out again on the
@@ -76,7 +76,7 @@ from tensile_tf.scheduler.job_graph import JobGraph
 from tensile_tf.scheduler.plan import JobPlan
 from tensile_tf.scheduler.state import JobState, SwapDecision
 from tensile_tf.scheduler.swap_channel import IN, OUT
-from tensile_tf.scheduler.unchained_runs import run_bounds
+from tensile_tf.scheduler.unchained_runs import named_runs, run_bounds
 
 if TYPE_CHECKING:
     from tensile_tf.scheduler.planner import Planner
@@ -199,8 +199,9 @@ def copied_unchained_runs(planner: "Planner", plans: dict[str, JobPlan], ordered
     peak, and its bounds, which are at least the job's own (a copy holds no
     more than its representative at any step, the Note above); so each job's
     planned peak in ``plans`` becomes its representative's where it runs in
-    plan order (``ordered``). None where the jobs' bounds, summed as the timeline sums footprints, would pass ``pool_limit``:
-    every job then keeps its full chain. (Each job's runs cut at its own peak
+    plan order (``ordered``). None where the jobs' bounds, summed as the
+    timeline sums footprints, would pass ``pool_limit``: every job then
+    keeps its full chain. (Each job's runs cut at its own peak
     and checked as ``unchained_runs`` checks them cost 2 s a plan for 16
     ResNet50 jobs, and on 6 and 16 copies of the saved capture they too
     passed the pool's peak: no runs.)"""
@@ -214,11 +215,7 @@ def copied_unchained_runs(planner: "Planner", plans: dict[str, JobPlan], ordered
         if not chained:
             continue
         runs, bound = run_bounds(src.tas, src.fp, int(src.fp.F.max(initial=0)))
-        named = []
-        for a, b in runs:
-            ops = [src.tas.step_names[s] for s in range(a, b + 1) if src.tas.is_original[s]]
-            if len(ops) > 1:
-                named.append([ops[0], ops[-1]])
+        named = named_runs(src.tas, runs)
         for j in chained:
             per_job[j], held[j], peaks[j] = named, bound, int(bound.max(initial=0))
     if k > 1 and planner.timeline.pool_peak(held) > pool_limit:

@@ -195,6 +195,17 @@ def run_bounds(tas: TensorAccessSequence, fp: JobFootprint, limit: int) -> tuple
     return runs, bound
 
 
+def named_runs(tas: TensorAccessSequence, runs: Sequence[tuple[int, int]]) -> list[list[str]]:
+    """The runs of two or more graph ops among ``runs`` (steps [a, b]), as
+    [first op, last op] (``JobPlan.unchained_runs``)."""
+    named = []
+    for a, b in runs:
+        ops = [tas.step_names[k] for k in range(a, b + 1) if tas.is_original[k]]
+        if len(ops) > 1:
+            named.append([ops[0], ops[-1]])
+    return named
+
+
 def unchained_runs(tases: Sequence[TensorAccessSequence], fps: Sequence[JobFootprint], ordered: Sequence[bool],
                    timeline: PoolTimeline, pool_limit: int) -> list[list[list[str]]] | None:
     """Each job's runs of two or more graph ops, as [first op, last op] in
@@ -210,12 +221,7 @@ def unchained_runs(tases: Sequence[TensorAccessSequence], fps: Sequence[JobFootp
             continue
         runs, bound = run_bounds(tas, fp, int(fp.F.max(initial=0)))
         held.append(bound)
-        named = []
-        for a, b in runs:
-            ops = [tas.step_names[k] for k in range(a, b + 1) if tas.is_original[k]]
-            if len(ops) > 1:
-                named.append([ops[0], ops[-1]])
-        per_job.append(named)
+        per_job.append(named_runs(tas, runs))
     if len(tases) > 1 and timeline.pool_peak(held) > pool_limit:
         return None
     return per_job
