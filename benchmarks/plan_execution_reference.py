@@ -95,7 +95,7 @@ parser.add_argument("--paired-vanilla", action="store_true",
                          "batches) and run its step right after each planned step, in this process; its steps' times, "
                          "peaks, losses and weights are in the output's 'paired_vanilla' (Note [Paired vanilla steps] "
                          "in benchmarks/baseline_suite.py)")
-parser.add_argument("--plan-steps", default="rewrite", choices=("rewrite", "table"),
+parser.add_argument("--plan-steps", default="rewrite", choices=("rewrite", "table", "table_then_rewrite"),
                     help="run.plan_steps: rewrite each plan, or run plans that only swap on the job's plan-table step "
                          "(Note [Plans read at run time] in tf_plugin/swap/plan_table.h)")
 parser.add_argument("--link-lanes", type=int, default=1, choices=(1, 2),
@@ -119,7 +119,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def set_up_process(args: argparse.Namespace) -> None:
     """What every run of this process shares: the pool as TensorFlow's
     allocator (before any op), deterministic ops, Grappler's settings."""
-    global tf, keras, np, tf_plugin, zoo, supervised_train_step, JobStream, swap
+    global tf, keras, np, tf_plugin, zoo, supervised_train_step, JobStream, swap, stage, wait_for_background
     import tensile_tf  # first: its defaults, oneDNN's graph rewrites off, must precede TensorFlow
     import tensorflow as tf
 
@@ -132,6 +132,8 @@ def set_up_process(args: argparse.Namespace) -> None:
     from tensile_tf.jobs.job import supervised_train_step
     from tensile_tf.tf.determinism import enable_deterministic_training
     from tensile_tf.tf.pool import JobStream
+    from tensile_tf.tf.rewrite.planned_step import wait_for_background
+    from tensile_tf.tf.rewrite.table_then_rewrite import stage
     from tf_plugin import swap
 
     if args.graph_dependent_rewrites:
@@ -265,6 +267,10 @@ def plan_jobs(args, jobs: list[dict], out: dict) -> None:
         if plan.jobs[j["name"]].changes_step or args.empty_plan:
             with j["stream"].eager_scope():
                 steps[j["name"]].evict()  # the first planned step starts as every later one
+            # Note [Table first, rewritten when ready]: the plan-table step built in the background, here
+            # waited for, so that a re-plan finds it whatever the machine's pace
+            steps[j["name"]].instantiate_in_background(j["stream"].eager_scope)
+    wait_for_background()
     out["planning_s"] = time.perf_counter() - t0
     out["plan"] = {"strategy": args.strategy, "peak_model": plan.peak_model,
                    "step_order": next(iter(plan.jobs.values())).step_order,
@@ -353,7 +359,7 @@ def run(args: argparse.Namespace, tag: str = "") -> dict:
         swap.set_swap_log_capacity(1 << 16)
     peaks, times = [], []
     job_peaks = {j["name"]: [] for j in jobs}
-    step_starts = []
+    step_starts, stages = [], []
     for i in range(args.steps):
         if args.trace_json and i == 0:
             pool.clear_trace()
@@ -365,6 +371,11 @@ def run(args: argparse.Namespace, tag: str = "") -> dict:
             j["stream"].reset_peak()
         if i == args.steps // 2 and "replan_with" in out:
             replan(jobs, out)
+        if i == args.steps // 2 + 1 and "replan" in out:   # one step on the table, then its rewrite, waited for
+            for j in jobs:
+                if hasattr(j["run"], "start_background"):
+                    j["run"].start_background(j["stream"].eager_scope)
+            wait_for_background()
         t0 = time.perf_counter()
         step_starts.append(time.monotonic_ns())
         if len(jobs) == 1:
@@ -378,6 +389,7 @@ def run(args: argparse.Namespace, tag: str = "") -> dict:
             [t.start() for t in threads]
             [t.join() for t in threads]
         times.append(time.perf_counter() - t0)
+        stages.append([stage(j["run"]) for j in jobs])   # Note [Table first, rewritten when ready]
         peaks.append(pool.stats()["peak"] - twin_held - held_before)
         for j in jobs:
             job_peaks[j["name"]].append(j["stream"].stats()["peak"])
@@ -406,6 +418,8 @@ def run(args: argparse.Namespace, tag: str = "") -> dict:
                          if hasattr(getattr(j["run"], "fn", None), "table_step")}
     out["step_graph_ops"] = len(jobs[0]["step"].get_concrete_function(*jobs[0]["batches"][0]).graph.get_operations())
     out["peaks"] = peaks
+    out["stages"] = stages
+    out["final_plan_table"] = {j["name"]: getattr(getattr(j["run"], "report", None), "plan_table", None) for j in jobs}
     out["job_peaks"] = job_peaks
     out["step_s"] = times
     out["swap"] = swap.swap_stats()

@@ -49,7 +49,8 @@ from tensile_tf.scheduler.latency_predictor import cold_start_latency
 from tensile_tf.scheduler.planner import collections_paused, plan_in_step_order
 from tensile_tf.tf.capture import capture_job_graph, measure_op_latencies
 from tensile_tf.tf.rewrite import REWRITE_PREFIX, PlannedStep, RewriteReport, apply_plan, chain_in_plan_order
-from tensile_tf.tf.rewrite.plan_table import TableCall, table_step_for
+from tensile_tf.tf.rewrite.plan_table import TableCall, ready_table_step, table_step_for
+from tensile_tf.tf.rewrite.table_then_rewrite import build_table_in_background, table_then_rewritten_step
 from tensile_tf.tf.executor_order import executor_order
 from tensile_tf.tf.step_memory import (MIN_TRACED_STEPS, StepMemory, UnplannedPeaks, apply_step_memory,
                                        measure_step_memory)
@@ -259,28 +260,43 @@ def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
                 steps[c.job.name] = PlannedStep(c.job.step_fn, jp, RewriteReport(c.job.name))
             else:
                 steps[c.job.name] = _made_step(c, jp, delta_scale, plan_steps)
-                if on_step_made is not None and getattr(steps[c.job.name].fn, "needs_instantiation", False):
+                made = steps[c.job.name]
+                if on_step_made is not None and (getattr(made.fn, "needs_instantiation", False)
+                                                 or made.background is not None):
                     on_step_made(c.job.name, steps[c.job.name])   # e.g. instantiated while the next job's is made
     return plan, steps
 
 
 def _made_step(c: CapturedJob, jp, delta_scale: float, plan_steps: str) -> PlannedStep:
     """The job's step under ``jp``: on its plan-table step when asked and
-    the table carries the plan, else rewritten."""
+    the table carries the plan, else rewritten (Note [Table first,
+    rewritten when ready] for ``table_then_rewrite``)."""
     why = ""
-    if plan_steps == "table" and delta_scale == 1.0:
+    if plan_steps in ("table", "table_then_rewrite") and delta_scale == 1.0:
         latencies = c.planner_job.latencies
         try:
-            table, _ = table_step_for(c.job.step_fn, c.job.example_args, c.graph, c.job.name, latencies)
-            encoded = table.encode(jp, latencies)
+            if plan_steps == "table":
+                table, _ = table_step_for(c.job.step_fn, c.job.example_args, c.graph, c.job.name, latencies)
+            else:
+                table = ready_table_step(c.job.step_fn, c.graph)
+            encoded = "its plan-table step is being built" if table is None else table.encode(jp, latencies)
         except Exception as e:  # noqa: BLE001 - the plan is rewritten instead, and says why
             encoded = f"the plan-table step failed ({type(e).__name__}: {e})"
         if not isinstance(encoded, str):
             encoded.report.plan_table = "table"
-            return table.planned_step(jp, encoded)
+            if plan_steps == "table":
+                return table.planned_step(jp, encoded)
+            return table_then_rewritten_step(table, jp, encoded, lambda: _rewritten(c, jp, "rewritten after the table"))
         why = f"rewritten: {encoded}"
-    step = apply_plan(c.job.step_fn, c.job.example_args, jp, c.graph, delta_scale=delta_scale)
-    step.report.plan_table = why
+    step = _rewritten(c, jp, why, delta_scale)
+    if plan_steps == "table_then_rewrite" and why.endswith("being built") and jp.changes_step:
+        step.background = build_table_in_background(   # for the job's later plans
+            lambda: table_step_for(c.job.step_fn, c.job.example_args, c.graph, c.job.name,
+                                   c.planner_job.latencies)[0])
     return step
 
 
+def _rewritten(c: CapturedJob, jp, why: str, delta_scale: float = 1.0) -> PlannedStep:
+    step = apply_plan(c.job.step_fn, c.job.example_args, jp, c.graph, delta_scale=delta_scale)
+    step.report.plan_table = why
+    return step

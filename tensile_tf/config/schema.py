@@ -264,9 +264,12 @@ class RunSpec(_Strict):
         "or its op latencies drift (Note [Re-planning on events]); false keeps each job's first plan")
     replan_switch: Literal["ready", "next_step"] = Field("ready", description="planner: a re-planned job takes its "
         "new step once instantiated ('ready'; on its old plan meanwhile) or at its next step, waiting there")
-    plan_steps: Literal["rewrite", "table"] = Field("rewrite", description="planner: 'table' runs plans that only "
-        "swap on a step rewritten once per job that reads its plan from a table (a re-plan is a table write; "
-        "Note [Plans read at run time] in tf_plugin/swap/plan_table.h); 'rewrite' rewrites every plan")
+    plan_steps: Literal["rewrite", "table", "table_then_rewrite"] = Field(
+        "rewrite", description="planner: 'table' runs plans that only swap on a step rewritten once per job that "
+        "reads its plan from a table (a re-plan is a table write; Note [Plans read at run time] in "
+        "tf_plugin/swap/plan_table.h); 'rewrite' rewrites every plan; 'table_then_rewrite' runs a re-plan on the "
+        "table from the next step and on its rewritten step once that is built in the background (Note [Table "
+        "first, rewritten when ready])")
     replan_threshold: StrictFloat = Field(
         0.2, gt=0, description="planner: re-plan when a job's EWMA-corrected op latencies summed differ from "
         "those of its plan by more than this share (seed 000 §IV-E's change rate)")

@@ -313,6 +313,8 @@ class JobPlanning:
                 step.evict()  # the first planned step starts as every later one
             s.rt.planned_step = step
             s.rt.step_fn = step
+            if step.background is not None:   # Note [Table first, rewritten when ready], step 1
+                step.instantiate_in_background(s.rt.job_stream.eager_scope)
         record, s.planned_needs = cls.plan_record(s, plan, step, budget, source)
         record.plan_number, record.reason = number, reason
         s.run_plan(record)   # Note [Plan segments]

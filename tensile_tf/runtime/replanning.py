@@ -380,7 +380,8 @@ class Replanner:
             built: list[str] = []
 
             def instantiate(name: str, step) -> None:   # Note [Instantiated off the job's thread]
-                built.append(name)
+                if getattr(step.fn, "needs_instantiation", False):   # not a table step's (background work only)
+                    built.append(name)
                 step.instantiate_in_background(streams[name].eager_scope)
 
             plan, steps = self.planning.plan_captured([s.rt.captured for s in everyone], budget,

@@ -74,6 +74,9 @@ FAMILIES = {
         "table_replan": [*MODELS["transformer_encoder"], *STEPS, *PLANNED, "--plan-steps", "table",
                          "--replan-budget-frac", "0.45"],
         "pair_table": [*TRANSFORMER_PAIR, *STEPS, "--planned", "--budget-frac", "0.5", "--plan-steps", "table"],
+        # Note [Table first, rewritten when ready]: the re-plan on the table for one step, then rewritten
+        "table_then_rewrite": [*MODELS["transformer_encoder"], *STEPS, *PLANNED, "--plan-steps", "table_then_rewrite",
+                               "--replan-budget-frac", "0.45"],
     },
 }
 
@@ -311,6 +314,26 @@ def test_two_jobs_on_their_own_plan_tables_train_bit_for_bit(transformer):
         assert table["jobs"][job]["report"]["plan_table"] == "table"
         assert table["plan_table"][job]["steps"] == 4
         _same_training(table["jobs"][job], vanilla["jobs"][job])
+
+
+def test_a_replan_runs_on_the_table_at_once_then_on_its_rewritten_step(transformer):
+    # run.plan_steps: table_then_rewrite. The start's plan is rewritten (the table step is built in the
+    # background, waited for here); the re-plan at step 2 runs on the table at once; its rewrite, done in
+    # the background after that step (waited for), runs from step 3. Control: `table_replan`, the same
+    # re-plan in table mode, stays on the table (its four steps are the table's).
+    run, vanilla, control = transformer["table_then_rewrite"], transformer["vanilla"], transformer["table_replan"]
+    assert run["jobs"]["job0"]["report"]["plan_table"] == "rewritten: its plan-table step is being built"
+    after = run["replan"]["job0"]
+    assert after["plan_table"] == "table, rewritten in the background" and after["swaps"] > 0, after
+    assert [s[0] for s in run["stages"]] == ["", "", "table", "rewritten"], run["stages"]
+    table = run["plan_table"]["job0"]
+    # one step read the re-plan from the table and swapped what it says; none after the rewrite took over
+    assert table["steps"] == 1 and table["last_step_generation"] == table["generation"] == 1, table
+    assert table["swap_ins"] == after["activation_swap_ins"] + after["variable_swap_ins"] > 0, (table, after)
+    assert run["final_plan_table"]["job0"] == "table for 1 step, then rewritten", run["final_plan_table"]
+    assert control["plan_table"]["job0"]["steps"] == 4 and control["stages"] == [[""]] * 4
+    _same_training(run["jobs"]["job0"], vanilla["jobs"]["job0"])
+    assert run["swap"]["host"]["current"] == 0
 
 
 def test_a_plan_the_table_cannot_carry_is_rewritten_and_says_why(mlp):

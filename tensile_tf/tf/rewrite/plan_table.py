@@ -345,6 +345,10 @@ class PlanTableStep:
                 _swap.set_plan_table(self.table, rows, generation)
                 self._written = generation
 
+    @property
+    def instantiated(self) -> bool:
+        return self._instantiated.is_set()
+
     def instantiate(self) -> None:
         with self._instantiate_lock:
             if not self._instantiated.is_set():
@@ -393,12 +397,14 @@ def ticked_ops(graph: JobGraph, latencies: LatencyModel, max_ticks: int = MAX_TI
 
 
 _TABLE_STEPS: "weakref.WeakKeyDictionary[Any, PlanTableStep]" = weakref.WeakKeyDictionary()
+_TABLE_STEPS_LOCK = threading.Lock()   # the run loop and the background worker (table_then_rewrite.py)
 
 
 def forget_table_step(step_fn) -> None:
     """Drops the plan-table step kept beside ``step_fn`` (a step parked for another job:
     Note [Reuse under a planner] in tensile_tf/runtime/traced_step_reuse.py)."""
-    _TABLE_STEPS.pop(step_fn, None)
+    with _TABLE_STEPS_LOCK:
+        _TABLE_STEPS.pop(step_fn, None)
 
 
 def table_step_for(step_fn, example_args, graph: JobGraph, name: str,
@@ -406,9 +412,20 @@ def table_step_for(step_fn, example_args, graph: JobGraph, name: str,
     """The job's plan-table step for this traced step and graph, built on
     first use (kept beside the step function, weakly). Returns it and
     whether it was built now."""
-    found = _TABLE_STEPS.get(step_fn)
+    with _TABLE_STEPS_LOCK:
+        found = _TABLE_STEPS.get(step_fn)
     if found is not None and found.graph is graph:
         return found, False
     made = PlanTableStep(step_fn, example_args, graph, name, latencies)
-    _TABLE_STEPS[step_fn] = made
+    with _TABLE_STEPS_LOCK:
+        _TABLE_STEPS[step_fn] = made
     return made, True
+
+
+def ready_table_step(step_fn, graph: JobGraph) -> PlanTableStep | None:
+    """The plan-table step kept beside ``step_fn`` for ``graph`` if it is
+    built and instantiated, else None (Note [Table first, rewritten when
+    ready] in table_then_rewrite.py: it is built in the background)."""
+    with _TABLE_STEPS_LOCK:
+        found = _TABLE_STEPS.get(step_fn)
+    return found if found is not None and found.graph is graph and found.instantiated else None

@@ -47,6 +47,9 @@ class PlannedStep:
     instantiate_s: float | None = None        # how long instantiating it took, off the job's thread
     instantiate_error: str | None = None      # why it could not be (its first call instantiates it then)
     _instantiation: concurrent.futures.Future | None = field(repr=False, default=None)
+    # Note [Table first, rewritten when ready] in table_then_rewrite.py: work for the background
+    # worker once the step is instantiated (called with the job's stream scope), started once
+    background: Callable[[Callable[[], ContextManager]], None] | None = field(repr=False, default=None)
 
     def __call__(self, *args):
         self.wait_ready()   # never a second instantiation beside the one under way
@@ -58,6 +61,15 @@ class PlannedStep:
         runs it in (the job's stream, so what it allocates is the job's)."""
         if self._instantiation is None and getattr(self.fn, "needs_instantiation", False):
             self._instantiation = _instantiator().submit(self._instantiate, scope or contextlib.nullcontext)
+        self.start_background(scope)
+
+    def start_background(self, scope: Callable[[], ContextManager] | None = None) -> None:
+        """Hands ``background`` to the background worker (once), to run after
+        this step's instantiation (Note [Table first, rewritten when ready])."""
+        work, self.background = self.background, None
+        if work is not None:
+            before = self._instantiation
+            _background_worker().submit(_after, before, work, scope or contextlib.nullcontext)
 
     def wait_ready(self) -> None:
         """Waits for an instantiation under way, if any."""
@@ -96,6 +108,26 @@ def _instantiator() -> concurrent.futures.ThreadPoolExecutor:
     by the run loop's thread."""
     return concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)),
                                                  thread_name_prefix="tensile-instantiate")
+
+
+@functools.cache
+def _background_worker() -> concurrent.futures.ThreadPoolExecutor:
+    """One thread for the rewrites and builds no job waits for (Note [Table
+    first, rewritten when ready]): one at a time, so they queue behind each
+    other rather than beside the run loop's own work."""
+    return concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tensile-background")
+
+
+def wait_for_background() -> None:
+    """Waits until the background worker has done everything handed to it
+    so far (tests and benchmarks: runs that must not depend on its pace)."""
+    _background_worker().submit(lambda: None).result()
+
+
+def _after(before: concurrent.futures.Future | None, work: Callable, scope: Callable[[], ContextManager]) -> None:
+    if before is not None:
+        concurrent.futures.wait([before])
+    work(scope)
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,163 @@
+"""``run.plan_steps: table_then_rewrite``: a new plan runs on the job's
+plan-table step from its next step, and on its own rewritten step once that
+is built and instantiated in the background.
+
+Note [Table first, rewritten when ready]
+The two plan steps each pay for one of a re-plan's two costs. A rewritten
+step is the fastest step a plan has (its unchained runs, no slots), but a
+new one takes a rewrite (0.7-0.9 s of Python per ResNet50 step) and an
+instantiation (3-5 s, mostly Grappler) before the job can switch: seconds of
+stale plan. The plan-table step switches at the next step (a table write),
+but runs every op chained, with its slots and ticks: +15% a step on
+ResNet50 (Note [Plans read at run time] in tf_plugin/swap/plan_table.h). So
+this mode takes both, in order:
+
+  1. The job's first plan is rewritten as in ``rewrite`` mode; its
+     PlannedStep's ``background`` builds the job's plan-table step and
+     instantiates it on the background worker (one thread,
+     ``tensile-background`` in planned_step.py), after the step itself is
+     instantiated. No job waits for it.
+  2. A later plan the table carries (swaps only, plan order) is a
+     ``TableThenRewritten`` step: its first call writes the table and runs
+     the table step, at once (nothing to rewrite or instantiate). Its
+     ``background`` rewrites the plan into its own step and instantiates it
+     on the worker, in the job's stream scope.
+  3. At the first step boundary after that, the job's thread moves to the
+     rewritten step, as a re-plan's switch does (``take_switch``): the table
+     plan's host-side variables back (``restore``), the rewritten plan's out
+     (``evict``). Both steps run the same plan, so what trains and what the
+     plan predicts are the same; ``RewriteReport.plan_table`` says how many
+     steps ran on the table first.
+  4. A plan the table cannot carry, or a job whose table step is not built
+     yet, is rewritten as in ``rewrite`` mode (``plan_table`` says why).
+  5. A background rewrite whose plan is no longer the job's newest (a later
+     plan was made for the job meanwhile) is dropped before it starts, or
+     before it instantiates: a burst of re-plans rewrites only the last.
+
+So a re-plan takes effect from the job's next step, as with ``table``, and
+the steps after the switch cost what the rewritten plan costs, as with
+``rewrite``: the table step's price is paid only for the steps the
+background work takes (4-6 s of it for a ResNet50 step on two cores).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, ContextManager
+
+from tensile_tf.scheduler.plan import JobPlan
+from tensile_tf.tf.rewrite.plan_table import PlanTableStep, TableRows
+from tensile_tf.tf.rewrite.planned_step import PlannedStep
+from tf_plugin.tf_internals import NotInstantiated
+
+
+class TableThenRewritten:
+    """Note [Table first, rewritten when ready], steps 2, 3 and 5: the
+    plan's table step until its rewritten step is ready, then that."""
+
+    def __init__(self, table_step: PlanTableStep, table_planned: PlannedStep, rewrite: Callable[[], PlannedStep]):
+        self.table_step = table_step          # a plan-table step's fn: ``plan_table`` stats read it
+        self.table_planned = table_planned
+        self.current = table_planned
+        self.rewritten: PlannedStep | None = None
+        self.calls = 0
+        self.rewrite_s: float | None = None   # the background rewrite and its instantiation, when done
+        self.rewrite_error: str | None = None
+        self._rewrite = rewrite
+        self._lock = threading.Lock()        # the worker publishes ``rewritten``, the job thread reads it
+        self._superseded = False
+        previous = getattr(table_step, "newest_table_then_rewritten", None)
+        if previous is not None:
+            previous.supersede()
+        table_step.newest_table_then_rewritten = self
+
+    @property
+    def needs_instantiation(self) -> bool:
+        return not self.table_step.instantiated
+
+    def instantiate(self) -> None:
+        self.table_step.instantiate()
+
+    def supersede(self) -> None:
+        """Step 5: a later plan was made for this job; its rewrite is not needed."""
+        with self._lock:
+            self._superseded = True
+
+    def rewrite_in_background(self, scope: Callable[[], ContextManager]) -> None:
+        """The background worker's part: the plan rewritten and instantiated (steps 2 and 5)."""
+        t = time.perf_counter()
+        with self._lock:
+            if self._superseded:
+                return
+        try:
+            step = self._rewrite()
+            with self._lock:
+                if self._superseded:
+                    return
+            with scope():
+                step.fn.instantiate()
+        except NotInstantiated as e:   # its first call would instantiate it on the job's thread: stay on the table
+            self.rewrite_error = str(e)
+            return
+        except Exception as e:  # noqa: BLE001 - the job runs on its table step; the record says why
+            self.rewrite_error = f"{type(e).__name__}: {e}"
+            return
+        with self._lock:
+            self.rewrite_s = time.perf_counter() - t
+            self.rewritten = step
+
+    def __call__(self, *args):
+        """One step, on the job's thread: moves to the rewritten step at this
+        boundary if it is ready (step 3)."""
+        if self.current is self.table_planned:
+            with self._lock:
+                ready = self.rewritten
+            if ready is not None:
+                self.table_planned.restore()
+                ready.evict()
+                self.current = ready
+                self.table_planned.report.plan_table = (f"table for {self.calls} step{'s' if self.calls != 1 else ''}, "
+                                                         "then rewritten")
+        self.calls += 1
+        return self.current.fn(*args)
+
+    def restore(self) -> None:
+        self.current.restore()
+
+    def evict(self) -> None:
+        self.current.evict()
+
+
+def table_then_rewritten_step(table_step: PlanTableStep, job_plan: JobPlan, encoded: TableRows,
+                              rewrite: Callable[[], PlannedStep]) -> PlannedStep:
+    """The job's step under ``encoded``'s plan (Note [Table first, rewritten
+    when ready], step 2); ``rewrite()`` makes its rewritten step (called on
+    the background worker)."""
+    on_table = table_step.planned_step(job_plan, encoded)
+    on_table.report.plan_table = "table, rewritten in the background"
+    fn = TableThenRewritten(table_step, on_table, rewrite)
+    step = PlannedStep(fn, on_table.job_plan, on_table.report, on_table.graph_def, fn.restore, fn.evict)
+    step.background = fn.rewrite_in_background
+    return step
+
+
+def build_table_in_background(build: Callable[[], PlanTableStep]) -> Callable[[Callable[[], ContextManager]], None]:
+    """Step 1: the background work that builds a job's plan-table step and
+    instantiates it in the job's stream scope."""
+    def work(scope: Callable[[], ContextManager]) -> None:
+        try:
+            made = build()
+            with scope():
+                made.instantiate()
+        except Exception:  # noqa: BLE001 - later plans are rewritten, as in rewrite mode; they say why
+            return
+    return work
+
+
+def stage(step: Any) -> str:
+    """Which step a ``table_then_rewrite`` job runs now: "table" or "rewritten"
+    (tests, benchmarks); "" for any other step."""
+    fn = getattr(step, "fn", None)
+    if not isinstance(fn, TableThenRewritten):
+        return ""
+    return "table" if fn.current is fn.table_planned else "rewritten"
