@@ -96,8 +96,8 @@ parser.add_argument("--paired-vanilla", action="store_true",
                          "peaks, losses and weights are in the output's 'paired_vanilla' (Note [Paired vanilla steps] "
                          "in benchmarks/baseline_suite.py)")
 parser.add_argument("--plan-steps", default="rewrite", choices=("rewrite", "table", "table_then_rewrite"),
-                    help="run.plan_steps: rewrite each plan, or run plans that only swap on the job's plan-table step "
-                         "(Note [Plans read at run time] in tf_plugin/swap/plan_table.h)")
+                    help="run.plan_steps (docs/planner.md): rewrite each plan, run plans that only swap on the job's "
+                         "plan-table step, or on it until the plan's rewritten step is built in the background")
 parser.add_argument("--link-lanes", type=int, default=1, choices=(1, 2),
                     help="the swap link's lanes, planner and channel: 1 (one transfer at a time) or 2 (one per "
                          "direction; Note [A lane per direction] in tensile_tf/scheduler/swap_scheduling.py)")
@@ -267,10 +267,8 @@ def plan_jobs(args, jobs: list[dict], out: dict) -> None:
         if plan.jobs[j["name"]].changes_step or args.empty_plan:
             with j["stream"].eager_scope():
                 steps[j["name"]].evict()  # the first planned step starts as every later one
-            # Note [Table first, rewritten when ready]: the plan-table step built in the background, here
-            # waited for, so that a re-plan finds it whatever the machine's pace
-            steps[j["name"]].instantiate_in_background(j["stream"].eager_scope)
-    wait_for_background()
+            steps[j["name"]].instantiate_in_background(j["stream"].eager_scope)   # and any background work
+    wait_for_background()   # Note [Table first, rewritten when ready]: a re-plan finds the table step built
     out["planning_s"] = time.perf_counter() - t0
     out["plan"] = {"strategy": args.strategy, "peak_model": plan.peak_model,
                    "step_order": next(iter(plan.jobs.values())).step_order,
@@ -306,9 +304,8 @@ def plan_jobs(args, jobs: list[dict], out: dict) -> None:
 
 
 def replan(jobs: list[dict], out: dict) -> None:
-    """Re-plans the jobs (``--replan-budget-frac``) and switches each to
-    its new step, as ``take_switch`` does: the old plan's host-side
-    variables back, the new plan's out."""
+    """Re-plans the jobs (``--replan-budget-frac``) and switches each to its new step, as
+    ``take_switch`` does: the old plan's host-side variables back, the new plan's out."""
     plan, steps = out.pop("replan_with")()
     out["replan"] = {}
     for j in jobs:
@@ -372,9 +369,7 @@ def run(args: argparse.Namespace, tag: str = "") -> dict:
         if i == args.steps // 2 and "replan_with" in out:
             replan(jobs, out)
         if i == args.steps // 2 + 1 and "replan" in out:   # one step on the table, then its rewrite, waited for
-            for j in jobs:
-                if hasattr(j["run"], "start_background"):
-                    j["run"].start_background(j["stream"].eager_scope)
+            [j["run"].start_background(j["stream"].eager_scope) for j in jobs if hasattr(j["run"], "start_background")]
             wait_for_background()
         t0 = time.perf_counter()
         step_starts.append(time.monotonic_ns())

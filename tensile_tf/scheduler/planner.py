@@ -194,14 +194,14 @@ class Planner(PlannerPasses, PlannerRebuilds):
 
     # -- state -----------------------------------------------------------------
     def _init_state(self) -> None:
-        # jobs sharing one op list share the structure, and so does every pass and restart of this
-        # planner over its jobs (each started from a new sequence: 4 ResNet50 jobs, 0.1 s a sequence)
+        # jobs sharing one op list share the structure, as do this planner's passes and later plans
         cache: dict[int, TensorAccessSequence] = self.__dict__.setdefault("_structures", {})
         self.jobs = []
         for j, pj in enumerate(self.specs):
             base = cache.get(id(pj.graph.ops))
             if base is None:     # kept apart: each pass gets a copy (structure shared, never written)
-                base = cache[id(pj.graph.ops)] = TensorAccessSequence(pj.graph, pj.latencies)
+                base = cache[id(pj.graph.ops)] = pj.graph.kept(   # Note [Structures kept with the graph]
+                    "sequence", lambda: TensorAccessSequence(pj.graph, pj.latencies))
             tas = base.retimed(pj.latencies)
             tas.job, tas.graph = pj.graph.name, pj.graph
             fp = JobFootprint(tas, self.step_order == "free")
