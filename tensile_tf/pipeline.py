@@ -202,7 +202,7 @@ def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
                   unchain: bool = True, current: Mapping[str, PlannedStep] | None = None,
                   rewrite_unchanged: bool = True,
                   on_step_made: Callable[[str, PlannedStep], None] | None = None,
-                  plan_steps: str = "rewrite", link_lanes: int = 1,
+                  plan_steps: str = "table_then_rewrite", link_lanes: int = 1,
                   combined_bytes_per_s: float | None = None,
                   ) -> tuple[Plan, dict[str, PlannedStep]]:
     """Plans captured jobs together and rewrites each one's step.
@@ -228,7 +228,10 @@ def plan_captured(captured: Sequence[CapturedJob], *, pool_bytes: int | None,
     "table" runs a plan that only swaps on the job's plan-table step,
     built once and told each plan through its table (Note [Plans read at
     run time] in tf_plugin/swap/plan_table.h; ``RewriteReport.plan_table``
-    says, for each step, whether the table carries it and if not why).
+    says, for each step, whether the table carries it and if not why);
+    "table_then_rewrite" (the run's default) runs such a plan on the table
+    step until its rewritten step is built by the background work each
+    step carries (Note [Table first, rewritten when ready]).
     ``link_lanes``, ``combined_bytes_per_s``: the link's lanes and cap on
     both directions (Note [A lane per direction] in
     tensile_tf/scheduler/swap_scheduling.py)."""
@@ -290,9 +293,7 @@ def _made_step(c: CapturedJob, jp, delta_scale: float, plan_steps: str) -> Plann
         why = f"rewritten: {encoded}"
     step = _rewritten(c, jp, why, delta_scale)
     if plan_steps == "table_then_rewrite" and why.endswith("being built") and jp.changes_step:
-        step.background = build_table_in_background(   # for the job's later plans
-            lambda: table_step_for(c.job.step_fn, c.job.example_args, c.graph, c.job.name,
-                                   c.planner_job.latencies)[0])
+        step.background = build_table_in_background(c)   # for the job's later plans
     return step
 
 

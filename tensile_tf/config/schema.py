@@ -265,11 +265,12 @@ class RunSpec(_Strict):
     replan_switch: Literal["ready", "next_step"] = Field("ready", description="planner: a re-planned job takes its "
         "new step once instantiated ('ready'; on its old plan meanwhile) or at its next step, waiting there")
     plan_steps: Literal["rewrite", "table", "table_then_rewrite"] = Field(
-        "rewrite", description="planner: 'table' runs plans that only swap on a step rewritten once per job that "
-        "reads its plan from a table (a re-plan is a table write; Note [Plans read at run time] in "
-        "tf_plugin/swap/plan_table.h); 'rewrite' rewrites every plan; 'table_then_rewrite' runs a re-plan on the "
-        "table from the next step and on its rewritten step once that is built in the background (Note [Table "
-        "first, rewritten when ready])")
+        "table_then_rewrite", description="planner: 'table_then_rewrite' runs a re-plan the job's plan-table step "
+        "carries from the job's next step, and on the plan's rewritten step once that is built in the background "
+        "(Note [Table first, rewritten when ready]); 'rewrite' rewrites every plan and switches once the new step "
+        "is instantiated (seconds); 'table' runs every plan that only swaps on a step rewritten once per job that "
+        "reads its plan from a table (Note [Plans read at run time] in tf_plugin/swap/plan_table.h; each of its "
+        "steps costs its chain and slots)")
     replan_threshold: StrictFloat = Field(
         0.2, gt=0, description="planner: re-plan when a job's EWMA-corrected op latencies summed differ from "
         "those of its plan by more than this share (seed 000 §IV-E's change rate)")

@@ -19,14 +19,20 @@ What the runtime knows about a job has three lives, kept in three objects (as Op
 """
 from __future__ import annotations
 
+import contextlib
+import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from tensile_tf.runtime.threads import Handoff
 
 if TYPE_CHECKING:
     from tensile_tf.jobs.job import TrainStep
     from tensile_tf.tf.pool import JobStream
+
+
+class BackgroundWorkAbandoned(RuntimeError):
+    """Background work for a job that was torn down (``JobRuntime.background_scope``)."""
 
 
 @dataclass(eq=False)
@@ -47,6 +53,34 @@ class JobRuntime:
     captured: Any = None                # execution.CapturedJob of the current build
     # the capture parked with the step it took over, for its planning (Note [Captures kept with the step])
     taken_capture: Any = None
+
+    # Note [Table first, rewritten when ready] in tensile_tf/tf/rewrite/table_then_rewrite.py: the
+    # background worker works for the job (in its stream) only until the job's teardown
+    _background_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _background_ended: bool = False
+
+    @contextlib.contextmanager
+    def background_scope(self) -> Iterator[None]:
+        """The job's stream scope for the background worker; raises
+        BackgroundWorkAbandoned once ``end_background_work`` ran."""
+        with self._background_lock:
+            stream = self.job_stream
+            if self._background_ended or stream is None:
+                raise BackgroundWorkAbandoned("the job was torn down")
+            with stream.eager_scope():
+                yield
+
+    def end_background_work(self) -> None:
+        """The teardown's: waits for the background work under way for the job, stops any later
+        work, and drops the plan-table step kept beside the job's traced step (its kernels' constants
+        are in the job's stream; a job that takes the step over builds its own)."""
+        with self._background_lock:
+            self._background_ended = True
+        step_fn = self.captured.job.step_fn if self.captured is not None else self.step_fn
+        if step_fn is not None:
+            from tensile_tf.tf.rewrite.plan_table import forget_table_step
+
+            forget_table_step(step_fn)
 
     @property
     def pending_switch(self) -> Any:

@@ -113,7 +113,7 @@ class PlanningSettings:
     plan_budget: int | None = None        # most bytes the start's joint plan may use
     saved_plan: SavedPlan | None = None
     plan_order: PlanOrder = PlanOrder.plan   # Note [Free-order plans] in tensile_tf.scheduler.peak_analysis
-    plan_steps: str = "rewrite"   # run.plan_steps (Note [Plans read at run time] in tf_plugin/swap/plan_table.h)
+    plan_steps: str = "table_then_rewrite"   # run.plan_steps (Note [Plans read at run time] in tf_plugin/swap/plan_table.h)
     #: Note [Links named for a device]: the device link's name; swap_bandwidth is
     #: None until the first plan resolves it from the captured jobs
     device_link: str | None = None
@@ -314,7 +314,7 @@ class JobPlanning:
             s.rt.planned_step = step
             s.rt.step_fn = step
             if step.background is not None:   # Note [Table first, rewritten when ready], step 1
-                step.instantiate_in_background(s.rt.job_stream.eager_scope)
+                step.instantiate_in_background(s.rt.background_scope)
         record, s.planned_needs = cls.plan_record(s, plan, step, budget, source)
         record.plan_number, record.reason = number, reason
         s.run_plan(record)   # Note [Plan segments]
@@ -349,4 +349,5 @@ class JobPlanning:
             step_order=jp.step_order,
             headroom=s.plan.headroom if s.plan is not None and s.rt.captured.cold else None,
             unplanned_peaks=peaks.to_dict() if (peaks := getattr(s.rt.captured, "unplanned_peaks", None)) else None)
+        getattr(getattr(step, "fn", None), "plan_records", []).append(record.rewrite)   # Note [Table first, rewritten when ready]
         return record, needs

@@ -384,6 +384,7 @@ class JobLifecycle:
             self._teardown(state)
 
     def _teardown(self, state: JobState) -> None:
+        state.rt.end_background_work()   # Note [Table first, rewritten when ready]: none in its stream after this
         stream = state.rt.job_stream
         planned, state.rt.planned_step = state.rt.planned_step, None
         state.rt.switch.clear()   # a switch its thread never took: its step holds the job's variables

@@ -376,13 +376,13 @@ class Replanner:
                               newcomer=newcomer.name if newcomer is not None else None)
         t0 = time.perf_counter()
         try:
-            streams = {s.name: s.rt.job_stream for s in everyone}
+            scopes = {s.name: s.rt.background_scope for s in everyone}   # the job's stream, until its teardown
             built: list[str] = []
 
             def instantiate(name: str, step) -> None:   # Note [Instantiated off the job's thread]
                 if getattr(step.fn, "needs_instantiation", False):   # not a table step's (background work only)
                     built.append(name)
-                step.instantiate_in_background(streams[name].eager_scope)
+                step.instantiate_in_background(scopes[name])
 
             plan, steps = self.planning.plan_captured([s.rt.captured for s in everyone], budget,
                                                       current={s.name: s.rt.planned_step for s in jobs

@@ -51,16 +51,18 @@ T5 instantiation workers, ``tensile-instantiate_N`` (at most four, a
    read at run time] in tf_plugin/swap/plan_table.h, policy 1).
 T5b the background worker, ``tensile-background`` (one thread, a
    ``ThreadPoolExecutor`` in tensile_tf/tf/rewrite/planned_step.py), with
-   ``run.plan_steps: table_then_rewrite`` only: after a step's own
-   instantiation it builds the job's plan-table step, or rewrites a plan
-   the job runs on its table and instantiates the result, in the job's
-   stream scope (Note [Table first, rewritten when ready] in
+   ``run.plan_steps: table_then_rewrite`` (the default) only: after a
+   step's own instantiation it builds the job's plan-table step, or
+   rewrites a plan the job runs on its table and instantiates the result,
+   in the job's stream scope (Note [Table first, rewritten when ready] in
    tensile_tf/tf/rewrite/table_then_rewrite.py). It writes only its
    ``TableThenRewritten``'s ``rewritten`` / ``rewrite_s`` /
    ``rewrite_error`` (under that object's lock, which the job's thread takes
    before it reads ``rewritten`` at a step boundary) and the process's
    table of plan-table steps (under its lock in plan_table.py). No job
-   waits for it.
+   waits for it; it instantiates in a job's stream only under
+   ``JobRuntime.background_scope``, whose lock the job's teardown takes
+   (``end_background_work``), so nothing lands in a released stream.
 T6 KerasTuner slots, ``kt-slot-N`` (``PackedTuner.search``,
    tensile_tf/search/packed_tuner.py), one per concurrent trial while a
    packed KerasTuner search runs: each asks the oracle for a trial, builds

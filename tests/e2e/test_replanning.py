@@ -173,6 +173,7 @@ r = host.run()
 print(json.dumps({"status": s.status.value, "error": s.error, "swap_outs": s.plan.swap_outs if s.plan else None,
                   "step_order": s.plan.step_order if s.plan else None,
                   "plan_table": s.plan.rewrite.get("plan_table") if s.plan else None,
+                  "plan_tables": [p.rewrite.get("plan_table") for p in s.plan_history],
                   "checks": [(c.step, round(c.change_rate, 3), c.replan_requested, c.step_order_changed)
                              for c in r.planner.drift_checks],
                   "replans": [{"reason": x.reason, "error": x.error,
@@ -216,6 +217,50 @@ def test_on_a_plan_table_a_drift_replan_is_a_table_write(tmp_path):
     replan, *_ = out["replans"]
     assert replan["reason"].startswith("latency drift of long") and replan["error"] is None, out
     assert replan["switched"][0] is not None and replan["instantiated"] == [None], out
+
+
+# Note [Table first, rewritten when ready]: the first plan's background work (the table step's build) is
+# waited for at the first profiled step, before any drift; the re-plan's background rewrite starts only
+# once the job ran one step on its table, and is waited for then: one table step, on any machine
+TABLE_THEN_REWRITE = """
+import threading
+from tensile_tf.tf.rewrite import table_then_rewrite as ttr
+from tensile_tf.tf.rewrite.planned_step import wait_for_background
+one_table_step = threading.Event()
+rewrite_in_background, call = ttr.TableThenRewritten.rewrite_in_background, ttr.TableThenRewritten.__call__
+def held_rewrite(self, scope):
+    one_table_step.wait(120)
+    rewrite_in_background(self, scope)
+def table_call(self, *args):
+    out = call(self, *args)
+    if self.current is self.table_planned and not one_table_step.is_set():
+        one_table_step.set()
+        wait_for_background()
+    return out
+ttr.TableThenRewritten.rewrite_in_background, ttr.TableThenRewritten.__call__ = held_rewrite, table_call
+inner_slower = job_thread.profiled_step
+def built_first(step_fn, args, graph):
+    wait_for_background()
+    return inner_slower(step_fn, args, graph)
+job_thread.profiled_step = built_first
+"""
+
+
+def test_by_default_a_drift_replan_runs_on_the_table_then_on_its_rewritten_step(tmp_path):
+    # run.plan_steps: table_then_rewrite, the default: `long` in a 38 MiB plan budget swaps; its first plan
+    # is rewritten (its table step built in the background); the drift's re-plan switches at the next step
+    # boundary onto the table step, and from the step after its background rewrite onto the rewritten step
+    cfg = write(tmp_path, TWO_MLPS.format(replan=""))
+    script = DRIFTING.replace("cfg = load_config(", TABLE_THEN_REWRITE + "cfg = load_config(", 1)
+    argv = ["x", str(cfg), "2", json.dumps({"plan_budget": 38 * 2**20})]
+    out = last_json_line(run_python(f"import sys; sys.argv = {argv!r}\n" + script))
+    assert out["status"] == "finished" and out["swap_outs"] > 0, out
+    replan, *_ = out["replans"]
+    assert replan["reason"].startswith("latency drift of long") and replan["error"] is None, out
+    assert replan["switched"][0] is not None and replan["instantiated"] == [None], out   # nothing to wait for
+    # the start's plan, then the first re-plan's (a later drift check may re-plan again)
+    assert out["plan_tables"][:2] == ["rewritten: its plan-table step is being built",
+                                      "table for 1 step, then rewritten"], out
 
 
 def test_a_job_whose_plan_leaves_its_step_as_it_is_is_not_replanned_for_the_chain_it_does_not_run(tmp_path):

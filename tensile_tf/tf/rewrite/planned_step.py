@@ -12,6 +12,7 @@ import functools
 import itertools
 import os
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Sequence
 
@@ -67,9 +68,10 @@ class PlannedStep:
         """Hands ``background`` to the background worker (once), to run after
         this step's instantiation (Note [Table first, rewritten when ready])."""
         work, self.background = self.background, None
-        if work is not None:
-            before = self._instantiation
-            _background_worker().submit(_after, before, work, scope or contextlib.nullcontext)
+        if work is not None:   # a method is held weakly while queued (a function holds its own data weakly):
+            # nothing queued keeps a job torn down meanwhile alive
+            ref = weakref.WeakMethod(work) if hasattr(work, "__self__") else (lambda: work)
+            _background_worker().submit(_after, self._instantiation, ref, scope or contextlib.nullcontext)
 
     def wait_ready(self) -> None:
         """Waits for an instantiation under way, if any."""
@@ -124,10 +126,13 @@ def wait_for_background() -> None:
     _background_worker().submit(lambda: None).result()
 
 
-def _after(before: concurrent.futures.Future | None, work: Callable, scope: Callable[[], ContextManager]) -> None:
+def _after(before: concurrent.futures.Future | None, ref: Callable[[], Callable | None],
+           scope: Callable[[], ContextManager]) -> None:
     if before is not None:
         concurrent.futures.wait([before])
-    work(scope)
+    work = ref()
+    if work is not None:
+        work(scope)
 
 
 @functools.lru_cache(maxsize=None)

@@ -43,10 +43,11 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from typing import Any, Callable, ContextManager
 
 from tensile_tf.scheduler.plan import JobPlan
-from tensile_tf.tf.rewrite.plan_table import PlanTableStep, TableRows
+from tensile_tf.tf.rewrite.plan_table import PlanTableStep, TableRows, forget_table_step, table_step_for
 from tensile_tf.tf.rewrite.planned_step import PlannedStep
 from tf_plugin.tf_internals import NotInstantiated
 
@@ -64,12 +65,13 @@ class TableThenRewritten:
         self.rewrite_s: float | None = None   # the background rewrite and its instantiation, when done
         self.rewrite_error: str | None = None
         self._rewrite = rewrite
+        self.plan_records: list[dict] = []    # plan records' ``rewrite`` dicts, brought up to date at the move
         self._lock = threading.Lock()        # the worker publishes ``rewritten``, the job thread reads it
         self._superseded = False
-        previous = getattr(table_step, "newest_table_then_rewritten", None)
+        previous = getattr(table_step, "newest_table_then_rewritten", lambda: None)()
         if previous is not None:
             previous.supersede()
-        table_step.newest_table_then_rewritten = self
+        table_step.newest_table_then_rewritten = weakref.ref(self)
 
     @property
     def needs_instantiation(self) -> bool:
@@ -90,11 +92,11 @@ class TableThenRewritten:
             if self._superseded:
                 return
         try:
-            step = self._rewrite()
-            with self._lock:
-                if self._superseded:
-                    return
-            with scope():
+            with scope():   # the whole rewrite: the job's teardown waits for it, and none starts after
+                step = self._rewrite()
+                with self._lock:
+                    if self._superseded:
+                        return
                 step.fn.instantiate()
         except NotInstantiated as e:   # its first call would instantiate it on the job's thread: stay on the table
             self.rewrite_error = str(e)
@@ -116,8 +118,10 @@ class TableThenRewritten:
                 self.table_planned.restore()
                 ready.evict()
                 self.current = ready
-                self.table_planned.report.plan_table = (f"table for {self.calls} step{'s' if self.calls != 1 else ''}, "
-                                                         "then rewritten")
+                said = f"table for {self.calls} step{'s' if self.calls != 1 else ''}, then rewritten"
+                self.table_planned.report.plan_table = said
+                for record in self.plan_records:   # the job's own PlanRecord (its thread's, H3 in threads.py)
+                    record.update(ready.report.to_dict(), plan_table=said)
         self.calls += 1
         return self.current.fn(*args)
 
@@ -141,16 +145,23 @@ def table_then_rewritten_step(table_step: PlanTableStep, job_plan: JobPlan, enco
     return step
 
 
-def build_table_in_background(build: Callable[[], PlanTableStep]) -> Callable[[Callable[[], ContextManager]], None]:
-    """Step 1: the background work that builds a job's plan-table step and
-    instantiates it in the job's stream scope."""
+def build_table_in_background(captured) -> Callable[[Callable[[], ContextManager]], None]:
+    """Step 1: the background work that builds the plan-table step of the
+    ``captured`` job's traced step and instantiates it in the job's stream
+    scope. It holds the job weakly while it waits in the queue; one the
+    job's teardown came before is not kept."""
+    job = weakref.ref(captured)
+
     def work(scope: Callable[[], ContextManager]) -> None:
-        try:
-            made = build()
-            with scope():
-                made.instantiate()
-        except Exception:  # noqa: BLE001 - later plans are rewritten, as in rewrite mode; they say why
+        c = job()
+        if c is None:
             return
+        try:
+            with scope():   # the whole build: the job's teardown waits for it, and none starts after
+                table_step_for(c.job.step_fn, c.job.example_args, c.graph, c.job.name,
+                               c.planner_job.latencies)[0].instantiate()
+        except Exception:  # noqa: BLE001 - later plans are rewritten, as in rewrite mode; they say why
+            forget_table_step(c.job.step_fn)
     return work
 
 
