@@ -33,6 +33,14 @@ this mode takes both, in order:
   5. A background rewrite whose plan is no longer the job's newest (a later
      plan was made for the job meanwhile) is dropped before it starts, or
      before it instantiates: a burst of re-plans rewrites only the last.
+  6. Background work belongs to its job: it runs in the job's stream only
+     under ``JobRuntime.background_scope``, whose lock the job's teardown
+     takes (it waits for the work under way, and none starts after), and
+     while it waits in the queue it holds its job weakly. (Held strongly, a
+     queued table build kept a taken-over step's model alive past its
+     probe's teardown: 2.7 MB counted as leaked, tests/tf/test_traced_step_reuse.py.)
+     The teardown also drops the table step kept beside the job's traced
+     step: its kernels' constants are in the job's stream.
 
 So a re-plan takes effect from the job's next step, as with ``table``, and
 the steps after the switch cost what the rewritten plan costs, as with
