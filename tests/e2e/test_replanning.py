@@ -221,11 +221,15 @@ def test_on_a_plan_table_a_drift_replan_is_a_table_write(tmp_path):
 
 # Note [Table first, rewritten when ready]: the first plan's background work (the table step's build) is
 # waited for at the first profiled step, before any drift; the re-plan's background rewrite starts only
-# once the job ran one step on its table, and is waited for then: one table step, on any machine
+# once the job ran one step on its table, and is waited for then: one table step, on any machine. A
+# re-plan whose plan rewrites the step as the last one did would keep that step (the measured latencies
+# decide it), so here every re-plan makes its step anew.
 TABLE_THEN_REWRITE = """
 import threading
+from tensile_tf.scheduler.plan import JobPlan
 from tensile_tf.tf.rewrite import table_then_rewrite as ttr
 from tensile_tf.tf.rewrite.planned_step import wait_for_background
+JobPlan.rewrites_like = lambda self, other: False
 one_table_step = threading.Event()
 rewrite_in_background, call = ttr.TableThenRewritten.rewrite_in_background, ttr.TableThenRewritten.__call__
 def held_rewrite(self, scope):
