@@ -267,7 +267,7 @@ class RunSpec(_Strict):
     plan_steps: Literal["rewrite", "table", "table_then_rewrite"] = Field(
         "table_then_rewrite", description="planner: 'table_then_rewrite' runs a re-plan the job's plan-table step "
         "carries from the job's next step, and on the plan's rewritten step once that is built in the background "
-        "(Note [Table first, rewritten when ready]); 'rewrite' rewrites every plan and switches once the new step "
+        "(Note [Table first, rewritten when ready]; with replan: false, as 'rewrite': nothing re-plans); 'rewrite' rewrites every plan and switches once the new step "
         "is instantiated (seconds); 'table' runs every plan that only swaps on a step rewritten once per job that "
         "reads its plan from a table (Note [Plans read at run time] in tf_plugin/swap/plan_table.h; each of its "
         "steps costs its chain and slots)")

@@ -123,7 +123,9 @@ class JobHost:
         if self.planner == PlannerKind.tensile:
             self.planning = JobPlanning(self.capacity, PlanningSettings(
                 self.plan_peaks, self.swap_bandwidth, spec.plan_budget or None, saved_plan, spec.plan_order,
-                plan_steps=spec.plan_steps, device_link=self.device_link,
+                # Note [Table first, rewritten when ready]: a run that never re-plans builds no table step
+                plan_steps=spec.plan_steps if spec.replan or spec.plan_steps != "table_then_rewrite" else "rewrite",
+                device_link=self.device_link,
                 link_lanes=link_lanes(self.device_link, spec.link_lanes)))   # Note [Lanes of a device link]
         self.replanner = None
         self.replan_threshold = spec.replan_threshold

@@ -29,7 +29,9 @@ this mode takes both, in order:
      plan predicts are the same; ``RewriteReport.plan_table`` says how many
      steps ran on the table first.
   4. A plan the table cannot carry, or a job whose table step is not built
-     yet, is rewritten as in ``rewrite`` mode (``plan_table`` says why).
+     yet, is rewritten as in ``rewrite`` mode (``plan_table`` says why). A
+     run with ``run.replan: false`` runs as ``rewrite`` (run_loop.py): no
+     plan would ever use a table step.
   5. A background rewrite whose plan is no longer the job's newest (a later
      plan was made for the job meanwhile) is dropped before it starts, or
      before it instantiates: a burst of re-plans rewrites only the last.
