@@ -68,6 +68,13 @@ def test_duplicate_job_names_are_refused():
         host.submit(Job.from_spec(spec("dup")))
 
 
+def test_a_run_that_never_replans_builds_no_plan_table_step():
+    # Note [Table first, rewritten when ready]: the default plan step builds a table step only for re-plans
+    assert JobHost(planner="tensile").planning.settings.plan_steps == "table_then_rewrite"
+    assert JobHost(planner="tensile", replan=False).planning.settings.plan_steps == "rewrite"
+    assert JobHost(planner="tensile", replan=False, plan_steps="table").planning.settings.plan_steps == "table"
+
+
 def test_pool_size_mismatch_is_explained():
     with pytest.raises(RuntimeError, match="already exists"):
         JobHost(pool_bytes="1GiB")
