@@ -53,7 +53,7 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=0.65, help="share of the predicted combined vanilla peak")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--jitter", type=float, default=0.1, help="latency drift before every other re-plan")
-    ap.add_argument("--plan-steps", default="rewrite", choices=("rewrite", "table", "table_then_rewrite"),
+    ap.add_argument("--plan-steps", default="table_then_rewrite", choices=("rewrite", "table", "table_then_rewrite"),
                     help="run.plan_steps: 'table' runs plans that only swap on each job's plan-table step, so a "
                          "re-plan is a table write; 'table_then_rewrite' runs a new plan on the table step, then on its "
                          "rewritten step once built in the background (Note [Table first, rewritten when ready]; "
