@@ -56,9 +56,9 @@ T5b the background worker, ``tensile-background`` (one thread, a
    rewrites a plan the job runs on its table and instantiates the result,
    in the job's stream scope (Note [Table first, rewritten when ready] in
    tensile_tf/tf/rewrite/table_then_rewrite.py). It writes only its
-   ``TableThenRewritten``'s ``rewritten`` / ``rewrite_s`` /
-   ``rewrite_error`` (under that object's lock, which the job's thread takes
-   before it reads ``rewritten`` at a step boundary) and the process's
+   ``TableThenRewritten``'s ``rewritten`` (under that object's lock, which
+   the job's thread takes before it reads it at a step boundary) and
+   ``rewrite_error`` (read by no other thread), and the process's
    table of plan-table steps (under its lock in plan_table.py). No job
    waits for it; it instantiates in a job's stream only under
    ``JobRuntime.background_scope``, whose lock the job's teardown takes

@@ -52,14 +52,12 @@ background work takes (4-6 s of it for a ResNet50 step on two cores).
 from __future__ import annotations
 
 import threading
-import time
 import weakref
 from typing import Any, Callable, ContextManager
 
 from tensile_tf.scheduler.plan import JobPlan
 from tensile_tf.tf.rewrite.plan_table import PlanTableStep, TableRows, forget_table_step, table_step_for
 from tensile_tf.tf.rewrite.planned_step import PlannedStep
-from tf_plugin.tf_internals import NotInstantiated
 
 
 class TableThenRewritten:
@@ -72,8 +70,7 @@ class TableThenRewritten:
         self.current = table_planned
         self.rewritten: PlannedStep | None = None
         self.calls = 0
-        self.rewrite_s: float | None = None   # the background rewrite and its instantiation, when done
-        self.rewrite_error: str | None = None
+        self.rewrite_error: str | None = None   # why the background rewrite left the job on its table
         self._rewrite = rewrite
         self.plan_records: list[dict] = []    # plan records' ``rewrite`` dicts, brought up to date at the move
         self._lock = threading.Lock()        # the worker publishes ``rewritten``, the job thread reads it
@@ -97,7 +94,6 @@ class TableThenRewritten:
 
     def rewrite_in_background(self, scope: Callable[[], ContextManager]) -> None:
         """The background worker's part: the plan rewritten and instantiated (steps 2 and 5)."""
-        t = time.perf_counter()
         with self._lock:
             if self._superseded:
                 return
@@ -108,14 +104,10 @@ class TableThenRewritten:
                     if self._superseded:
                         return
                 step.fn.instantiate()
-        except NotInstantiated as e:   # its first call would instantiate it on the job's thread: stay on the table
-            self.rewrite_error = str(e)
-            return
-        except Exception as e:  # noqa: BLE001 - the job runs on its table step; the record says why
-            self.rewrite_error = f"{type(e).__name__}: {e}"
+        except Exception as e:  # noqa: BLE001 - the job stays on its table step (a step that did not
+            self.rewrite_error = f"{type(e).__name__}: {e}"   # instantiate would on the job's thread)
             return
         with self._lock:
-            self.rewrite_s = time.perf_counter() - t
             self.rewritten = step
 
     def __call__(self, *args):
