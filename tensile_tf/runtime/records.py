@@ -373,6 +373,11 @@ class PlanSummary:
     peak_model: str          # timeline | coincident | paired (config.PlanPeaks)
     swap_outs: dict[str, int]        # per job (a job's ``plan`` is the last plan it ran)
     recomputes: dict[str, int]
+    # jobs of one graph planned as this many representatives (Note [Identical jobs planned by representatives]
+    # in tensile_tf/scheduler/identical_jobs.py) on the fastest of their latency tables, which the slowest job's
+    # table exceeds by this share (None: each on its own; Note [Jobs of one graph planned on their fastest latencies])
+    representatives: int = 0
+    latency_spread: float | None = None
 
     @classmethod
     def of(cls, plan) -> "PlanSummary":
@@ -380,7 +385,8 @@ class PlanSummary:
                    plan.pool_planned_peak_bytes, plan.sum_of_job_peaks_bytes, plan.msr,
                    plan.bandwidth_bytes_per_s, plan.planning_s, plan.iterations, plan.stop_reason,
                    plan.peak_model, {name: len(jp.swap_outs) for name, jp in plan.jobs.items()},
-                   {name: len(jp.recomputes) for name, jp in plan.jobs.items()})
+                   {name: len(jp.recomputes) for name, jp in plan.jobs.items()},
+                   plan.representatives, plan.latency_spread)
 
 
 @dataclass

@@ -60,6 +60,37 @@ jobs to 1,570.1 MiB in 4.6 s, where the joint plan had not finished after
 600 s. 6 and 8 ResNet50 jobs minimise to 1,443.8 and 2,052.1 MiB in 5.3
 and 3.0 s.
 
+Note [Jobs of one graph planned on their fastest latencies]
+Copies stay identical only until each job measures its own op latencies:
+a search's trials, or the benchmark's copies after its drift (each op
+scaled by its own factor in [0.9, 1.1] per job), then differ in their
+tables alone, and a re-plan planned every job as itself, jointly: 74 s
+for 16 ResNet50 jobs at 60% (59 s with the reverse delete of Note
+[Transfers that lower no peak] as it is now), 8 s for 8. So jobs that share
+everything but their tables, each a measured ``LatencyTable`` of one step
+order, are planned as identical jobs on one table: op by op the fastest of
+theirs. A plan places its events by op (a transfer starts delta t seconds
+after its trigger op ends, less than one op's time), so what a job holds at
+each of its steps is its plan's on any table; the table decides where the
+planner puts triggers and releases. On the fastest, every job's ops take
+at least what the plan assumed, so each swap-in is back and each swap-out
+done by the op the plan gives them, as planned or earlier: no job waits on
+a transfer for being slower than the table (the link's sharing aside). The
+cost is time: a job's step is predicted up to ``latency_spread`` faster
+than its own table says (``Plan.latency_spread``: how much slower than the
+merged table the slowest job's ops sum; results.json's plan records carry
+it). Jobs more than ``alike_latencies_within`` (0.2, the default
+``run.replan_threshold``: a table that close to its plan's asks for no
+re-plan) slower are planned jointly, each on its own table, as before. A
+re-plan of such jobs plans them afresh this way, not warm-started from the
+previous decisions; one that finds them apart puts every job back on its
+own table. The caller's ``PlannerJob`` objects are never written (a
+running job's latency monitor writes its table).
+Measured on the saved capture ``bench_resnet50_b16`` (``planner_bench.py
+--capture``, the re-plan after its drift): 16 jobs 59 s -> 5.2 s, 4,283.7
+-> 4,471.4 MiB (the joint re-plan, warm-started from the copies, planned
+3% lower, in 11x the time); spread 10%.
+
 Not for: jobs that differ in anything the plan reads (each is planned
 jointly as before), the paired-peaks model
 (``peaking_jobs``: not a sum the copies can be bounded by), and the
@@ -72,7 +103,10 @@ from collections import OrderedDict
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from tensile_tf.scheduler.job_graph import JobGraph
+from tensile_tf.scheduler.latency import LatencyTable
 from tensile_tf.scheduler.plan import JobPlan
 from tensile_tf.scheduler.state import JobState, SwapDecision
 from tensile_tf.scheduler.swap_channel import IN, OUT
@@ -84,22 +118,70 @@ if TYPE_CHECKING:
 _EPS = 1e-12
 
 
-def identical_jobs(planner: "Planner") -> bool:
+def identical_jobs(planner: "Planner", *, latencies: bool = True) -> bool:
     """Whether every job of ``planner`` is the same job under another name
     (the Note: one graph's ops and tensors, one latency table, one start offset,
-    swapping rate and cold-start flag)."""
+    swapping rate and cold-start flag; ``latencies`` False: any tables)."""
     first = planner.specs[0]
     return all(pj.graph.ops is first.graph.ops and pj.graph.tensors is first.graph.tensors
-               and pj.latencies is first.latencies and pj.start_offset_s == first.start_offset_s
+               and (pj.latencies is first.latencies or not latencies) and pj.start_offset_s == first.start_offset_s
                and pj.max_swapping_rate == first.max_swapping_rate
                and pj.unplanned_step_ran_out == first.unplanned_step_ran_out for pj in planner.specs)
 
 
-def plans_by_representatives(planner: "Planner") -> bool:
-    """Whether ``planner`` plans its jobs as representatives (the Note)."""
+def plans_by_representatives(planner: "Planner", *, latencies: bool = True) -> bool:
+    """Whether ``planner`` plans its jobs as representatives (the Note; ``latencies`` False: jobs
+    that may differ in their tables, Note [Jobs of one graph planned on their fastest latencies])."""
     return (planner.representatives_from > 0 and len(planner.specs) >= planner.representatives_from
             and planner.peaking_jobs is None
-            and planner.max_iterations > 0 and identical_jobs(planner))
+            and planner.max_iterations > 0 and identical_jobs(planner, latencies=latencies))
+
+
+def fastest_latencies(planner: "Planner") -> tuple[LatencyTable, float] | None:
+    """Note [Jobs of one graph planned on their fastest latencies]: the
+    jobs' measured tables merged op by op into the fastest, and how much
+    slower than it the slowest job's step is (its ops summed); None where
+    the jobs differ in more than their tables, a table is not measured, or
+    a job is more than ``alike_latencies_within`` slower."""
+    if not plans_by_representatives(planner, latencies=False):
+        return None
+    tables = list({id(pj.latencies): pj.latencies for pj in planner.specs}.values())
+    if not all(isinstance(t, LatencyTable) and t.step_order == tables[0].step_order for t in tables):
+        return None
+    ops = planner.specs[0].graph.ops
+    seconds = np.array([[t.latency_s(o) for o in ops] for t in tables])
+    fastest = seconds.min(axis=0)
+    low = float(fastest.sum())
+    spread = float(seconds.sum(axis=1).max()) / low - 1.0 if low > 0 else math.inf
+    if spread > planner.alike_latencies_within:
+        return None
+    table = LatencyTable(dict(zip((o.name for o in ops), fastest.tolist())), {},
+                         min(t.default_s for t in tables), f"the fastest of {len(tables)} jobs' tables, op by op",
+                         tables[0].step_order)
+    return table, spread
+
+
+def plan_alike_jobs(planner: "Planner") -> int:
+    """Plans ``planner``'s jobs by representatives where they are identical
+    (Note [Identical jobs planned by representatives]) or differ only in
+    their tables, on the fastest of them (Note [Jobs of one graph planned on
+    their fastest latencies]; ``planner.latency_spread`` says how much
+    slower the slowest job's table is). Returns how many representatives
+    planned: 0 where neither applies, nothing planned."""
+    planner.latency_spread = None
+    if plans_by_representatives(planner):
+        return plan_by_representatives(planner)
+    merged = fastest_latencies(planner)
+    if merged is None:
+        return 0
+    own = list(planner.specs)     # the caller's jobs are not written: a running job's monitor writes its table
+    planner.specs = [replace(pj, latencies=merged[0]) for pj in own]
+    try:
+        planned = plan_by_representatives(planner)
+    finally:
+        planner.specs = own
+    planner.latency_spread = merged[1]
+    return planned
 
 
 def plan_by_representatives(planner: "Planner") -> int:

@@ -50,16 +50,21 @@ class IncrementalPoolSum:
     def _add_whole(self, j: int, delta: np.ndarray) -> None:
         self._total[:self.points] += np.append(delta, 0)[self.idx[j]]
 
-    def _add_steps(self, j: int, steps: np.ndarray, delta: np.ndarray) -> np.ndarray:
-        """Adds delta[s] at every grid point of local step steps[s]; returns the points touched."""
+    def _points(self, j: int, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The grid points of job j's local steps ``steps`` (sorted), and how many each step has."""
         lo, hi = self.bounds[j][steps], self.bounds[j][steps + 1]
         counts = hi - lo
+        if len(steps) and int(steps[-1]) - int(steps[0]) + 1 == len(steps):   # one run of steps: one slice
+            return self.order[j][int(lo[0]):int(hi[-1])], counts
         total = int(counts.sum())
-        if not total:
-            return np.zeros(0, dtype=np.int64)
         run_start = np.repeat(lo - (np.cumsum(counts) - counts), counts)
-        points = self.order[j][run_start + np.arange(total)]
-        self._total[points] += np.repeat(delta, counts)
+        return self.order[j][run_start + np.arange(total)], counts
+
+    def _add_steps(self, j: int, steps: np.ndarray, delta: np.ndarray) -> np.ndarray:
+        """Adds delta[s] at every grid point of local step steps[s]; returns the points touched."""
+        points, counts = self._points(j, steps)
+        if len(points):
+            self._total[points] += np.repeat(delta, counts)
         return points
 
     def sync(self, footprints: Sequence[np.ndarray]) -> None:
@@ -103,6 +108,17 @@ class IncrementalPoolSum:
     def peak(self, footprints: Sequence[np.ndarray]) -> int:
         self.sync(footprints)
         return int(self._block_max.max()) if len(self._block_max) else 0
+
+    def peak_if_added(self, footprints: Sequence[np.ndarray], j: int, steps: np.ndarray, delta: np.ndarray) -> int:
+        """Note [Transfers that lower no peak] in scheduler.planner_passes: the peak were job j's
+        footprint ``delta[s]`` >= 0 bytes higher at its local steps ``steps[s]`` (sorted), nothing
+        changed: only the points those steps cover are read."""
+        self.sync(footprints)
+        peak = int(self._block_max.max()) if len(self._block_max) else 0
+        points, counts = self._points(j, steps)
+        if not len(points):
+            return peak
+        return max(peak, int((self._total[points] + np.repeat(delta, counts)).max()))
 
     def argmax(self, footprints: Sequence[np.ndarray]) -> int:
         """The first grid point where the pool peaks."""

@@ -178,6 +178,16 @@ class JobFootprint:
                 lst.remove((a, b))
         self._abs_arrays = None
 
+    def absence_delta(self, i: int, ranges: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+        """(steps, bytes): what ``remove_absence(i, ranges)`` would add to ``F`` at which local
+        steps, sorted, nothing changed."""
+        size = int(self.tas.size[i])
+        parts = sorted((a, b) for a, b in ranges if b > a)
+        if not parts:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        steps = np.concatenate([np.arange(a, b) for a, b in parts])
+        return steps, np.concatenate([size * self._freed_by_absence(i, a, b) for a, b in parts])
+
     def _freed_by_absence(self, i: int, a: int, b: int) -> np.ndarray:
         """1 for the steps of [a, b) where tensor i's absence frees its
         buffer, 0 where a view of it holds the buffer (Note [Views]) or, for a
@@ -294,6 +304,15 @@ class PoolTimeline:
         if self.coincident_peaks:
             return sum(int(footprints[j][k]) for j, k in self.peak_steps(footprints).items())
         return self.pool_sum.peak(footprints)
+
+    def pool_peak_if_added(self, footprints: Sequence[np.ndarray], j: int, steps: np.ndarray,
+                           delta: np.ndarray) -> int | None:
+        """``pool_peak`` were job j's footprint ``delta`` >= 0 higher at its local ``steps``,
+        nothing changed (IncrementalPoolSum.peak_if_added); None with coincident peaks (their
+        sum of job peaks is not asked this way)."""
+        if self.coincident_peaks:
+            return None
+        return self.pool_sum.peak_if_added(footprints, j, steps, delta)
 
     def peak_steps(self, footprints: Sequence[np.ndarray]) -> dict[int, int]:
         """Coincident peaks: the step each job is at when the pool peaks: its

@@ -129,6 +129,9 @@ class Plan:
     version: int = 2                           # 2: JobPlan.graph_fingerprint / graph_ops
     representatives: int = 0                   # identical jobs planned as this many (0: jointly; Note [Identical
                                                # jobs planned by representatives] in scheduler.identical_jobs)
+    # jobs of one graph planned on the fastest of their tables, op by op: how much slower the slowest job's table
+    # is (None: each on its own; Note [Jobs of one graph planned on their fastest latencies])
+    latency_spread: float | None = None
 
     def refusal(self, job: str, fingerprint: str, ops: int) -> str | None:
         """Why this plan cannot run ``job`` whose traced graph has

@@ -22,9 +22,7 @@ Phases, top to bottom:
 8. Minimise mode (no budget; Note [Minimise mode]): swaps and recomputation
    until nothing lowers the peak, phases 3-7 aimed at a series of targets.
 
-Phases 5-8, their Notes and the loop's recomputation round are in
-``scheduler.planner_passes`` (the ``PlannerPasses`` mixin); this module holds
-Algorithm 3's loop, re-planning and the plan it returns.
+Phases 5-8, their Notes and the loop's recomputation round: ``scheduler.planner_passes``.
 
 Note [Never above unplanned]. A planned step runs its ops in plan order
 (Note [Free-running steps] in peak_analysis), which on a branchy graph can
@@ -36,10 +34,9 @@ the planner returns no events (``NO_GAIN``): the jobs run unplanned, never
 worse. The baselines of ``scheduler.baselines`` keep their plans: what a
 policy does is what is measured.
 
-Re-planning (§IV-E) reuses the previous state: the graph structure is kept,
-only times are rebuilt from the new latencies, and the previous swap decisions
-are replayed (rescheduled on the channel in their original order) before the
-greedy loop continues. That skips almost all peak-analysis rounds.
+Re-planning (§IV-E) reuses the previous state: the structure is kept, times rebuilt from the
+new latencies, the previous swap decisions replayed on the channel in their order, then the
+loop continues. Jobs of one graph are planned afresh by representatives (scheduler.identical_jobs).
 """
 from __future__ import annotations
 
@@ -52,7 +49,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from tensile_tf.scheduler.access_sequence import TensorAccessSequence
-from tensile_tf.scheduler.identical_jobs import copied_unchained_runs, plan_by_representatives, plans_by_representatives
+from tensile_tf.scheduler.identical_jobs import copied_unchained_runs, plan_alike_jobs
 from tensile_tf.scheduler.job_graph import JobGraph
 from tensile_tf.scheduler.latency import LatencyModel
 from tensile_tf.scheduler.peak_analysis import JobFootprint, PoolTimeline, gpu_memory_peak_analysis
@@ -128,6 +125,7 @@ class Planner(PlannerPasses, PlannerRebuilds):
     # identical jobs (0: never), planned as this many representatives
     representatives_from = 6
     representatives = 2
+    alike_latencies_within, latency_spread = 0.2, None   # Note [Jobs of one graph planned on their fastest latencies]
 
     def __init__(self, jobs: Sequence[PlannerJob], *, pool_bytes: int | None = None,
                  bandwidth_bytes_per_s: float = DEFAULT_BANDWIDTH_BYTES_PER_S,
@@ -244,9 +242,9 @@ class Planner(PlannerPasses, PlannerRebuilds):
         t0 = time.perf_counter()
         with collections_paused():
             own_loop, self.planned_by_representatives = type(self)._loop is Planner._loop, 0   # a policy's loop aims at nothing
-            if own_loop and plans_by_representatives(self):
-                # Note [Identical jobs planned by representatives] in scheduler.identical_jobs
-                self.planned_by_representatives = plan_by_representatives(self)
+            # Note [Identical jobs planned by representatives] in scheduler.identical_jobs
+            if own_loop and (reps := plan_alike_jobs(self)):
+                self.planned_by_representatives = reps
             elif self.pool_bytes is None and own_loop:
                 self._plan_minimised()     # Note [Minimise mode] in scheduler.planner_passes
             else:
@@ -266,11 +264,9 @@ class Planner(PlannerPasses, PlannerRebuilds):
         self.stop_reason, self.iterations = NO_GAIN, iterations
         return self._make_plan(time.perf_counter() - t0)
 
-
     def replan(self, latencies: Mapping[str, LatencyModel] | None = None, *,
                pool_bytes: int | None | str = "same") -> Plan:
-        """§IV-E: a new plan after latencies changed (or a new budget), warm-started
-        from this planner's previous decisions."""
+        """§IV-E: a new plan after latencies changed (or a new budget), warm-started from the previous decisions."""
         if not self.jobs:
             return self.plan()
         with collections_paused():
@@ -281,14 +277,18 @@ class Planner(PlannerPasses, PlannerRebuilds):
         self.planned_by_representatives, self.representative_planner = 0, None   # each job re-planned as itself
         if pool_bytes != "same":
             self.pool_bytes = pool_bytes  # type: ignore[assignment]
-        retime = {}
         for name, lat in (latencies or {}).items():
-            js = next((x for x in self.jobs if x.name == name), None)
-            if js is None:
+            if not any(x.name == name for x in self.jobs):
                 raise KeyError(f"replan: no job named {name!r}; jobs are {[x.name for x in self.jobs]}")
-            js.latencies = lat
-            self.specs[js.j].latencies = lat
-            retime[js.j] = lat
+            self.specs[next(x.j for x in self.jobs if x.name == name)].latencies = lat
+        if type(self)._loop is Planner._loop and (reps := plan_alike_jobs(self)):   # scheduler.identical_jobs
+            self.planned_by_representatives = reps      # planned afresh, not warm-started
+            return self._make_plan_with_gain(t0)
+        # each job on its own table (a job planned on the fastest of its graph's tables too)
+        retime = {js.j: self.specs[js.j].latencies for js in self.jobs if js.latencies is not self.specs[js.j].latencies
+                  or js.graph.name in (latencies or {})}
+        for j, lat in retime.items():
+            self.jobs[j].latencies = lat
         if retime:
             for js in self.jobs:
                 if js.j in retime:
@@ -356,12 +356,10 @@ class Planner(PlannerPasses, PlannerRebuilds):
 
     # -- output ------------------------------------------------------------------
     def _runs_its_plan(self, js) -> bool:
-        """Whether the job's planned footprint ``fp.F`` is what it will hold
-        (else its free-running vanilla one). Note [Free-running steps]: a job
-        runs in plan order if its plan has events, if its unplanned step ran
-        out of memory (a cold start), or if order alone lowers its peak and the
-        unplanned steps do not fit the budget. A free-order plan's
-        ``F`` is free-running already (Note [Free-order plans] in peak_analysis)."""
+        """Whether the job's planned footprint ``fp.F`` is what it will hold (else its free-running
+        vanilla one). Note [Free-running steps]: a job runs in plan order if its plan has events, if
+        its unplanned step ran out of memory (a cold start), or if order alone lowers its peak and the
+        unplanned steps do not fit the budget. A free-order plan's ``F`` is free-running already."""
         if self.step_order == "free":
             return True
         if js.decisions or js.recomputes or self.specs[js.j].unplanned_step_ran_out:
@@ -436,7 +434,8 @@ class Planner(PlannerPasses, PlannerRebuilds):
                     pool_bytes=self.pool_bytes, bandwidth_bytes_per_s=self.bandwidth,
                     horizon_s=self.timeline.horizon_s, sum_of_job_peaks_bytes=self._sum_job_peaks,
                     iterations=self.iterations, planning_s=seconds, stop_reason=self.stop_reason,
-                    peak_model=self.peak_model, representatives=self.planned_by_representatives)
+                    peak_model=self.peak_model, representatives=self.planned_by_representatives,
+                    latency_spread=self.latency_spread if self.planned_by_representatives else None)
 
 
 def plan_graphs(jobs: Sequence[PlannerJob], **kwargs) -> Plan:
