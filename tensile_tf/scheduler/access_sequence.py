@@ -98,6 +98,7 @@ class TensorAccessSequence:
     def __init__(self, graph: JobGraph, latencies: LatencyModel, recomputes: Sequence = ()):
         self.job = graph.name
         self.graph = graph
+        self._structure_cache: dict = {}   # what the structure alone decides, shared by ``retimed`` copies
         inserts: dict[str, list] = {}
         for ev in recomputes:
             inserts.setdefault(ev.before_op, []).append(ev)
@@ -251,14 +252,14 @@ class TensorAccessSequence:
 
     def last_use_map(self) -> dict[str, list[str]]:
         """Activity analysis (Algorithm 3 line 2): step name -> activations released after it.
-        Cached; shared by ``retimed`` copies, whose structure is the same."""
-        cached = self.__dict__.get("_last_use")
+        Cached; shared by ``retimed`` copies, whose structure is the same (made before or after)."""
+        cached = self._structure_cache.get("last_use")
         if cached is None:
             cached = {}
             names, steps = self.tensor_names, self.step_names
             for i in np.flatnonzero(~self.persistent & (self.size > 0) & (self.last >= 0)).tolist():
                 cached.setdefault(steps[self.last[i]], []).append(names[i])
-            self.__dict__["_last_use"] = cached
+            self._structure_cache["last_use"] = cached
         return cached
 
     # -- access view (§III-C) -------------------------------------------------

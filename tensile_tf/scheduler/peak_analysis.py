@@ -162,9 +162,10 @@ class JobFootprint:
         else:
             ranges += [(lo, n), (0, hi - n)]
         size = int(self.tas.size[i])
+        plain = self._frees_every_step(i)
         for a, b in ranges:
             if b > a:
-                self.F[a:b] -= size * self._freed_by_absence(i, a, b)
+                self.F[a:b] -= size if plain else size * self._freed_by_absence(i, a, b)
         self.absences.setdefault(i, []).extend(r for r in ranges if r[1] > r[0])
         self._abs_arrays = None
         return ranges
@@ -172,9 +173,10 @@ class JobFootprint:
     def remove_absence(self, i: int, ranges: list[tuple[int, int]]) -> None:
         size = int(self.tas.size[i])
         lst = self.absences.get(i, [])
+        plain = self._frees_every_step(i)
         for a, b in ranges:
             if b > a:
-                self.F[a:b] += size * self._freed_by_absence(i, a, b)
+                self.F[a:b] += size if plain else size * self._freed_by_absence(i, a, b)
                 lst.remove((a, b))
         self._abs_arrays = None
 
@@ -187,6 +189,11 @@ class JobFootprint:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         steps = np.concatenate([np.arange(a, b) for a, b in parts])
         return steps, np.concatenate([size * self._freed_by_absence(i, a, b) for a, b in parts])
+
+    def _frees_every_step(self, i: int) -> bool:
+        """Whether tensor i's absence frees its buffer at every step (no view of it, none it took
+        over): ``_freed_by_absence`` all ones, not made."""
+        return i not in self.tas.handed_over and not self.tas.view_spans.get(i)
 
     def _freed_by_absence(self, i: int, a: int, b: int) -> np.ndarray:
         """1 for the steps of [a, b) where tensor i's absence frees its
