@@ -49,7 +49,7 @@ from tensile_tf.scheduler.latency_predictor import cold_start_latency
 from tensile_tf.scheduler.planner import collections_paused, plan_in_step_order
 from tensile_tf.tf.capture import capture_job_graph, measure_op_latencies
 from tensile_tf.tf.rewrite import REWRITE_PREFIX, PlannedStep, RewriteReport, apply_plan, chain_in_plan_order
-from tensile_tf.tf.rewrite.plan_table import TableCall, ready_table_step, table_step_for
+from tensile_tf.tf.rewrite.plan_table import TableCall, ready_table_step, table_step_for, why_no_table_step
 from tensile_tf.tf.rewrite.table_then_rewrite import build_table_in_background, table_then_rewritten_step
 from tensile_tf.tf.executor_order import executor_order
 from tensile_tf.tf.step_memory import (MIN_TRACED_STEPS, StepMemory, UnplannedPeaks, apply_step_memory,
@@ -282,7 +282,7 @@ def _made_step(c: CapturedJob, jp, delta_scale: float, plan_steps: str) -> Plann
                 table, _ = table_step_for(c.job.step_fn, c.job.example_args, c.graph, c.job.name, latencies)
             else:
                 table = ready_table_step(c.job.step_fn, c.graph)
-            encoded = "its plan-table step is being built" if table is None else table.encode(jp, latencies)
+            encoded = why_no_table_step(c.job.step_fn) if table is None else table.encode(jp, latencies)
         except Exception as e:  # noqa: BLE001 - the plan is rewritten instead, and says why
             encoded = f"the plan-table step failed ({type(e).__name__}: {e})"
         if not isinstance(encoded, str):

@@ -32,7 +32,9 @@ if TYPE_CHECKING:
 
 
 class BackgroundWorkAbandoned(RuntimeError):
-    """Background work for a job that was torn down (``JobRuntime.background_scope``)."""
+    """Background work for a job that was torn down or ends first (``JobRuntime.background_scope``)."""
+
+    said_plainly = True   # its message is the whole reason: records quote it without the class name
 
 
 @dataclass(eq=False)
@@ -60,9 +62,16 @@ class JobRuntime:
     _background_ended: bool = False
 
     @contextlib.contextmanager
-    def background_scope(self) -> Iterator[None]:
+    def background_scope(self, expected_s: float | None = None,
+                         left_s: Callable[[], float | None] | None = None) -> Iterator[None]:
         """The job's stream scope for the background worker; raises
-        BackgroundWorkAbandoned once ``end_background_work`` ran."""
+        BackgroundWorkAbandoned once ``end_background_work`` ran, or where the job has
+        ``left_s()`` seconds to run, fewer than the ``expected_s`` the work is expected to take
+        (Note [Background work for a job about to end] in replan_timing.py)."""
+        left = left_s() if left_s is not None and expected_s is not None else None
+        if left is not None and left < expected_s:
+            raise BackgroundWorkAbandoned(f"the job ends in {left:.2f} s, before the work would be done "
+                                          f"(at least {expected_s:.2f} s)")
         with self._background_lock:
             stream = self.job_stream
             if self._background_ended or stream is None:

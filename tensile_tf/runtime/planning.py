@@ -79,6 +79,7 @@ from tensile_tf.tf.rewrite import apply_plan
 from tensile_tf.runtime.admission import POOL_HEADROOM
 from tensile_tf.runtime.failures import summarize_error
 from tensile_tf.runtime.records import JobState, PlanRecord
+from tensile_tf.runtime.replan_timing import background_scope_for
 from tensile_tf.scheduler import Plan
 from tensile_tf.scheduler.link_bound import unplanned_peak_and_period
 from tensile_tf.scheduler.peak_analysis import PAIRED_PEAKING_JOBS, UNPLANNED_PAIRED_PEAKING_JOBS
@@ -313,8 +314,8 @@ class JobPlanning:
                 step.evict()  # the first planned step starts as every later one
             s.rt.planned_step = step
             s.rt.step_fn = step
-            if step.background is not None:   # Note [Table first, rewritten when ready], step 1
-                step.instantiate_in_background(s.rt.background_scope)
+            if step.background is not None:   # Note [Table first, rewritten when ready], step 1; not for a job
+                step.instantiate_in_background(background_scope_for(s, step))   # about to end (replan_timing.py)
         record, s.planned_needs = cls.plan_record(s, plan, step, budget, source)
         record.plan_number, record.reason = number, reason
         s.run_plan(record)   # Note [Plan segments]

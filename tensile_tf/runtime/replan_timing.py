@@ -26,10 +26,26 @@ in its reason and in ``planner.replans[].events``. A departure asks for one
 when the job that left was planned and a running job's plan swaps or
 recomputes (more room relaxes it); a drift, when the job that drifted still
 runs planned. No job may wait for admission (it gets the freed memory first).
+
+Note [Background work for a job about to end]
+The background worker's work for a job (Note [Table first, rewritten when
+ready] in tensile_tf/tf/rewrite/table_then_rewrite.py: the plan-table step
+built after the job's first plan, a later plan rewritten while the job runs
+it on its table) pays only from the step after it is done. A job's steps run
+beside it on the same cores: short jobs (a search's trials, the test suite's
+runs of 3-20 steps) paid for table steps they ended before using. So the
+work is not started where the job has less left to run than the work is
+expected to take: its step's own instantiation time, measured just before on
+the instantiation worker (``PlannedStep.instantiate_s``; a table step's
+build or a plan's rewrite instantiates a step as large, and rewrites it
+first). Where the job has no measured step yet, the work runs. A table step
+not built says why in the next plan's record (``rewrite.plan_table``:
+"rewritten: its plan-table step was not built: the job ends in ..."); a
+rewrite not done leaves the job on its table step, and its record says so.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, ContextManager, Sequence
 
 
 def expected_replan_s(records: Sequence, plans: Sequence) -> float | None:
@@ -50,15 +66,26 @@ def ends_before_switch(jobs: Sequence, expected_s: float | None) -> str | None:
         return None
     left = {}
     for s in jobs:
-        done = s.progress     # the job thread's snapshot (Note [Record apart from runtime] in job_runtime.py)
-        median = done.median_step_s
-        if median is None:
-            return None
-        left[s.name] = max(0, s.job.steps - done.steps_done) * median
-        if left[s.name] > expected_s:
+        left[s.name] = time_left_s(s)
+        if left[s.name] is None or left[s.name] > expected_s:
             return None
     ends = ", ".join(f"{name} in {t:.2f} s" for name, t in left.items())
     return f"every job it was for ends before it could switch (expected {expected_s:.2f} s; {ends})"
+
+
+def time_left_s(s) -> float | None:
+    """Seconds runtime ``JobState`` ``s`` has left to run: its steps to go times its median step (None
+    before a measured step), from the job thread's snapshot (Note [Record apart from runtime])."""
+    done = s.progress
+    median = done.median_step_s
+    return None if median is None else max(0, s.job.steps - done.steps_done) * median
+
+
+def background_scope_for(s, step) -> Callable[[], ContextManager]:
+    """The scope the background worker runs ``step``'s instantiation and work for job ``s`` in (its
+    stream): the work not started where ``s`` ends first (Note [Background work for a job about to
+    end]; the instantiation itself always runs, its time unknown until it ends)."""
+    return lambda: s.rt.background_scope(step.instantiate_s, lambda: time_left_s(s))
 
 
 def burst_reasons(departed: Sequence, requests: Sequence, jobs: Sequence) -> list[str]:

@@ -166,7 +166,7 @@ from typing import Any, Callable, Sequence
 
 from tensile_tf.runtime.failures import summarize_error
 from tensile_tf.runtime.records import DriftCheck, JobReplan, JobState, JobStatus, PlanRecord, ReplanRecord
-from tensile_tf.runtime.replan_timing import burst_reasons, ends_before_switch, expected_replan_s
+from tensile_tf.runtime.replan_timing import background_scope_for, burst_reasons, ends_before_switch, expected_replan_s
 from tensile_tf.scheduler import LatencyTable
 
 EWMA_ALPHA = 0.3
@@ -376,13 +376,13 @@ class Replanner:
                               newcomer=newcomer.name if newcomer is not None else None)
         t0 = time.perf_counter()
         try:
-            scopes = {s.name: s.rt.background_scope for s in everyone}   # the job's stream, until its teardown
+            states = {s.name: s for s in everyone}   # the scope: the job's stream, until its teardown or end
             built: list[str] = []
 
             def instantiate(name: str, step) -> None:   # Note [Instantiated off the job's thread]
                 if getattr(step.fn, "needs_instantiation", False):   # not a table step's (background work only)
                     built.append(name)
-                step.instantiate_in_background(scopes[name])
+                step.instantiate_in_background(background_scope_for(states[name], step))
 
             plan, steps = self.planning.plan_captured([s.rt.captured for s in everyone], budget,
                                                       current={s.name: s.rt.planned_step for s in jobs

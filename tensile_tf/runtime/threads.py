@@ -56,13 +56,16 @@ T5b the background worker, ``tensile-background`` (one thread, a
    rewrites a plan the job runs on its table and instantiates the result,
    in the job's stream scope (Note [Table first, rewritten when ready] in
    tensile_tf/tf/rewrite/table_then_rewrite.py). It writes only its
-   ``TableThenRewritten``'s ``rewritten`` (under that object's lock, which
-   the job's thread takes before it reads it at a step boundary) and
-   ``rewrite_error`` (read by no other thread), and the process's
-   table of plan-table steps (under its lock in plan_table.py). No job
-   waits for it; it instantiates in a job's stream only under
+   ``TableThenRewritten``'s ``rewritten`` and ``rewrite_error`` (under that
+   object's lock, which the job's thread takes before it reads them at a
+   step boundary), and the process's table of plan-table steps and of why
+   one was not built (under its lock in plan_table.py). No job waits for
+   it; it instantiates in a job's stream only under
    ``JobRuntime.background_scope``, whose lock the job's teardown takes
-   (``end_background_work``), so nothing lands in a released stream.
+   (``end_background_work``), so nothing lands in a released stream; the
+   scope reads the job's time left from its ``progress`` snapshot (H11)
+   and starts no work for a job about to end (Note [Background work for a
+   job about to end] in runtime/replan_timing.py).
 T6 KerasTuner slots, ``kt-slot-N`` (``PackedTuner.search``,
    tensile_tf/search/packed_tuner.py), one per concurrent trial while a
    packed KerasTuner search runs: each asks the oracle for a trial, builds

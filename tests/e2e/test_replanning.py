@@ -242,6 +242,13 @@ def table_call(self, *args):
         wait_for_background()
     return out
 ttr.TableThenRewritten.rewrite_in_background, ttr.TableThenRewritten.__call__ = held_rewrite, table_call
+# Note [Background work for a job about to end]: the work's start reads how long the job has left
+# against its step's instantiation time; LEFT_S None: not known, so the work always runs
+from tensile_tf.runtime.job_runtime import JobRuntime
+scope = JobRuntime.background_scope
+LEFT_S = None
+JobRuntime.background_scope = lambda self, expected_s=None, left_s=None: scope(
+    self, expected_s, None if left_s is None else lambda: LEFT_S)
 inner_slower = job_thread.profiled_step
 def built_first(step_fn, args, graph):
     wait_for_background()
@@ -265,6 +272,24 @@ def test_by_default_a_drift_replan_runs_on_the_table_then_on_its_rewritten_step(
     # the start's plan, then the first re-plan's (a later drift check may re-plan again)
     assert out["plan_tables"][:2] == ["rewritten: its plan-table step is being built",
                                       "table for 1 step, then rewritten"], out
+
+
+def test_no_plan_table_step_is_built_for_a_job_that_ends_before_it_would_be_ready(tmp_path):
+    # Note [Background work for a job about to end]: the same run, the job's time left read as 0 s
+    # (LEFT_S) when its first plan's background work starts: no table step is built, and the drift's
+    # re-plan is rewritten, its record saying why (the control: the test above, time left unknown)
+    cfg = write(tmp_path, TWO_MLPS.format(replan=""))
+    script = DRIFTING.replace("cfg = load_config(", TABLE_THEN_REWRITE.replace("LEFT_S = None", "LEFT_S = 0.0")
+                              + "cfg = load_config(", 1)
+    argv = ["x", str(cfg), "2", json.dumps({"plan_budget": 38 * 2**20})]
+    out = last_json_line(run_python(f"import sys; sys.argv = {argv!r}\n" + script))
+    assert out["status"] == "finished" and out["swap_outs"] > 0, out
+    replan, *_ = out["replans"]
+    assert replan["reason"].startswith("latency drift of long") and replan["error"] is None, out
+    first, second, *_ = out["plan_tables"]
+    assert first == "rewritten: its plan-table step is being built", out
+    assert second.startswith("rewritten: its plan-table step was not built: the job ends in 0.00 s, "
+                             "before the work would be done (at least "), out
 
 
 def test_a_job_whose_plan_leaves_its_step_as_it_is_is_not_replanned_for_the_chain_it_does_not_run(tmp_path):

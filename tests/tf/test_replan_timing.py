@@ -100,3 +100,71 @@ def test_the_inbox_hands_over_every_waiting_message_at_once():
     inbox.job_ended(ended)
     assert inbox.next(0.0) is ended and inbox.drain() == [request, ended] and inbox.drain() == []
     assert inbox.next(0.0) is None
+
+
+def test_background_work_is_not_started_for_a_job_that_ends_before_it_would_be_done():
+    """Note [Background work for a job about to end]: the scope the background worker runs a job's
+    work in reads the job's time left against its step's instantiation time."""
+    import contextlib
+
+    import pytest
+
+    from tensile_tf.runtime.job_runtime import BackgroundWorkAbandoned, JobRuntime
+    from tensile_tf.runtime.replan_timing import background_scope_for
+
+    stream = SimpleNamespace(eager_scope=contextlib.nullcontext)
+    step = SimpleNamespace(instantiate_s=None)
+
+    def job(steps, done, median):
+        s = _job("a", steps, done, median)
+        s.rt = JobRuntime(job_stream=stream)
+        return s
+
+    ending, running, unmeasured = job(10, 7, 0.2), job(40, 7, 0.2), job(10, 7, None)
+    with background_scope_for(ending, step)():      # the instantiation itself: its time not known yet
+        pass
+    step.instantiate_s = 1.5
+    with pytest.raises(BackgroundWorkAbandoned, match=r"the job ends in 0\.60 s, before the work would be done "
+                                                      r"\(at least 1\.50 s\)"):
+        with background_scope_for(ending, step)():
+            pass
+    for s in (running, unmeasured):                 # the controls: 6.6 s left; no measured step
+        with background_scope_for(s, step)():
+            pass
+    running.rt.end_background_work()
+    with pytest.raises(BackgroundWorkAbandoned, match="torn down"):
+        with background_scope_for(running, step)():
+            pass
+
+
+def test_a_table_step_not_built_and_a_rewrite_not_done_say_why():
+    """The plan-table step's build abandoned: the next plan's record says why; a later plan's
+    background rewrite abandoned: the job stays on its table step and its records say so."""
+    from tensile_tf.runtime.job_runtime import BackgroundWorkAbandoned
+    from tensile_tf.tf.rewrite.graph_edit import RewriteReport
+    from tensile_tf.tf.rewrite.plan_table import forget_table_step, why_no_table_step
+    from tensile_tf.tf.rewrite.planned_step import PlannedStep
+    from tensile_tf.tf.rewrite.table_then_rewrite import TableThenRewritten, build_table_in_background
+
+    def abandoned():
+        raise BackgroundWorkAbandoned("the job ends in 0.10 s, before the work would be done (at least 2.00 s)")
+
+    class Captured:    # held weakly by the queued work, as the runtime's capture is
+        job = SimpleNamespace(step_fn=lambda: None)
+
+    captured = Captured()
+    assert why_no_table_step(captured.job.step_fn) == "its plan-table step is being built"
+    build_table_in_background(captured)(abandoned)
+    assert why_no_table_step(captured.job.step_fn) == ("its plan-table step was not built: the job ends in 0.10 s, "
+                                                       "before the work would be done (at least 2.00 s)")
+    forget_table_step(captured.job.step_fn)
+    assert why_no_table_step(captured.job.step_fn) == "its plan-table step is being built"
+
+    on_table = PlannedStep(lambda *a: "on the table", None, RewriteReport("a"))
+    fn = TableThenRewritten(SimpleNamespace(instantiated=True), on_table, lambda: None)
+    record = {"plan_table": "table, rewritten in the background"}
+    fn.plan_records.append(record)
+    fn.rewrite_in_background(abandoned)
+    assert fn() == "on the table" and fn.current is on_table and fn.rewritten is None
+    assert record["plan_table"] == on_table.report.plan_table == (
+        "table; not rewritten: the job ends in 0.10 s, before the work would be done (at least 2.00 s)")

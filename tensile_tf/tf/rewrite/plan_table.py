@@ -400,11 +400,24 @@ _TABLE_STEPS: "weakref.WeakKeyDictionary[Any, PlanTableStep]" = weakref.WeakKeyD
 _TABLE_STEPS_LOCK = threading.Lock()   # the run loop and the background worker (table_then_rewrite.py)
 
 
-def forget_table_step(step_fn) -> None:
+_NOT_BUILT: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()   # step fn -> why no table step
+
+
+def forget_table_step(step_fn, why: str = "") -> None:
     """Drops the plan-table step kept beside ``step_fn`` (a step parked for another job:
-    Note [Reuse under a planner] in tensile_tf/runtime/traced_step_reuse.py)."""
+    Note [Reuse under a planner] in tensile_tf/runtime/traced_step_reuse.py); ``why``: why it
+    was not built, for the next plan's record (``why_no_table_step``)."""
     with _TABLE_STEPS_LOCK:
         _TABLE_STEPS.pop(step_fn, None)
+        _NOT_BUILT.pop(step_fn, None)
+        if why:
+            _NOT_BUILT[step_fn] = why
+
+
+def why_no_table_step(step_fn) -> str:
+    """Why ``step_fn`` has no ready plan-table step (Note [Table first, rewritten when ready])."""
+    with _TABLE_STEPS_LOCK:
+        return _NOT_BUILT.get(step_fn, "its plan-table step is being built")
 
 
 def table_step_for(step_fn, example_args, graph: JobGraph, name: str,

@@ -43,6 +43,12 @@ this mode takes both, in order:
      probe's teardown: 2.7 MB counted as leaked, tests/tf/test_traced_step_reuse.py.)
      The teardown also drops the table step kept beside the job's traced
      step: its kernels' constants are in the job's stream.
+  7. No background work starts for a job that ends before it would be
+     done (Note [Background work for a job about to end] in
+     tensile_tf/runtime/replan_timing.py): a table step not built says why
+     in the next plan's ``plan_table`` ("rewritten: its plan-table step was
+     not built: ..."), a rewrite not done leaves the job on its table
+     ("table; not rewritten: ...").
 
 So a re-plan takes effect from the job's next step, as with ``table``, and
 the steps after the switch cost what the rewritten plan costs, as with
@@ -71,6 +77,7 @@ class TableThenRewritten:
         self.rewritten: PlannedStep | None = None
         self.calls = 0
         self.rewrite_error: str | None = None   # why the background rewrite left the job on its table
+        self._failure_said = False              # ... said in its plan records (the job thread's)
         self._rewrite = rewrite
         self.plan_records: list[dict] = []    # plan records' ``rewrite`` dicts, brought up to date at the move
         self._lock = threading.Lock()        # the worker publishes ``rewritten``, the job thread reads it
@@ -105,7 +112,8 @@ class TableThenRewritten:
                         return
                 step.fn.instantiate()
         except Exception as e:  # noqa: BLE001 - the job stays on its table step (a step that did not
-            self.rewrite_error = f"{type(e).__name__}: {e}"   # instantiate would on the job's thread)
+            with self._lock:      # instantiate would on the job's thread)
+                self.rewrite_error = _reason(e)
             return
         with self._lock:
             self.rewritten = step
@@ -115,7 +123,13 @@ class TableThenRewritten:
         boundary if it is ready (step 3)."""
         if self.current is self.table_planned:
             with self._lock:
-                ready = self.rewritten
+                ready, failed = self.rewritten, self.rewrite_error
+            if failed is not None and ready is None and not self._failure_said:   # the job stays on the table
+                self._failure_said = True
+                said = f"table; not rewritten: {failed}"
+                self.table_planned.report.plan_table = said
+                for record in self.plan_records:
+                    record.update(plan_table=said)
             if ready is not None:
                 self.table_planned.restore()
                 ready.evict()
@@ -162,9 +176,14 @@ def build_table_in_background(captured) -> Callable[[Callable[[], ContextManager
             with scope():   # the whole build: the job's teardown waits for it, and none starts after
                 table_step_for(c.job.step_fn, c.job.example_args, c.graph, c.job.name,
                                c.planner_job.latencies)[0].instantiate()
-        except Exception:  # noqa: BLE001 - later plans are rewritten, as in rewrite mode; they say why
-            forget_table_step(c.job.step_fn)
+        except Exception as e:  # noqa: BLE001 - later plans are rewritten, as in rewrite mode; they say why
+            forget_table_step(c.job.step_fn, f"its plan-table step was not built: {_reason(e)}")
     return work
+
+
+def _reason(e: Exception) -> str:
+    """An exception as a record's reason (the runtime's BackgroundWorkAbandoned is said as it is)."""
+    return str(e) if getattr(e, "said_plainly", False) else f"{type(e).__name__}: {e}"
 
 
 def stage(step: Any) -> str:
