@@ -115,7 +115,11 @@ def run_mode(mode: str, pool: str, jobs: int, n_trials: int, cap_batch: int | No
                  "most_at_once": result.host_result.most_jobs_running,
                  # trials that trained an ended trial's traced step (Note [Reusing a finished job's traced step])
                  "traced_steps_reused": sum(s.traced_step_from is not None for s in host.states),
-                 "replans": len(host.replanner.records) if host.replanner is not None else 0}
+                 "replans": len(host.replanner.records) if host.replanner is not None else 0,
+                 # why a trial failed (a lost trial is a goal's failure: the reason is part of the figure)
+                 "errors": sorted({f"{s.status.value} ({s.error_type}), admitted {s.admitted_at_s is not None}, beside "
+                                   f"{_beside(s, host.states)} trial(s): {str(s.error).splitlines()[0][:200]}"
+                                   for s in host.states if s.error})[:4]}
     else:
         import tensorflow as tf
 
@@ -194,6 +198,14 @@ def measure_peaks(pool: str) -> dict[int, int]:
                                                                 "steps": 1}))) for b in BATCHES]
     host.run()
     return {b: (s.persistent_bytes or 0) + (s.temporary_bytes or 0) for b, s in zip(BATCHES, states)}
+
+
+def _beside(s, states) -> int:
+    """How many other jobs were admitted while job ``s`` was (from its admission, or its arrival)."""
+    start = s.admitted_at_s if s.admitted_at_s is not None else (s.arrived_at_s or 0.0)
+    end = s.ended_at_s if s.ended_at_s is not None else float("inf")
+    return sum(o is not s and o.admitted_at_s is not None and o.admitted_at_s < end
+               and (o.ended_at_s is None or o.ended_at_s > start) for o in states)
 
 
 def _parse_bytes(text: str) -> int:
