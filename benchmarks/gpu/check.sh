@@ -129,6 +129,29 @@ fi
 TORCH_ROOT=$("$PYTHON" -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null || true)
 [ -z "$TORCH_ROOT" ] && note torch "not found" "python3 -c 'import torch' failed: no PyTorch comparison, no training through the pool"
 
+# ---- the C++ compiler: one whose shared libraries load the process's libstdc++
+# libtensile_pool_c.so is loaded into processes with a C++ runtime of their own (PyTorch's
+# CUDAPluggableAllocator). Built by the H200 machine's /opt/gcc g++, which links libstdc++
+# statically (the library needed no libstdc++.so), its iostreams broke there: once torch
+# was imported, tensile_pool_stats_json segfaulted inside std::ostream (2026-12-04; with
+# /usr/bin/g++ the same training passed, bit for bit). So the first compiler on offer
+# whose shared libraries need libstdc++.so builds everything.
+shared_libstdcxx() {  # shared_libstdcxx COMPILER
+  printf '#include <sstream>\nstd::string tensile_probe(int i) { std::ostringstream o; o << i; return o.str(); }\n' \
+    > "$BUILD/cxx_probe.cc"
+  "$1" -shared -fPIC -o "$BUILD/cxx_probe.so" "$BUILD/cxx_probe.cc" 2>/dev/null \
+    && readelf -d "$BUILD/cxx_probe.so" 2>/dev/null | grep -q 'NEEDED.*libstdc++'
+}
+PICKED_CXX=""
+for c in ${CXX:-} $(command -v c++ || true) $(command -v g++ || true) /usr/bin/c++ /usr/bin/g++; do
+  if [ -x "$c" ] && shared_libstdcxx "$c"; then PICKED_CXX=$c; break; fi
+done
+if [ -n "$PICKED_CXX" ]; then
+  note "C++ compiler" "$PICKED_CXX" "its shared libraries need libstdc++.so (the process's C++ runtime)"
+else
+  note "C++ compiler" "static libstdc++" "no compiler on offer links libstdc++ shared: the C ABI library may crash in PyTorch"
+fi
+
 # ---- build
 CUDA_BUILT=0
 TORCH_BUILT=0
@@ -141,6 +164,7 @@ if [ -n "$CMAKE" ] && { [ -n "$NINJA" ] || [ -n "$MAKE" ]; }; then
   fi
   CMAKE_ARGS=(-S "$HERE" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" -DTENSILE_CUDA="${CUDA:-ON}")
   [ -n "$NVCC" ] && [ -z "${CUDACXX:-}" ] && CMAKE_ARGS+=(-DCMAKE_CUDA_COMPILER="$NVCC")
+  [ -n "$PICKED_CXX" ] && CMAKE_ARGS+=(-DCMAKE_CXX_COMPILER="$PICKED_CXX" -DCMAKE_CUDA_HOST_COMPILER="$PICKED_CXX")
   [ -n "$ARCH" ] && CMAKE_ARGS+=(-DCMAKE_CUDA_ARCHITECTURES="$ARCH")
   if [ -n "$TORCH_ROOT" ]; then
     ABI=$("$PYTHON" -c 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))' 2>/dev/null || echo 1)
@@ -166,12 +190,12 @@ else
   OPT=-O2
   [ "${BUILD_TYPE:-Release}" = Debug ] && OPT=-O0
   if [ -n "$NVCC" ] && [ "${CUDA:-ON}" != OFF ]; then
-    CXX=("$NVCC" "$OPT" -std=c++17 -I"$REPO" -DTENSILE_WITH_CUDA ${ARCH:+-arch=sm_$ARCH})
+    CXX=("$NVCC" "$OPT" -std=c++17 -I"$REPO" -DTENSILE_WITH_CUDA ${ARCH:+-arch=sm_$ARCH} ${PICKED_CXX:+-ccbin "$PICKED_CXX"})
     PIC=(-Xcompiler -pthread,-fPIC,-fvisibility=hidden)
     CUDA_SRC=("$REPO/tf_plugin/allocator/cuda_backend.cu")
     CUDA_BUILT=1
   else
-    CXX=("${CXX_BIN:-$(command -v g++ || command -v c++)}" "$OPT" -std=c++17 -I"$REPO")
+    CXX=("${CXX_BIN:-${PICKED_CXX:-$(command -v g++ || command -v c++)}}" "$OPT" -std=c++17 -I"$REPO")
     PIC=(-pthread -fPIC -fvisibility=hidden)
     CUDA_SRC=()
     note "CUDA backend" "not built" "no CUDA compiler (nvcc on PATH or CUDA_HOME), or CUDA=OFF"

@@ -74,8 +74,22 @@ def assert_host_steps_ran(run, lines, out: Path):
                     reason="needs cmake, ninja and g++ on PATH")
 def test_dry_run_without_make_builds_with_ninja(tmp_path):
     path = path_without(tmp_path, "make", "gmake")
-    run, lines = dry_run(tmp_path, path)
+    # A compiler that links libstdc++ into shared libraries, as the H200 machine's /opt/gcc g++ did
+    # (the C ABI library then crashed inside PyTorch): offered first (CXX), and passed over.
+    static = tmp_path / "bin" / "static-g++"
+    static.write_text('#!/bin/sh\nexec g++ -static-libstdc++ -static-libgcc "$@"\n')
+    static.chmod(0o755)
+    run, lines = dry_run(tmp_path, path, CXX=str(static))
     s = assert_host_steps_ran(run, lines, tmp_path / "out")
+    assert s["C++ compiler"]["status"] not in (str(static), "static libstdc++"), s["C++ compiler"]
+    needed = subprocess.run(["readelf", "-d", str(tmp_path / "build" / "libtensile_pool_c.so")],
+                            capture_output=True, text=True).stdout
+    assert "libstdc++" in needed     # the library loads the process's C++ runtime
+    probe = tmp_path / "build" / "cxx_probe.cc"   # the control: the static compiler does build a library...
+    made = subprocess.run([str(static), "-shared", "-fPIC", "-o", str(tmp_path / "static.so"), str(probe)])
+    if made.returncode == 0:                      # ... that needs no libstdc++.so: the check told them apart
+        assert "libstdc++" not in subprocess.run(["readelf", "-d", str(tmp_path / "static.so")],
+                                                 capture_output=True, text=True).stdout
     assert s["generator"]["status"] == "Ninja" and "make absent" in s["generator"]["detail"]
     assert s["configure"]["status"] == "ok" and s["build"]["status"] == "ok"
     # The parts that did not build say why, in a visible line each.

@@ -10,7 +10,7 @@ from tensile_tf.tf.executor_order import executor_order
 from tensile_tf.tf.step_memory import measure_step_memory
 from tensile_tf.jobs.job import supervised_train_step
 from tensile_tf.reports.outputs import format_plan_summary
-from tensile_tf.scheduler import Plan, Planner, PlannerJob, TensorAccessSequence, UniformLatency
+from tensile_tf.scheduler import Plan, Planner, TensorAccessSequence, UniformLatency
 
 
 @pytest.fixture(scope="module")
@@ -114,18 +114,21 @@ def test_latencies_are_measured_on_the_step_as_its_plan_runs_it_and_do_not_train
 
 def test_capture_and_plan_end_to_end_on_two_mlp_jobs(mlp_job):
     model, opt, step, args = mlp_job
-    probe = Planner([PlannerJob(capture_job_graph("p", step, args, optimizer=opt),
-                                measure_op_latencies(step, args, repeats=1))], max_iterations=0).plan()
-    budget = int(2 * probe.pool_vanilla_peak_bytes * 0.8)
     captured = [capture_for_planning(JobToPlan(name, step, args, optimizer=opt), latency_repeats=1)
                 for name in ("a", "b")]
-    plan = Planner([c.planner_job for c in captured], pool_bytes=budget, bandwidth_bytes_per_s=1e9).plan()
+    jobs = [c.planner_job for c in captured]
+    # 80% of these two jobs' own unplanned pool peak: how far their peaks meet on the timeline
+    # depends on their measured latencies (once two jobs' peaks were 98,984 B where 1.6x one
+    # job's, measured apart, was 101,171), so the budget is taken from the same jobs
+    vanilla = Planner(jobs, max_iterations=0).plan().pool_vanilla_peak_bytes
+    budget = int(vanilla * 0.8)
+    plan = Planner(jobs, pool_bytes=budget, bandwidth_bytes_per_s=1e9).plan()
     assert set(plan.jobs) == {"a", "b"}
     assert plan.pool_planned_peak_bytes <= plan.pool_vanilla_peak_bytes
     # a budget below the unplanned peak is met below it: by plan order alone (Note [Free-running
     # steps]: the chained step holds less than the free one, by how much the capture's threads
     # decide) or with events besides
-    assert plan.pool_vanilla_peak_bytes > budget, (plan.pool_vanilla_peak_bytes, budget)
+    assert plan.pool_vanilla_peak_bytes == vanilla > budget, (plan.pool_vanilla_peak_bytes, budget)
     assert plan.budget_met and plan.pool_planned_peak_bytes <= budget, plan.stop_reason
     assert plan.pool_vanilla_peak_bytes <= plan.sum_of_job_peaks_bytes
     assert Plan.from_json(plan.to_json()) == plan
