@@ -277,16 +277,16 @@ class Planner(PlannerPasses, PlannerRebuilds):
         self.planned_by_representatives, self.representative_planner = 0, None   # each job re-planned as itself
         if pool_bytes != "same":
             self.pool_bytes = pool_bytes  # type: ignore[assignment]
+        index = {x.name: x.j for x in self.jobs}
         for name, lat in (latencies or {}).items():
-            if not any(x.name == name for x in self.jobs):
-                raise KeyError(f"replan: no job named {name!r}; jobs are {[x.name for x in self.jobs]}")
-            self.specs[next(x.j for x in self.jobs if x.name == name)].latencies = lat
+            if name not in index:
+                raise KeyError(f"replan: no job named {name!r}; jobs are {list(index)}")
+            self.specs[index[name]].latencies = lat
         if type(self)._loop is Planner._loop and (reps := plan_alike_jobs(self)):   # scheduler.identical_jobs
             self.planned_by_representatives = reps      # planned afresh, not warm-started
             return self._make_plan_with_gain(t0)
         # each job on its own table (a job planned on the fastest of its graph's tables too)
-        retime = {js.j: self.specs[js.j].latencies for js in self.jobs if js.latencies is not self.specs[js.j].latencies
-                  or js.graph.name in (latencies or {})}
+        retime = {js.j: self.specs[js.j].latencies for js in self.jobs if js.latencies is not self.specs[js.j].latencies}
         for j, lat in retime.items():
             self.jobs[j].latencies = lat
         if retime:
