@@ -84,6 +84,39 @@ def _starts(end: np.ndarray) -> np.ndarray:
     return np.concatenate(([0.0], end[:-1])) if len(end) else np.zeros(0)
 
 
+class _TensorSide:
+    """What a sequence reads of its graph alone, whatever its latencies and
+    recomputations: kept on the graph (Note [Structures kept with the graph]),
+    shared by every sequence built from it and never written.
+
+    Note [One build of the tensor side]
+    A planner builds a sequence for each set of recomputations it tries
+    (Note [Sequences built once per recomputation set] in
+    scheduler.planner_rebuilds): 25 builds of ResNet50's 9,891 steps and
+    11,747 tensors for 16 jobs at 60%, 91 ms each. A sixth of that was the
+    tensors' names, sizes and kinds read again, and most of the op loop
+    looking up each access's tensor by name. Both are the graph's, so they
+    are read once; each op's reads, updates and outputs are kept as tensor
+    indices. The sequences are the same (``tests/scheduler/test_access_sequence.py``)."""
+
+    def __init__(self, graph: JobGraph):
+        self.names = list(graph.tensors)
+        self.tindex = ti = {t: i for i, t in enumerate(self.names)}
+        nt = len(self.names)
+        self.infos = infos = [graph.tensors[t] for t in self.names]
+        self.size = np.fromiter((t.size_bytes for t in infos), dtype=np.int64, count=nt)
+        self.kind = [t.kind for t in infos]
+        self.persistent = np.fromiter((t.persistent for t in infos), dtype=bool, count=nt)
+        self.producer_of = {t.name: t.producer for t in infos}
+        self.ops_by_name = {o.name: o for o in graph.ops}
+        self.op_touches = [(tuple(ti[t] for t in o.inputs), tuple(ti[t] for t in o.updates),
+                            tuple(ti[t] for t in o.outputs)) for o in graph.ops]
+        #: Note [Constants stay] in job_graph: a graph constant lives in its op's kernel
+        constant = np.fromiter((k == "state" and not t.startswith(VARIABLE_PREFIX)
+                                for k, t in zip(self.kind, self.names)), dtype=bool, count=nt)
+        self.may_swap = (np.array(self.kind, dtype=object) != "input") & ~constant
+
+
 class TensorAccessSequence:
     """The Tensor Access Sequence of one job, stored as flat arrays for speed.
 
@@ -95,7 +128,8 @@ class TensorAccessSequence:
     steps; whole iteration for persistent tensors).
     """
 
-    def __init__(self, graph: JobGraph, latencies: LatencyModel, recomputes: Sequence = ()):
+    def __init__(self, graph: JobGraph, latencies: LatencyModel, recomputes: Sequence = (),
+                 like: "TensorAccessSequence | None" = None):
         self.job = graph.name
         self.graph = graph
         self._structure_cache: dict = {}   # what the structure alone decides, shared by ``retimed`` copies
@@ -103,16 +137,19 @@ class TensorAccessSequence:
         for ev in recomputes:
             inserts.setdefault(ev.before_op, []).append(ev)
 
-        names = list(graph.tensors)
-        self.tensor_names = names
-        self.tindex = {t: i for i, t in enumerate(names)}
+        # Note [One build of the tensor side]: ``like``, a sequence of the same graph, shares its own
+        side = like._tensor_side if like is not None and like.graph.ops is graph.ops \
+            and like.graph.tensors is graph.tensors else graph.kept("tensor_side", lambda: _TensorSide(graph))
+        self._tensor_side = side
+        names = self.tensor_names = side.names
+        self.tindex = ti = side.tindex
         nt = len(names)
-        infos = [graph.tensors[t] for t in names]
-        self.size = np.fromiter((t.size_bytes for t in infos), dtype=np.int64, count=nt)
-        self.kind = [t.kind for t in infos]
-        self.persistent = np.fromiter((t.persistent for t in infos), dtype=bool, count=nt)
-        self.producer_of = {t.name: t.producer for t in infos}
-        self.ops_by_name = {o.name: o for o in graph.ops}
+        infos = side.infos
+        self.size = side.size.copy()          # views are given their bytes below
+        self.kind = side.kind
+        self.persistent = side.persistent
+        self.producer_of = side.producer_of
+        self.ops_by_name = side.ops_by_name
 
         step_names: list[str] = []
         step_op: list[str] = []
@@ -122,7 +159,6 @@ class TensorAccessSequence:
         acc: list[list[int]] = [[] for _ in range(nt)]
         writes: list[list[int]] = [[] for _ in range(nt)]
         acc_kind: list[list[str]] = [[] for _ in range(nt)]
-        ti = self.tindex
         self.recompute_target_step: dict[str, int] = {}
 
         def touch(i: int, k: int, kind: str) -> None:
@@ -135,45 +171,50 @@ class TensorAccessSequence:
             if kind != "TUA" and (not writes[i] or writes[i][-1] != k):
                 writes[i].append(k)
 
-        for op in graph.ops:
-            for ev in inserts.get(op.name, ()):
-                chain_out: set[str] = set()
-                transient = 0
-                for rop_name in ev.ops:
-                    rop = self.ops_by_name[rop_name]
-                    for o in rop.outputs:
-                        if o != ev.target:
-                            transient += graph.tensors[o].size_bytes
-                    chain_out.update(rop.outputs)
-                first_chain = len(step_names)
-                for rop_name in ev.ops:
-                    rop = self.ops_by_name[rop_name]
-                    k = len(step_names)
-                    step_names.append(recompute_step_name(rop_name, ev.target))
-                    step_op.append(rop_name)
-                    lat.append(max(0.0, float(latencies.latency_s(rop))))
-                    temp.append(rop.temp_bytes)
-                    for t in rop.inputs:
-                        if t not in chain_out:
-                            touch(ti[t], k, "TUA")
-                    if ev.target in rop.outputs:
-                        touch(ti[ev.target], k, "TGA")
-                        self.recompute_target_step[ev.target + "@" + op.name] = k
-                # intermediates and side outputs of the chain live while the chain runs
-                for k in range(first_chain, len(step_names)):
-                    temp[k] += transient
+        latency_s = latencies.latency_s
+        for op, (reads, updates, outputs) in zip(graph.ops, side.op_touches):
+            if inserts:
+                for ev in inserts.get(op.name, ()):
+                    chain_out: set[str] = set()
+                    transient = 0
+                    for rop_name in ev.ops:
+                        rop = self.ops_by_name[rop_name]
+                        for o in rop.outputs:
+                            if o != ev.target:
+                                transient += graph.tensors[o].size_bytes
+                        chain_out.update(rop.outputs)
+                    first_chain = len(step_names)
+                    for rop_name in ev.ops:
+                        rop = self.ops_by_name[rop_name]
+                        k = len(step_names)
+                        step_names.append(recompute_step_name(rop_name, ev.target))
+                        step_op.append(rop_name)
+                        lat.append(max(0.0, float(latency_s(rop))))
+                        temp.append(rop.temp_bytes)
+                        for t in rop.inputs:
+                            if t not in chain_out:
+                                touch(ti[t], k, "TUA")
+                        if ev.target in rop.outputs:
+                            touch(ti[ev.target], k, "TGA")
+                            self.recompute_target_step[ev.target + "@" + op.name] = k
+                    # intermediates and side outputs of the chain live while the chain runs
+                    for k in range(first_chain, len(step_names)):
+                        temp[k] += transient
             k = len(step_names)
             step_names.append(op.name)
             step_op.append(op.name)
-            lat.append(max(0.0, float(latencies.latency_s(op))))
+            lat.append(max(0.0, float(latency_s(op))))
             temp.append(op.temp_bytes - op.forwarded_bytes)   # Note [Buffer forwarding] in tensile_tf/tf/step_memory.py
             concurrent[k] = op.concurrent_bytes
-            for t in op.inputs:
-                touch(ti[t], k, "TUA")
-            for t in op.updates:
-                touch(ti[t], k, "UPDATE")
-            for t in op.outputs:
-                touch(ti[t], k, "TGA")
+            for i in reads:              # ``touch(i, k, "TUA")``, inlined: most accesses are reads
+                a = acc[i]
+                if not a or a[-1] != k:
+                    a.append(k)
+                    acc_kind[i].append("TUA")
+            for i in updates:
+                touch(i, k, "UPDATE")
+            for i in outputs:
+                touch(i, k, "TGA")
 
         n = len(step_names)
         self.n = n
@@ -192,13 +233,9 @@ class TensorAccessSequence:
         self.acc = acc
         self.acc_kind = acc_kind
         self.writes = writes
-        first = np.zeros(nt, dtype=np.int64)
-        last = np.full(nt, -1, dtype=np.int64)
-        for i in range(nt):
-            if self.persistent[i]:
-                first[i], last[i] = 0, n - 1
-            elif acc[i]:
-                first[i], last[i] = writes[i][0] if writes[i] else acc[i][0], acc[i][-1]
+        first = np.array([(w[0] if w else a[0]) if a else 0 for a, w in zip(acc, writes)], dtype=np.int64)
+        last = np.array([a[-1] if a else -1 for a in acc], dtype=np.int64)
+        first[self.persistent], last[self.persistent] = 0, n - 1
         # Note [Views] in job_graph: a view has no bytes; its owner stays until
         # the view's last access, and an absence of the owner frees nothing
         # while a view is live (``view_spans``: owner -> inclusive step ranges).
@@ -242,13 +279,9 @@ class TensorAccessSequence:
         self._end_l = self.end.tolist()
         self._latencies = latencies
         n_acc = np.fromiter((len(a) for a in acc), dtype=np.int64, count=nt)
-        kinds = np.array(self.kind, dtype=object)
-        #: Note [Constants stay] in job_graph: a graph constant lives in its op's kernel
-        constant = np.fromiter((k == "state" and not t.startswith(VARIABLE_PREFIX) for k, t in zip(self.kind, names)),
-                               dtype=bool, count=nt)
-        #: Algorithm 2's filter: not a model input, not empty, and another access to serve (TAT length > 1)
-        self.swappable = ((kinds != "input") & ~constant & (self.size > 0) & (self.persistent | (n_acc > 1))
-                          & (n_acc > 0))
+        #: Algorithm 2's filter: not a model input, not a constant, not empty, and another access to
+        #: serve (TAT length > 1)
+        self.swappable = side.may_swap & (self.size > 0) & (self.persistent | (n_acc > 1)) & (n_acc > 0)
 
     def last_use_map(self) -> dict[str, list[str]]:
         """Activity analysis (Algorithm 3 line 2): step name -> activations released after it.

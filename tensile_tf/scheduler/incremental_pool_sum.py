@@ -109,15 +109,18 @@ class IncrementalPoolSum:
         self.sync(footprints)
         return int(self._block_max.max()) if len(self._block_max) else 0
 
-    def peak_if_added(self, footprints: Sequence[np.ndarray], j: int, steps: np.ndarray, delta: np.ndarray) -> int:
+    def peak_if_added(self, footprints: Sequence[np.ndarray], j: int, steps: np.ndarray,
+                      delta: np.ndarray | int) -> int:
         """Note [Transfers that lower no peak] in scheduler.planner_passes: the peak were job j's
         footprint ``delta[s]`` >= 0 bytes higher at its local steps ``steps[s]`` (sorted), nothing
-        changed: only the points those steps cover are read."""
+        changed: only the points those steps cover are read. ``delta`` an int: that many at each."""
         self.sync(footprints)
         peak = int(self._block_max.max()) if len(self._block_max) else 0
         points, counts = self._points(j, steps)
         if not len(points):
             return peak
+        if isinstance(delta, (int, np.integer)):
+            return max(peak, int(self._total[points].max()) + int(delta))
         return max(peak, int((self._total[points] + np.repeat(delta, counts)).max()))
 
     def argmax(self, footprints: Sequence[np.ndarray]) -> int:

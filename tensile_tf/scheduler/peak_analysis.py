@@ -151,16 +151,7 @@ class JobFootprint:
 
     def add_absence(self, i: int, lo_u: int, hi_u: int) -> list[tuple[int, int]]:
         """Tensor i is not on the device over unrolled steps [lo_u, hi_u); returns the local ranges."""
-        n = self.tas.n
-        if hi_u - lo_u >= n:
-            raise ValueError(f"absence of {self.tas.tensor_names[i]!r} spans a whole iteration")
-        ranges = []
-        q = lo_u // n
-        lo, hi = lo_u - q * n, hi_u - q * n
-        if hi <= n:
-            ranges.append((lo, hi))
-        else:
-            ranges += [(lo, n), (0, hi - n)]
+        ranges = self._local_ranges(i, lo_u, hi_u)
         size = int(self.tas.size[i])
         plain = self._frees_every_step(i)
         for a, b in ranges:
@@ -169,6 +160,37 @@ class JobFootprint:
         self.absences.setdefault(i, []).extend(r for r in ranges if r[1] > r[0])
         self._abs_arrays = None
         return ranges
+
+    def add_absences(self, absences: Sequence[tuple[int, int, int]]) -> list[list[tuple[int, int]]]:
+        """``add_absence(i, lo_u, hi_u)`` for each of ``absences``, in order, the same ``F`` and
+        ``absences``: the buffers every step of theirs frees summed in one pass (a plan's copies
+        add thousands, Note [Identical jobs planned by representatives])."""
+        diff = np.zeros(self.tas.n + 1, dtype=np.int64)
+        out = []
+        for i, lo_u, hi_u in absences:
+            ranges = self._local_ranges(i, lo_u, hi_u)
+            if not self._frees_every_step(i):
+                out.append(self.add_absence(i, lo_u, hi_u))
+                continue
+            size = int(self.tas.size[i])
+            for a, b in ranges:
+                if b > a:
+                    diff[a] -= size
+                    diff[b] += size
+            self.absences.setdefault(i, []).extend(r for r in ranges if r[1] > r[0])
+            out.append(ranges)
+        self.F += np.cumsum(diff[:-1])
+        self._abs_arrays = None
+        return out
+
+    def _local_ranges(self, i: int, lo_u: int, hi_u: int) -> list[tuple[int, int]]:
+        """The local step ranges of an absence over unrolled steps [lo_u, hi_u) (two where it wraps)."""
+        n = self.tas.n
+        if hi_u - lo_u >= n:
+            raise ValueError(f"absence of {self.tas.tensor_names[i]!r} spans a whole iteration")
+        q = lo_u // n
+        lo, hi = lo_u - q * n, hi_u - q * n
+        return [(lo, hi)] if hi <= n else [(lo, n), (0, hi - n)]
 
     def remove_absence(self, i: int, ranges: list[tuple[int, int]]) -> None:
         size = int(self.tas.size[i])
@@ -180,14 +202,17 @@ class JobFootprint:
                 lst.remove((a, b))
         self._abs_arrays = None
 
-    def absence_delta(self, i: int, ranges: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    def absence_delta(self, i: int, ranges: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray | int]:
         """(steps, bytes): what ``remove_absence(i, ranges)`` would add to ``F`` at which local
-        steps, sorted, nothing changed."""
+        steps, sorted, nothing changed; the bytes one int where they are the same at every step
+        (the tensor's size: ``_frees_every_step``)."""
         size = int(self.tas.size[i])
         parts = sorted((a, b) for a, b in ranges if b > a)
         if not parts:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        steps = np.concatenate([np.arange(a, b) for a, b in parts])
+        steps = np.arange(*parts[0]) if len(parts) == 1 else np.concatenate([np.arange(a, b) for a, b in parts])
+        if self._frees_every_step(i):
+            return steps, size
         return steps, np.concatenate([size * self._freed_by_absence(i, a, b) for a, b in parts])
 
     def _frees_every_step(self, i: int) -> bool:
@@ -313,7 +338,7 @@ class PoolTimeline:
         return self.pool_sum.peak(footprints)
 
     def pool_peak_if_added(self, footprints: Sequence[np.ndarray], j: int, steps: np.ndarray,
-                           delta: np.ndarray) -> int | None:
+                           delta: np.ndarray | int) -> int | None:
         """``pool_peak`` were job j's footprint ``delta`` >= 0 higher at its local ``steps``,
         nothing changed (IncrementalPoolSum.peak_if_added); None with coincident peaks (their
         sum of job peaks is not asked this way)."""

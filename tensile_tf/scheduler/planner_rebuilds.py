@@ -84,8 +84,8 @@ class PlannerRebuilds:
             cache.move_to_end(key)
             self.recompute_structures_reused += 1
         else:
-            kept = (js.latencies, js.graph.ops, TensorAccessSequence(js.graph, js.latencies, js.recomputes),
-                    js.graph.tensors)
+            built = TensorAccessSequence(js.graph, js.latencies, js.recomputes, like=js.vanilla_tas)
+            kept = (js.latencies, js.graph.ops, built, js.graph.tensors)
             if self.recompute_structures_kept > 0:
                 cache[key] = kept
                 if len(cache) > self.recompute_structures_kept:

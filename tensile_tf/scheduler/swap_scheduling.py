@@ -126,8 +126,7 @@ def _at_trigger_end(js: JobState, channel: SwapChannel, start: float, lo: float,
     at_end = start - delta
     if trigger is None or delta <= _EPS or at_end < lo - _EPS:
         return start
-    free = channel.latest(js.j, lo, at_end, d, direction=IN)
-    return at_end if free is not None and abs(free - at_end) <= _EPS else start
+    return at_end if channel.is_free(js.j, at_end, d, direction=IN) else start
 
 
 def _booked_in_gap(js: JobState, i: int, p: int, q: int) -> SwapDecision | None:
