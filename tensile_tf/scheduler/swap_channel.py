@@ -118,17 +118,18 @@ class SwapChannel:
         n = len(starts)
         tau = lo
         o, T, horizon = self.offsets[j], self.periods[j], self.horizon_s
-        while tau <= hi + _EPS:
-            k = math.ceil((-o - tau - d) / T)    # ``_bases`` and the conflict check inline: Note [Calls on the hot path]
-            k_hi = max(k, math.floor((horizon - o - tau) / T))
+        eps, ceil, floor, bisect = _EPS, math.ceil, math.floor, bisect_left   # Note [Calls on the hot path]
+        while tau <= hi + eps:
+            k = ceil((-o - tau - d) / T)      # ``_bases`` and the conflict check inline
+            k_hi = max(k, floor((horizon - o - tau) / T))
             while k <= k_hi:
                 base = o + k * T
                 g0 = base + tau
-                c = bisect_left(starts, g0 + d - _EPS) - 1
-                if c >= 0 and ends[c] > g0 + _EPS:   # Note [Walks along a busy lane]: on to the first gap that fits
+                c = bisect(starts, g0 + d - eps) - 1
+                if c >= 0 and ends[c] > g0 + eps:   # Note [Walks along a busy lane]: on to the first gap that fits
                     e = ends[c]
                     c += 1
-                    while c < n and starts[c] < e + d - _EPS:
+                    while c < n and starts[c] < e + d - eps:
                         e = ends[c]
                         c += 1
                     tau = e - base
@@ -144,16 +145,17 @@ class SwapChannel:
         starts, ends = lane.starts, lane.ends
         tau = hi
         o, T, horizon = self.offsets[j], self.periods[j], self.horizon_s
-        while tau >= lo - _EPS:
-            k = math.ceil((-o - tau - d) / T)          # as in ``earliest``
-            k_hi = max(k, math.floor((horizon - o - tau) / T))
+        eps, ceil, floor, bisect = _EPS, math.ceil, math.floor, bisect_left   # as in ``earliest``
+        while tau >= lo - eps:
+            k = ceil((-o - tau - d) / T)
+            k_hi = max(k, floor((horizon - o - tau) / T))
             while k <= k_hi:
                 base = o + k * T
                 g0 = base + tau
-                c = bisect_left(starts, g0 + d - _EPS) - 1
-                if c >= 0 and ends[c] > g0 + _EPS:   # Note [Walks along a busy lane]: back to the first gap that fits
+                c = bisect(starts, g0 + d - eps) - 1
+                if c >= 0 and ends[c] > g0 + eps:   # Note [Walks along a busy lane]: back to the first gap that fits
                     s = starts[c]
-                    while c > 0 and ends[c - 1] > s - d + _EPS:
+                    while c > 0 and ends[c - 1] > s - d + eps:
                         c -= 1
                         s = starts[c]
                     tau = s - d - base
