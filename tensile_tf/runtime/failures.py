@@ -1,6 +1,16 @@
 """How a job's failure is recorded: one line for tables, the whole traceback
 kept for the output directory. A failure is always the job's own: the host
-catches it at the job's boundary and the other jobs go on."""
+catches it at the job's boundary and the other jobs go on.
+
+Note [What held the pool]
+A job that ran out of pool memory says who held the pool when its failure
+was recorded, largest first: each job's stream, the steps parked for reuse
+("parked:..."), and what no job owns ("outside every job": eager tensors,
+work outside the steps). The pool's own message gives the free bytes and
+chunks only; a packed search that lost a trial with no other trial admitted
+beside it (issue 58) could not tell from it what had taken the room. Read a
+moment after the allocation failed, so a neighbour may have freed or taken
+a little since."""
 from __future__ import annotations
 
 import re
@@ -64,6 +74,32 @@ def oom_remedy(state: JobState) -> str:
     return f"raise `pool:`, {lower + ', ' if lower else ''}or set `run.planner: tensile` to plan swaps"
 
 
+def pool_holders(jobs: dict[str, dict], limit: int = 6) -> str:
+    """Who held the pool, largest first, from ``pool_stats()["jobs"]`` (stream -> counters):
+    "held then: j1 20.1 MiB, outside every job 1.2 MiB, ..." (Note [What held the pool])."""
+    from tensile_tf.units import human_bytes
+
+    held = sorted(((int(c.get("current", 0)), name) for name, c in jobs.items() if c.get("current", 0) > 0),
+                  reverse=True)
+    if not held:
+        return ""
+    names = [f"{'outside every job' if name == 'default' else name} {human_bytes(b)}" for b, name in held[:limit]]
+    more = f" and {len(held) - limit} more" if len(held) > limit else ""
+    return f"held then: {', '.join(names)}{more}"
+
+
+def _held_at_failure() -> str:
+    """``pool_holders`` of the pool as it is now, or "" where the pool is not loaded (the pure tier)."""
+    import sys
+
+    if "tensile_tf.tf.pool" not in sys.modules:
+        return ""
+    try:
+        return pool_holders(sys.modules["tensile_tf.tf.pool"].pool_stats().get("jobs", {}))
+    except Exception:   # noqa: BLE001 - a record of a failure never fails itself
+        return ""
+
+
 def record_failure(state: JobState, error: BaseException, at_s: float,
                    status: JobStatus = JobStatus.failed, preface: str = "") -> None:
     """Marks the job failed (or rejected) with ``error``'s summary (after ``preface``) and
@@ -76,9 +112,12 @@ def record_failure(state: JobState, error: BaseException, at_s: float,
         state.error, n = _POOL_OOM_REMEDY.subn("; " + remedy, state.error)
         if not n:
             state.error += f"; {remedy}"
+        held = _held_at_failure()      # Note [What held the pool]
+        if held:
+            state.error += f" ({held})"
     state.traceback = "".join(traceback.format_exception(type(error), error, error.__traceback__))
     state.ended_at_s = at_s
     state.status = status
 
 
-__all__ = ["NonFiniteLoss", "record_failure", "summarize_error"]
+__all__ = ["NonFiniteLoss", "pool_holders", "record_failure", "summarize_error"]

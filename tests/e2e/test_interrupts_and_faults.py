@@ -172,6 +172,7 @@ def test_faults_beside_healthy_jobs_with_node_groups_on(tmp_path):
     assert jobs["oom"]["status"] == "failed" and jobs["oom"]["error_type"] == "ResourceExhaustedError"
     assert "raise `pool:`" in jobs["oom"]["error"] and "TENSILE_POOL_BYTES" not in jobs["oom"]["error"]
     assert "batch_size" not in jobs["oom"]["error"]     # its factory takes no batch size: no key to lower
+    assert "held then: " in jobs["oom"]["error"]         # Note [What held the pool]: who had the room
     for name in ("raises", "nan", "oom"):  # the evidence: each failure's whole traceback
         assert "Traceback" in (out / jobs[name]["traceback_path"]).read_text()
     assert all(j["leaked_bytes"] == 0 for j in jobs.values())

@@ -32,3 +32,16 @@ def test_out_of_memory_advice_names_the_key_that_sets_the_batch_size():
     in_args = _spec(model={"train_step_factory": HOG, "args": {"batch_size": 256}})
     assert "`model.args.batch_size:` (now 256)" in remedy(in_args)
     assert "`batch_size:` (now 16)" in remedy(_spec(model={"train_step_factory": HOG}, batch_size=16))
+
+
+def test_an_out_of_memory_names_who_held_the_pool_largest_first():
+    """Note [What held the pool] (runtime/failures.py), from the pool's per-stream counters."""
+    from tensile_tf.runtime.failures import pool_holders
+
+    jobs = {f"j{i}": {"current": i * 2**20} for i in range(9)}
+    jobs.update({"default": {"current": 3 * 2**19}, "parked:j9": {"current": 5 * 2**20}})
+    held = pool_holders(jobs)
+    assert held.startswith("held then: j8 8.0 MiB, j7 7.0 MiB, j6 6.0 MiB, parked:j9 5.0 MiB, j5 5.0 MiB")
+    assert held.endswith("and 4 more")              # j4, j3, j2, j1 and outside every job; j0 holds nothing
+    assert "outside every job 1.5 MiB" in pool_holders({"default": {"current": 3 * 2**19}, "a": {"current": 0}})
+    assert pool_holders({"a": {"current": 0}}) == ""
