@@ -118,7 +118,7 @@ def run_mode(mode: str, pool: str, jobs: int, n_trials: int, cap_batch: int | No
                  "replans": len(host.replanner.records) if host.replanner is not None else 0,
                  # why a trial failed (a lost trial is a goal's failure: the reason is part of the figure)
                  "errors": sorted({f"{s.status.value} ({s.error_type}), admitted {s.admitted_at_s is not None}, beside "
-                                   f"{_beside(s, host.states)} trial(s): {str(s.error).splitlines()[0][:200]}"
+                                   f"{_beside(s, host.states)} trial(s): {_error_line(s.error)}"
                                    for s in host.states if s.error})[:4]}
     else:
         import tensorflow as tf
@@ -200,12 +200,20 @@ def measure_peaks(pool: str) -> dict[int, int]:
     return {b: (s.persistent_bytes or 0) + (s.temporary_bytes or 0) for b, s in zip(BATCHES, states)}
 
 
+def _error_line(error: str) -> str:
+    """An error's first 200 characters, and who held the pool (Note [What held the pool] in
+    tensile_tf/runtime/failures.py) where it says."""
+    line = str(error).splitlines()[0]
+    held = line.rfind("(held then: ")
+    return line[:200] + (f" ... {line[held:]}" if held > 200 else "")
+
+
 def _beside(s, states) -> int:
-    """How many other jobs were admitted while job ``s`` was (from its admission, or its arrival)."""
-    start = s.admitted_at_s if s.admitted_at_s is not None else (s.arrived_at_s or 0.0)
-    end = s.ended_at_s if s.ended_at_s is not None else float("inf")
-    return sum(o is not s and o.admitted_at_s is not None and o.admitted_at_s < end
-               and (o.ended_at_s is None or o.ended_at_s > start) for o in states)
+    """How many other trials held pool memory while trial ``s`` was admitted: the search driver's
+    own count (Note [Neighbours before their admission] in tensile_tf/search/driver.py)."""
+    from tensile_tf.search.driver import trials_beside
+
+    return len(trials_beside(s, states))
 
 
 def _parse_bytes(text: str) -> int:

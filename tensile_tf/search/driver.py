@@ -18,7 +18,8 @@ Lifecycle of one trial, in order:
 5. When the job has ended and released its memory, the driver tells the study: COMPLETE with the
    objective value, PRUNED, or FAIL (failed, rejected, or a non-finite objective), and records
    the job's facts in the trial's ``tensile_job`` user attr. Failed trials never stop the
-   search. A trial that ran out of memory beside other trials failed through packing, not
+   search. A trial that ran out of memory beside other trials (admitted, or built before their
+   admission: Note [Neighbours before their admission]) failed through packing, not
    through its params: it is failed as interrupted and re-queued (at most MAX_OOM_RETRIES times;
    see ``_packing_oom``), and the retry runs alone: it starts once this driver's other trials
    have ended, and no trial starts beside it (``job_source``), so packing never loses a trial to
@@ -42,7 +43,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import optuna
 from optuna.trial import TrialState
@@ -61,6 +62,30 @@ from tensile_tf.search.trials import (MAX_OOM_RETRIES, OOM_RETRIES_ATTR, SearchR
                                       trial_steps)
 
 _ENDED = (JobStatus.finished, JobStatus.stopped, JobStatus.failed, JobStatus.rejected, JobStatus.interrupted)
+
+
+def trials_beside(state: JobState, states: Sequence[JobState]) -> list[JobState]:
+    """The other jobs of ``states`` that held pool memory while ``state`` was admitted (from its
+    arrival where it never was): each from its build (its arrival plus its wait for the run loop)
+    or its admission, until it ended.
+
+    Note [Neighbours before their admission]
+    A trial is built, traced, probed (one unplanned training step) and, under the planner,
+    captured before it is admitted, all on the pool, beside the running trials. Counting only
+    admitted neighbours, a trial that ran out of memory beside a newcomer's probe was judged
+    alone and failed for its params: in 2 of 6 io-mem searches (48 MiB pool, planned) a trial
+    was lost that way, and what held the pool when its failure was recorded (Note [What held the
+    pool] in tensile_tf/runtime/failures.py) named a trial not yet admitted beside it. Such a
+    trial is now re-queued as any packing failure is, and its retry runs alone."""
+    start = state.admitted_at_s if state.admitted_at_s is not None else (state.arrived_at_s or 0.0)
+    end = state.ended_at_s if state.ended_at_s is not None else math.inf
+
+    def since(o: JobState) -> float | None:
+        built = o.arrived_at_s + o.times.arrival_wait if o.arrived_at_s is not None and o.times.build > 0 else None
+        return min((t for t in (built, o.admitted_at_s) if t is not None), default=None)
+
+    return [o for o in states if o is not state and (t := since(o)) is not None and t < end
+            and (o.ended_at_s is None or o.ended_at_s > start)]
 
 
 class SearchDriver:
@@ -295,7 +320,8 @@ class SearchDriver:
             self._tell(run, TrialState.FAIL, facts=facts)
 
     def _packing_oom(self, run: TrialRun, state: JobState) -> bool:
-        """Did the job run out of memory while other jobs trained beside it?
+        """Did the job run out of memory while other jobs held pool memory beside it
+        (``trials_beside``: admitted, or built and probed before their admission)?
 
         Admission lets trials in on measured or predicted P and T; when their
         temporaries peak together (free-running jobs under ``salus``), one
@@ -307,11 +333,9 @@ class SearchDriver:
             return False
         if run.trial.user_attrs.get(OOM_RETRIES_ATTR, 0) >= MAX_OOM_RETRIES:
             return False
-        start, end = state.admitted_at_s, state.ended_at_s
-        if start is None or end is None:
+        if state.admitted_at_s is None or state.ended_at_s is None:
             return False
-        return any(o is not state and o.admitted_at_s is not None and o.admitted_at_s < end
-                   and (o.ended_at_s is None or o.ended_at_s > start) for o in self.host.states)
+        return bool(trials_beside(state, self.host.states))
 
     def _facts(self, state: JobState) -> TrialFacts:
         """The job's record (the results.json schema) plus wall-clock times."""
@@ -447,4 +471,4 @@ def run_search(study: optuna.Study, base_job: JobSpec | Mapping[str, Any], space
 
 
 __all__ = ["MAX_OOM_RETRIES", "OOM_RETRIES_ATTR", "SearchDriver", "SearchResult", "TrialRun", "normalize_space",
-           "run_search"]
+           "run_search", "trials_beside"]

@@ -108,6 +108,15 @@ def test_a_trial_out_of_memory_beside_others_is_requeued_not_failed():
     alone = ended("alone", JobStatus.failed, "ResourceExhaustedError", 20.0, 21.0)
     assert driver._packing_oom(run, state) and not driver._packing_oom(run, alone)
     assert not driver._packing_oom(run, ended("t2", JobStatus.failed, "InvalidArgumentError", 2.0, 4.0))
+    # Note [Neighbours before their admission]: a trial built and probed beside it, never admitted,
+    # held pool memory too; one that only arrived and waited held none (the control)
+    probing = ended("probing", JobStatus.failed, "ResourceExhaustedError", None, 26.0)
+    probing.arrived_at_s, probing.times.arrival_wait, probing.times.build = 19.0, 0.5, 1.0
+    host.states.append(probing)
+    assert driver._packing_oom(run, alone)
+    probing.times.build = 0.0
+    assert not driver._packing_oom(run, alone)
+    host.states.remove(probing)
 
     driver._finish(run, state)
     told = study.trials[0]
