@@ -210,8 +210,8 @@ def _error_line(error: str) -> str:
 
 def _beside(s, states) -> int:
     """How many other trials held pool memory while trial ``s`` was admitted: the search driver's
-    own count (Note [Neighbours before their admission] in tensile_tf/search/driver.py)."""
-    from tensile_tf.search.driver import trials_beside
+    own count (Note [Neighbours before their admission] in tensile_tf/search/trials.py)."""
+    from tensile_tf.search.trials import trials_beside
 
     return len(trials_beside(s, states))
 

@@ -19,7 +19,7 @@ Lifecycle of one trial, in order:
    objective value, PRUNED, or FAIL (failed, rejected, or a non-finite objective), and records
    the job's facts in the trial's ``tensile_job`` user attr. Failed trials never stop the
    search. A trial that ran out of memory beside other trials (admitted, or built before their
-   admission: Note [Neighbours before their admission]) failed through packing, not
+   admission: Note [Neighbours before their admission] in trials.py) failed through packing, not
    through its params: it is failed as interrupted and re-queued (at most MAX_OOM_RETRIES times;
    see ``_packing_oom``), and the retry runs alone: it starts once this driver's other trials
    have ended, and no trial starts beside it (``job_source``), so packing never loses a trial to
@@ -59,33 +59,9 @@ from tensile_tf.search.objective import metric_function
 from tensile_tf.search.reporter import Reporter
 from tensile_tf.search.results import TrialFacts
 from tensile_tf.search.trials import (MAX_OOM_RETRIES, OOM_RETRIES_ATTR, SearchResult, TrialRun, normalize_space,
-                                      trial_steps)
+                                      trial_steps, trials_beside)
 
 _ENDED = (JobStatus.finished, JobStatus.stopped, JobStatus.failed, JobStatus.rejected, JobStatus.interrupted)
-
-
-def trials_beside(state: JobState, states: Sequence[JobState]) -> list[JobState]:
-    """The other jobs of ``states`` that held pool memory while ``state`` was admitted (from its
-    arrival where it never was): each from its build (its arrival plus its wait for the run loop)
-    or its admission, until it ended.
-
-    Note [Neighbours before their admission]
-    A trial is built, traced, probed (one unplanned training step) and, under the planner,
-    captured before it is admitted, all on the pool, beside the running trials. Counting only
-    admitted neighbours, a trial that ran out of memory beside a newcomer's probe was judged
-    alone and failed for its params: in 2 of 6 io-mem searches (48 MiB pool, planned) a trial
-    was lost that way, and what held the pool when its failure was recorded (Note [What held the
-    pool] in tensile_tf/runtime/failures.py) named a trial not yet admitted beside it. Such a
-    trial is now re-queued as any packing failure is, and its retry runs alone."""
-    start = state.admitted_at_s if state.admitted_at_s is not None else (state.arrived_at_s or 0.0)
-    end = state.ended_at_s if state.ended_at_s is not None else math.inf
-
-    def since(o: JobState) -> float | None:
-        built = o.arrived_at_s + o.times.arrival_wait if o.arrived_at_s is not None and o.times.build > 0 else None
-        return min((t for t in (built, o.admitted_at_s) if t is not None), default=None)
-
-    return [o for o in states if o is not state and (t := since(o)) is not None and t < end
-            and (o.ended_at_s is None or o.ended_at_s > start)]
 
 
 class SearchDriver:

@@ -4,9 +4,10 @@ to the host), ``SearchResult``, and the search space in Optuna's terms
 """
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import optuna
 from optuna.distributions import BaseDistribution
@@ -133,3 +134,27 @@ def normalize_space(space: Mapping[str, Any]) -> tuple[dict[str, BaseDistributio
         if isinstance(param, CategoricalParam) and param.encoded:
             decoders[name] = param.decode
     return dists, decoders
+
+
+def trials_beside(state: JobState, states: Sequence[JobState]) -> list[JobState]:
+    """The other jobs of ``states`` that held pool memory while ``state`` was admitted (from its
+    arrival where it never was): each from its build (its arrival plus its wait for the run loop)
+    or its admission, until it ended.
+
+    Note [Neighbours before their admission]
+    A trial is built, traced, probed (one unplanned training step) and, under the planner,
+    captured before it is admitted, all on the pool, beside the running trials. Counting only
+    admitted neighbours, a trial that ran out of memory beside a newcomer's probe was judged
+    alone and failed for its params: in 2 of 6 io-mem searches (48 MiB pool, planned) a trial
+    was lost that way, and what held the pool when its failure was recorded (Note [What held the
+    pool] in tensile_tf/runtime/failures.py) named a trial not yet admitted beside it. Such a
+    trial is now re-queued as any packing failure is, and its retry runs alone."""
+    start = state.admitted_at_s if state.admitted_at_s is not None else (state.arrived_at_s or 0.0)
+    end = state.ended_at_s if state.ended_at_s is not None else math.inf
+
+    def since(o: JobState) -> float | None:
+        built = o.arrived_at_s + o.times.arrival_wait if o.arrived_at_s is not None and o.times.build > 0 else None
+        return min((t for t in (built, o.admitted_at_s) if t is not None), default=None)
+
+    return [o for o in states if o is not state and (t := since(o)) is not None and t < end
+            and (o.ended_at_s is None or o.ended_at_s > start)]
