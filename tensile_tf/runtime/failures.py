@@ -3,14 +3,18 @@ kept for the output directory. A failure is always the job's own: the host
 catches it at the job's boundary and the other jobs go on.
 
 Note [What held the pool]
-A job that ran out of pool memory says who held the pool when its failure
-was recorded, largest first: each job's stream, the steps parked for reuse
-("parked:..."), and what no job owns ("outside every job": eager tensors,
-work outside the steps). The pool's own message gives the free bytes and
-chunks only; a packed search that lost a trial with no other trial admitted
-beside it (issue 58) could not tell from it what had taken the room. Read a
-moment after the allocation failed, so a neighbour may have freed or taken
-a little since."""
+A job that ran out of pool memory says who held the pool, largest first:
+each job's stream, the steps parked for reuse ("parked:..."), and what no
+job owns ("default" in the pool's words, "outside every job" here: eager
+tensors, work outside the steps). Twice: the pool's own message, at the
+failed allocation ("held by ..."), and this record, when the failure was
+recorded ("held then: ..."), a moment later, after the failed step let go
+of its tensors. Before, the message gave the free bytes and chunks only,
+and a packed search that lost a trial with no other trial admitted beside
+it (issue 58) could not tell what had taken the room. In six io-mem
+searches the record named a trial built but not yet admitted beside each
+lost one (Note [Neighbours before their admission] in
+tensile_tf/search/trials.py)."""
 from __future__ import annotations
 
 import re

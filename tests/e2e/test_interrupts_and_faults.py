@@ -172,7 +172,9 @@ def test_faults_beside_healthy_jobs_with_node_groups_on(tmp_path):
     assert jobs["oom"]["status"] == "failed" and jobs["oom"]["error_type"] == "ResourceExhaustedError"
     assert "raise `pool:`" in jobs["oom"]["error"] and "TENSILE_POOL_BYTES" not in jobs["oom"]["error"]
     assert "batch_size" not in jobs["oom"]["error"]     # its factory takes no batch size: no key to lower
-    assert "held then: " in jobs["oom"]["error"]         # Note [What held the pool]: who had the room
+    held_by = jobs["oom"]["error"].split("held by ", 1)[-1].split(";")[0]
+    assert "held by " in jobs["oom"]["error"] and "oom " in held_by   # the pool at the failed allocation: who had the room
+    assert "held then: " in jobs["oom"]["error"]         # ... and when the failure was recorded (Note [What held the pool])
     for name in ("raises", "nan", "oom"):  # the evidence: each failure's whole traceback
         assert "Traceback" in (out / jobs[name]["traceback_path"]).read_text()
     assert all(j["leaked_bytes"] == 0 for j in jobs.values())

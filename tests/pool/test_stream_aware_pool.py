@@ -135,13 +135,16 @@ def test_coalescing_with_synced_neighbour_is_deferred_until_sync():
 
 
 def test_oom_is_counted_traced_and_explained():
-    pool, (a, _) = make_pool(capacity=16 * KiB)
-    pool.allocate(12 * KiB, a)
+    pool, (a, b) = make_pool(capacity=16 * KiB)
+    pool.allocate(4 * KiB, b)
+    pool.allocate(8 * KiB, a)
     with pytest.raises(PoolOutOfMemory) as err:
         pool.allocate(8 * KiB, a, op="conv2d_4/Conv2D")
     msg = str(err.value)
     for part in ("pool 'unit' out of memory", "job 'a'", "op 'conv2d_4/Conv2D'", "asked 8.0 KiB",
-                 "4.0 KiB free", "largest 4.0 KiB", "raise the pool capacity"):
+                 "4.0 KiB free", "largest 4.0 KiB",
+                 "held by a 8.0 KiB, b 4.0 KiB",     # who held the pool at the failed allocation, largest first
+                 "raise the pool capacity"):
         assert part in msg, (part, msg)
     s = pool.stats()
     assert s["num_ooms"] == 1 and s["jobs"]["a"]["num_ooms"] == 1

@@ -867,6 +867,27 @@ std::string StreamAwarePool::DescribeOom(size_t bytes, StreamId stream,
     }
     msg << "; stitching found " << HumanBytes(pages) << " in whole pages";
   }
+  // Who held the pool at this very allocation, largest first (Note [What
+  // held the pool] in tensile_tf/runtime/failures.py: what a job's record
+  // reads a moment later may have been freed by then).
+  std::vector<std::pair<int64_t, std::string>> held;
+  for (StreamId s = 0; s < static_cast<StreamId>(stream_names_.size()); ++s) {
+    const int64_t current = stream_counters_[s].current;
+    if (current <= 0) continue;
+    held.emplace_back(current, stream_names_[s].empty()
+                                   ? "released-" + std::to_string(s)
+                                   : stream_names_[s]);
+  }
+  std::sort(held.begin(), held.end(),
+            [](const auto& a, const auto& b) { return a.first > b.first; });
+  constexpr size_t kHoldersNamed = 6;
+  for (size_t i = 0; i < held.size() && i < kHoldersNamed; ++i) {
+    msg << (i == 0 ? "; held by " : ", ") << held[i].second << " "
+        << HumanBytes(held[i].first);
+  }
+  if (held.size() > kHoldersNamed) {
+    msg << " and " << held.size() - kHoldersNamed << " more";
+  }
   msg << "); raise the pool capacity (TENSILE_POOL_BYTES or "
          "tensile_tf.configure_pool), lower the batch size, or enable a "
          "memory plan (swapping / recomputation)";

@@ -255,7 +255,8 @@ class StreamAwarePool {
   void ClearTrace();
   void SetTraceEnabled(bool enabled);
   // Human-readable reason the last Allocate of `bytes` for `stream` failed,
-  // in the form of STYLE.md rule 6.
+  // in the form of STYLE.md rule 6, with the streams that held the pool
+  // then, largest first ("held by j1 20.0 MiB, default 1.0 MiB").
   std::string DescribeOom(size_t bytes, StreamId stream,
                           std::string_view op) const;
   // Empty if every invariant holds, else a description of the first broken.
