@@ -201,11 +201,17 @@ def measure_peaks(pool: str) -> dict[int, int]:
 
 
 def _error_line(error: str) -> str:
-    """An error's first 200 characters, and who held the pool (Note [What held the pool] in
-    tensile_tf/runtime/failures.py) where it says."""
+    """An error's first 200 characters, and who held the pool at the failed allocation and when
+    the failure was recorded (Note [What held the pool] in tensile_tf/runtime/failures.py)."""
     line = str(error).splitlines()[0]
-    held = line.rfind("(held then: ")
-    return line[:200] + (f" ... {line[held:]}" if held > 200 else "")
+    parts = [line[:200]]
+    at = line.find("; held by ")
+    if at > 200:
+        parts.append(line[at + 2:].split(")")[0])
+    then = line.rfind("(held then: ")
+    if then > 200:
+        parts.append(line[then:])
+    return " ... ".join(parts)
 
 
 def _beside(s, states) -> int:
