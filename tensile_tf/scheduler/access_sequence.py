@@ -97,7 +97,7 @@ class _TensorSide:
     tensors' names, sizes and kinds read again, and most of the op loop
     looking up each access's tensor by name. Both are the graph's, so they
     are read once; each op's reads, updates and outputs are kept as tensor
-    indices. The sequences are the same (``tests/scheduler/test_access_sequence.py``)."""
+    indices. The sequences are the same (``tests/scheduler/test_fast_paths.py``)."""
 
     def __init__(self, graph: JobGraph):
         self.names = list(graph.tensors)
