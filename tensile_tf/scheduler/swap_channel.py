@@ -23,9 +23,10 @@ On a saturated link a search checks about ten starts, each every repeat:
 planned by representatives] in scheduler.identical_jobs) made 180,000
 calls of ``_bases`` and 249,000 of the conflict check for 47,000
 searches, a third of the searches' time in the calls themselves. So
-``earliest``, ``latest`` and ``_place`` work the repeats and the
-bisection out inline (the same arithmetic, in the same order, so the same
-floats), and the swap-in moved to its trigger's end asks ``is_free``
+``earliest`` and ``latest`` work the repeats and the conflict check out
+inline (the same arithmetic, in the same order, so the same floats;
+``_place`` and ``is_free`` call it once a repeat, ``_free_position``),
+and the swap-in moved to its trigger's end asks ``is_free``
 instead of a ``latest`` search whose answer was only compared with its
 upper end (a conflict moves ``latest`` more than eps below it). Plans are
 the same (``tests/scheduler/test_fast_paths.py``; the planner benchmark's
@@ -165,18 +166,20 @@ class SwapChannel:
                 return tau
         return None
 
+    @staticmethod
+    def _free_position(lane: _Lane, g0: float, d: float) -> int:
+        """Where a transfer of d seconds from global g0 would go in ``lane`` (the bisection of its
+        end less eps), or -1 where the interval before that position overlaps it (the conflict
+        check ``earliest`` and ``latest`` work out inline: Note [Calls on the hot path])."""
+        pos = bisect_left(lane.starts, g0 + d - _EPS)
+        return -1 if pos > 0 and lane.ends[pos - 1] > g0 + _EPS else pos
+
     def is_free(self, j: int, tau: float, d: float, *, direction: str) -> bool:
         """Whether a transfer of d seconds at tau is free in every repetition: ``latest(j, lo, tau, d)``
         is tau exactly then (a conflict moves ``latest`` below tau - eps), without its walk."""
         lane = self._lanes[self.lane(direction)]
-        starts, ends = lane.starts, lane.ends
         o, T = self.offsets[j], self.periods[j]
-        for k in self._bases(j, tau, d):
-            g0 = o + k * T + tau
-            c = bisect_left(starts, g0 + d - _EPS) - 1
-            if c >= 0 and ends[c] > g0 + _EPS:
-                return False
-        return True
+        return all(self._free_position(lane, o + k * T + tau, d) >= 0 for k in self._bases(j, tau, d))
 
     def reserve(self, j: int, tau: float, d: float, *, direction: str) -> int:
         self._tag += 1
@@ -275,8 +278,8 @@ class SwapChannel:
         o, T = self.offsets[j], self.periods[j]
         for k in self._bases(j, tau, d):
             g0 = o + k * T + tau
-            pos = bisect_left(starts, g0 + d - _EPS)      # _conflict, inlined
-            if pos > 0 and ends[pos - 1] > g0 + _EPS:
+            pos = self._free_position(lane, g0, d)
+            if pos < 0:
                 for s in starts_at:
                     self._drop(lane, s, tag)
                 return None
