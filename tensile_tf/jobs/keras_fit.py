@@ -46,6 +46,17 @@ are the step's: the probe measured a whole batch, the planner (which sizes dynam
 one measured step, tensile_tf/tf/capture.py) planned for one, and a partial batch takes fewer
 (its record's peak, checked in tests/tf/test_keras_inputs.py).
 
+Note [The last epoch ended]
+fit ends every epoch through its epoch iterator, the last one included: the data adapter's
+``on_epoch_end`` stops a ``PyDataset``'s workers (Keras' enqueuer) and calls the dataset's own
+``on_epoch_end``. A job stops taking batches at its last step, inside its last epoch, so that
+call never came: the dataset's ``on_epoch_end`` ran once less than under fit, and the enqueuer's
+worker threads outlived the job (three jobs of a ``PyDataset(workers=2)`` left 18 threads
+running in the process, and as many again each time). So the epoch the job ends in is ended as
+fit ends its last: when the fit loop ends (its last step, or a callback's ``stop_training``),
+and where the job ends otherwise (a failure, a pruned trial), when its batches are closed or
+collected (``FitBatches.close``; the generator's ``finally``). Measured after: no thread left.
+
 What decides the order: fit's shuffling of arrays is ``tf.random.shuffle`` inside the dataset
 Keras builds, seeded from TensorFlow's global seed when that dataset is made (at ``fit``'s call,
 and here at ``from_keras``'s); a ``tf.data.Dataset``'s own ``shuffle`` likewise. So a job made
@@ -95,6 +106,7 @@ class FitLoop:
     steps: int | None = None            # a step count instead of whole epochs (the last one partial)
     validation_freq: int | list = 1     # fit's: validate every this many epochs, or at the epochs listed
     validation_steps: int | None = None  # fit's: batches of validation data each time (None: all)
+    batches: Any = None                 # the job's FitBatches, ended with the loop (Note [The last epoch ended])
     logs: dict[str, float] = field(default_factory=dict)
     _begun_batch: int = -1
     _ended: bool = False
@@ -141,6 +153,8 @@ class FitLoop:
                 self.callbacks.on_epoch_end(epoch, epoch_logs)
                 self.logs = epoch_logs
             if last or self.model.stop_training:
+                if self.batches is not None:   # Note [The last epoch ended]
+                    self.batches.close()
                 self.model.optimizer.finalize_variable_values(self.model.trainable_weights)
                 # fit drops its validation iterator after the last epoch, before on_train_end
                 if getattr(self.model, "_eval_epoch_iterator", None) is not None:
@@ -223,27 +237,40 @@ class FitBatches:
         self.specs = tuple(leaves)
         dims = {s.shape[0] for s in leaves if s.shape.rank}
         self.batch_size = epoch_iterator.data_adapter.batch_size or (dims.pop() if len(dims) == 1 else None)
+        self._epoch_open = False
         self._batches = self._fit_order()
 
     def _fit_order(self):
-        """fit's loop over its epoch iterator: ``reset`` once, then each epoch's batches."""
+        """fit's loop over its epoch iterator: ``reset`` once, then each epoch's batches; the epoch
+        the job ends in ended as fit ends its last (Note [The last epoch ended])."""
         it, epoch = self.epoch_iterator, 0
         it.reset()
-        while self.epochs is None or epoch < self.epochs:
-            seen = 0
-            with it.catch_stop_iteration():
-                for _, _, iterator in it:
-                    data = next(iterator)
-                    seen += 1
-                    yield tuple(tf.nest.flatten(data))
-            if seen < self.steps_per_epoch:
-                raise KerasJobError(f"job {self.name!r}: the data ran out after {seen} of epoch {epoch}'s "
-                                    f"{self.steps_per_epoch} batches (fit would end the epoch there); make it "
-                                    "last (a tf.data dataset's .repeat()) or lower steps_per_epoch")
-            epoch += 1
+        try:
+            while self.epochs is None or epoch < self.epochs:
+                seen = 0
+                self._epoch_open = True
+                with it.catch_stop_iteration():
+                    for _, _, iterator in it:
+                        data = next(iterator)
+                        seen += 1
+                        yield tuple(tf.nest.flatten(data))
+                self._epoch_open = False   # the loop's end ran the adapter's on_epoch_end
+                if seen < self.steps_per_epoch:
+                    raise KerasJobError(f"job {self.name!r}: the data ran out after {seen} of epoch {epoch}'s "
+                                        f"{self.steps_per_epoch} batches (fit would end the epoch there); make it "
+                                        "last (a tf.data dataset's .repeat()) or lower steps_per_epoch")
+                epoch += 1
+        finally:
+            if self._epoch_open:
+                self._epoch_open = False
+                it.data_adapter.on_epoch_end()
 
     def __call__(self) -> tuple:
         return next(self._batches)
+
+    def close(self) -> None:
+        """Note [The last epoch ended]: the job took its last batch (or ends early)."""
+        self._batches.close()
 
     def pack(self, flat: Sequence) -> Any:
         """A flat batch as fit's step gets it: ``(x, y[, sample_weight])`` with x as given (a dict, ...)."""
@@ -345,7 +372,8 @@ def keras_fit(name: str, model: Any, x: Any = None, y: Any = None, *, dataset: A
     callback_list = keras.callbacks.CallbackList(list(callbacks), add_history=True, add_progbar=False,
                                                  verbose=verbose, epochs=epochs, steps=steps_per_epoch, model=model)
     fit = FitLoop(model, steps_per_epoch, epochs, callback_list, validation_data,
-                   validation_batch_size or batch_size, initial_epoch, steps, validation_freq, validation_steps)
+                   validation_batch_size or batch_size, initial_epoch, steps, validation_freq, validation_steps,
+                   batches)
     return fit, keras_train_step(model, batches.pack), batches
 
 

@@ -9,6 +9,8 @@ weights bit for bit (np.array_equal): example counts that are not a multiple of 
 class_weight, a two-input
 two-output functional model fed a dict of arrays, a list of arrays, a tf.data dataset of
 (dict, dict), a keras.utils.PyDataset, a batch larger than the data; callbacks see fit's params."""
+import threading
+
 import numpy as np
 import pytest
 
@@ -198,3 +200,37 @@ def test_a_several_input_models_sample_is_saved_per_input_and_output(tmp_path):
     again = reloaded({"a": sample["x.a"], "b": sample["x.b"]}, training=False)
     for out in ("cls", "reg"):
         np.testing.assert_allclose(again[out].numpy(), sample[f"predictions.{out}"], rtol=1e-5, atol=1e-6)
+
+
+class CountedBatches(keras.utils.PyDataset):
+    """A PyDataset read by Keras' enqueuer (two worker threads), counting its epoch ends."""
+
+    def __init__(self):
+        super().__init__(workers=2)
+        self.epoch_ends = 0
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return A[24 * i:24 * (i + 1)], CLS[24 * i:24 * (i + 1)]
+
+    def on_epoch_end(self):
+        self.epoch_ends += 1
+
+
+def test_a_py_datasets_last_epoch_ends_as_fits_does_and_its_workers_stop():
+    # Note [The last epoch ended]: fit ends its last epoch too (the dataset's on_epoch_end, the enqueuer's
+    # threads stopped); a job used to stop inside it, leaving both undone (one call short, 6 threads a job)
+    fit_data, job_data = CountedBatches(), CountedBatches()
+    one_in_one_out().fit(fit_data, epochs=EPOCHS, verbose=0)
+    before = set(threading.enumerate())
+    host = JobHost(admission="none")
+    state = host.submit(Job.from_keras("py-dataset-workers", one_in_one_out(), job_data, epochs=EPOCHS, verbose=0))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(teardown_memory, "LATE_FREE_WAIT_S", 0.0)
+        host.run()
+    assert state.status == JobStatus.finished, state.error
+    assert (job_data.epoch_ends, fit_data.epoch_ends) == (EPOCHS + 1,) * 2   # fit's reset ends one too
+    left = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+    assert not left, left
