@@ -237,32 +237,30 @@ class FitBatches:
         self.specs = tuple(leaves)
         dims = {s.shape[0] for s in leaves if s.shape.rank}
         self.batch_size = epoch_iterator.data_adapter.batch_size or (dims.pop() if len(dims) == 1 else None)
-        self._epoch_open = False
         self._batches = self._fit_order()
 
     def _fit_order(self):
         """fit's loop over its epoch iterator: ``reset`` once, then each epoch's batches; the epoch
         the job ends in ended as fit ends its last (Note [The last epoch ended])."""
-        it, epoch = self.epoch_iterator, 0
+        it, epoch, epoch_open = self.epoch_iterator, 0, False
         it.reset()
         try:
             while self.epochs is None or epoch < self.epochs:
                 seen = 0
-                self._epoch_open = True
+                epoch_open = True
                 with it.catch_stop_iteration():
                     for _, _, iterator in it:
                         data = next(iterator)
                         seen += 1
                         yield tuple(tf.nest.flatten(data))
-                self._epoch_open = False   # the loop's end ran the adapter's on_epoch_end
+                epoch_open = False   # the loop's end ran the adapter's on_epoch_end
                 if seen < self.steps_per_epoch:
                     raise KerasJobError(f"job {self.name!r}: the data ran out after {seen} of epoch {epoch}'s "
                                         f"{self.steps_per_epoch} batches (fit would end the epoch there); make it "
                                         "last (a tf.data dataset's .repeat()) or lower steps_per_epoch")
                 epoch += 1
         finally:
-            if self._epoch_open:
-                self._epoch_open = False
+            if epoch_open:
                 it.data_adapter.on_epoch_end()
 
     def __call__(self) -> tuple:
