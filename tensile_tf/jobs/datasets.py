@@ -12,6 +12,31 @@ shapes and one traced step). Only the batch a step uses enters the pool.
 job's own thread between two steps (its memory is the job's): the loss and
 each named Keras metric, with ``training=False`` (dropout off, batch norm on
 its moving statistics), so validating never changes what training computes.
+
+Note [No autotuning thread per job]
+A ``tf.data`` iterator with autotuning on (tf.data's default) starts a thread,
+``model::Model::OptimizeLoop``, that sleeps between optimizations for a period
+that doubles up to 60 s; the iterator's destructor cancels it and waits for it.
+A job's iterator is often garbage in a reference cycle (Keras' epoch iterator,
+the generator over it), so it is destroyed inside a ``gc.collect()``: the
+teardown's, or ``JobHost.run``'s at its start, on the run loop's thread, with
+the GIL held. Measured (issue 57): py-spy and gdb 2.5 s into such collections
+showed the collecting thread in ``~RootDataset::Iterator`` waiting on the
+iterator's thread, itself asleep in ``OptimizeLoop``'s condition variable: one
+collection took 170 s, one test worker spent 151 s of wall time in collections
+that used 21.6 s of CPU, and every other job's thread waited on the GIL the
+while. The wake-up is lost in a race: ``CancellationManager::StartCancel``
+runs the callbacks (the one ``OptimizeLoop`` registered wakes the thread)
+before it marks the manager cancelled, so a thread that wakes first finds it
+not yet cancelled and sleeps out the rest of its period. Measured with
+``benchmarks/iterator_teardown_bench.py --trials 20 --live-s 1.5``: 6 of 20
+deletions waited (up to 1,047 ms) with autotuning on, 0 of 20 (at most
+0.5 ms) with it off. So every dataset a job iterates, its own or
+Keras' for fit and fit's validation, is iterated with autotuning off
+(``iterated_without_autotuning``): no such thread exists. The pipeline's
+``AUTOTUNE`` values then take tf.data's fixed defaults (a parallel map runs on
+the machine's cores, at most 16; ``prefetch(AUTOTUNE)`` keeps its own buffer
+tuner); what the pipeline yields, and its order, are unchanged.
 """
 from __future__ import annotations
 
@@ -100,7 +125,7 @@ def _load_image_dir(spec: JobSpec) -> tuple[np.ndarray, np.ndarray]:
                         f"{spec.classes}; set classes: {classes}")
     xs, ys = [], []
     files = list(getattr(ds, "file_paths", ()))   # in the dataset's order (shuffle=False)
-    examples = iter(ds)
+    examples = iter(iterated_without_autotuning(ds))
     while True:
         try:
             image, label = next(examples)
@@ -182,6 +207,16 @@ def split_examples(x: np.ndarray, y: np.ndarray, share: float, seed: int, job: s
         raise DataError(f"job {job!r}: {len(train)} training examples, fewer than one batch of {batch_size}; "
                         "lower batch_size or data.validation_split")
     return x[train], y[train], x[val], y[val]
+
+
+def iterated_without_autotuning(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """``dataset`` with tf.data's autotuning off (Note [No autotuning thread per job]);
+    anything else (a distributed dataset, a generator) is returned as it is."""
+    if not isinstance(dataset, tf.data.Dataset):
+        return dataset
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
 
 
 def training_batches(x: np.ndarray, y: np.ndarray, batch_size: int, seed: int) -> tf.data.Dataset:

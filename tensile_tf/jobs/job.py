@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from tensile_tf.config.schema import EXAMPLE_KINDS, JobSpec
+from tensile_tf.jobs.datasets import iterated_without_autotuning
 
 
 class JobBuildError(RuntimeError):
@@ -67,11 +68,11 @@ class TrainStep:
             batch = self.batches()
         else:
             if self._iterator is None:
-                self._iterator = iter(self.batches)
+                self._iterator = iter(iterated_without_autotuning(self.batches))
             try:
                 batch = next(self._iterator)
             except StopIteration:
-                self._iterator = iter(self.batches)
+                self._iterator = iter(iterated_without_autotuning(self.batches))
                 batch = next(self._iterator)
         return tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
 

@@ -83,6 +83,8 @@ from typing import Any, Callable, ContextManager, Sequence
 import numpy as np
 import tensorflow as tf
 
+from tensile_tf.jobs.datasets import iterated_without_autotuning
+
 
 class KerasJobError(ValueError):
     """A model or its data cannot become a job; the message says what to change."""
@@ -210,10 +212,10 @@ class FitLoop:
             from keras.src.backend.tensorflow.trainer import TFEpochIterator
 
             if getattr(self.model, "_eval_epoch_iterator", None) is None:   # as fit makes it, kept for later epochs
-                self.model._eval_epoch_iterator = TFEpochIterator(
+                self.model._eval_epoch_iterator = without_autotuning(TFEpochIterator(
                     x=x, y=y, sample_weight=sample_weight, batch_size=self.validation_batch_size,
                     distribute_strategy=self.model.distribute_strategy,
-                    steps_per_execution=self.model.steps_per_execution, steps_per_epoch=steps, shuffle=False)
+                    steps_per_execution=self.model.steps_per_execution, steps_per_epoch=steps, shuffle=False))
         logs = self.model.evaluate(x=x, y=y, sample_weight=sample_weight, batch_size=self.validation_batch_size,
                                    steps=steps, verbose=0, return_dict=True, callbacks=callbacks,
                                    **({"_use_cached_eval_dataset": True} if cached else {}))
@@ -353,9 +355,10 @@ def keras_fit(name: str, model: Any, x: Any = None, y: Any = None, *, dataset: A
                 (x, y, sample_weight), validation_split=validation_split)
         if seed is not None:
             keras.utils.set_random_seed(seed)
-        epoch_iterator = TFEpochIterator(x=x, y=y, sample_weight=sample_weight, batch_size=batch_size,
-                                         steps_per_epoch=steps_per_epoch, shuffle=shuffle, class_weight=class_weight,
-                                         distribute_strategy=model.distribute_strategy, steps_per_execution=1)
+        epoch_iterator = without_autotuning(TFEpochIterator(
+            x=x, y=y, sample_weight=sample_weight, batch_size=batch_size, steps_per_epoch=steps_per_epoch,
+            shuffle=shuffle, class_weight=class_weight, distribute_strategy=model.distribute_strategy,
+            steps_per_execution=1))
     except ValueError as e:   # what fit itself refuses, in Keras' words
         raise KerasJobError(f"job {name!r}: {e}") from None
     if not epoch_iterator.num_batches:
@@ -373,6 +376,13 @@ def keras_fit(name: str, model: Any, x: Any = None, y: Any = None, *, dataset: A
                    validation_batch_size or batch_size, initial_epoch, steps, validation_freq, validation_steps,
                    batches)
     return fit, keras_train_step(model, batches.pack), batches
+
+
+def without_autotuning(epoch_iterator: Any) -> Any:
+    """Keras' epoch iterator, its dataset iterated with tf.data's autotuning off
+    (Note [No autotuning thread per job] in datasets.py)."""
+    epoch_iterator._distributed_dataset = iterated_without_autotuning(epoch_iterator._distributed_dataset)
+    return epoch_iterator
 
 
 def keras_train_step(model: Any, pack: Callable[[Sequence], Any] | None = None) -> Callable:

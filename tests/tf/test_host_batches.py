@@ -47,3 +47,17 @@ def test_one_device_batch_when_asked():
     host = [(np.full((4, 2), k, np.float32),) for k in range(3)]
     batches = HostBatches(host, device_batches=1)
     assert [float(batches()[0].numpy()[0, 0]) for _ in range(5)] == [0.0, 1.0, 2.0, 0.0, 1.0]
+
+
+def test_a_steps_dataset_is_iterated_as_it_is_with_tf_datas_autotuning_off():
+    # Note [No autotuning thread per job] (tensile_tf/jobs/datasets.py): the same batches, in order
+    import tensorflow as tf
+
+    from tensile_tf.jobs.job import TrainStep
+
+    dataset = tf.data.Dataset.range(10).map(lambda i: (i * 2, i), num_parallel_calls=tf.data.AUTOTUNE).batch(3)
+    assert dataset.options().autotune.enabled is None   # the control: tf.data's default (on)
+    step = TrainStep(step_fn=lambda *batch: 0.0, batches=dataset)
+    got = [tuple(int(t[0]) for t in step.next_batch()) for _ in range(5)]   # past its end: iterated again
+    assert step._iterator._dataset.options().autotune.enabled is False
+    assert got == [(0, 0), (6, 3), (12, 6), (18, 9), (0, 0)]

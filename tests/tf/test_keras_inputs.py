@@ -86,7 +86,13 @@ CASES = {
 class Params(keras.callbacks.Callback):
     def __init__(self):
         super().__init__()
-        self.seen, self.batches = None, []
+        self.seen, self.batches, self.validation_autotuning = None, [], []
+
+    def on_epoch_end(self, epoch, logs=None):
+        # whether fit's validation dataset is iterated with tf.data's autotuning (None: its default, on)
+        iterator = getattr(self.model, "_eval_epoch_iterator", None)
+        if iterator is not None:
+            self.validation_autotuning.append(iterator._get_iterator().options().autotune.enabled)
 
     def on_train_begin(self, logs=None):
         self.seen = dict(self.params)
@@ -234,3 +240,13 @@ def test_a_py_datasets_last_epoch_ends_as_fits_does_and_its_workers_stop():
     assert (job_data.epoch_ends, fit_data.epoch_ends) == (EPOCHS + 1,) * 2   # fit's reset ends one too
     left = [t for t in threading.enumerate() if t not in before and t.is_alive()]
     assert not left, left
+
+
+def test_every_dataset_a_job_iterates_has_tf_datas_autotuning_off(trained):
+    # Note [No autotuning thread per job] (tensile_tf/jobs/datasets.py): an autotuned iterator's
+    # destructor could wait out its tuning thread's sleep (up to 60 s) inside a collection
+    for name, job in trained["jobs"].items():
+        assert job.step_hooks.batches.epoch_iterator._get_iterator().options().autotune.enabled is False, name
+    assert trained["params"]["arrays"].validation_autotuning == [False] * EPOCHS
+    # the control: fit itself iterates with tf.data's default (so the check above can fail)
+    assert trained["fits"]["arrays"][2].validation_autotuning == [None] * EPOCHS
