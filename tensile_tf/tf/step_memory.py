@@ -73,7 +73,13 @@ steps than the graph's persistent tensors, the inputs it does not hold
 job's memory they are (``inputs_held_elsewhere``), and
 ``StepMemory.held_elsewhere`` names them with the bytes they had. Inputs are never swapped or
 recomputed (Algorithm 2's filter), so nothing a plan does refers to their
-size.
+size. On a CPU a batch made by ``tf.constant`` from a NumPy array can be
+held elsewhere too: measured (issue 57), an 8 MiB float32 array NumPy owns
+at an address 48 past a multiple of 64 came to no pool bytes (nor host
+fallback), shared no memory with the array, while one at 0, 16 or 32 past,
+or any view, came to 8 MiB of the job's stream. Where the heap puts an array
+decides it, so such an input is held elsewhere in one process and not in the
+next; the capture says which it was.
 
 Note [Memory of the step as planned]
 The buffers an op allocates depend on the graph TensorFlow runs, and
