@@ -1,0 +1,23 @@
+"""Note [A child's exit without the teardown] (tests/forkserver.py): a forked child ends as the
+interpreter's exit would, up to its teardown: non-daemon threads joined first, then the atexit
+handlers, what Python and C printed flushed, its exit code kept."""
+from tests.conftest import run_python
+
+CHILD = r"""
+import atexit, ctypes, sys, threading, time
+print("forked" if "tensorflow" in sys.modules else "fresh", flush=True)   # the server imported it
+atexit.register(lambda: print("atexit ran"))
+threading.Thread(target=lambda: (time.sleep(0.3), print("thread done"))).start()
+ctypes.CDLL(None).printf(b"from C, unflushed ")
+sys.exit(3)
+"""
+
+
+def test_a_forked_child_joins_its_threads_runs_atexit_flushes_c_output_and_keeps_its_exit_code():
+    proc = run_python(CHILD)
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert lines[0] == "forked", lines   # the path under test, not a fresh interpreter
+    out = proc.stdout   # (C's buffer comes out where stdio flushed it, not in print order)
+    assert "thread done" in out and out.index("thread done") < out.index("atexit ran"), out   # Py_FinalizeEx's order
+    assert "from C, unflushed" in out, out
