@@ -82,8 +82,9 @@ CounterBarriers that pace job threads' ops against each other in C++
 (tf_plugin/nodegroup/counter_barrier.h); the allocator's wait for frees
 (Note [Waiting for frees], its own mutex); the stderr pump of
 tf_plugin/_loader.py, only while TensorFlow imports; and, where TensorFlow is loaded, the exact
-planner's child interpreter (a process, not a thread: Note [CP-SAT beside TensorFlow] in
-tensile_tf/scheduler/exact_planner.py).
+planner's child interpreter (a process, not a thread, kept for later solves: Note [CP-SAT
+beside TensorFlow] in tensile_tf/scheduler/exact_planner.py, Note [One solver child per process]
+in tensile_tf/scheduler/solver_child.py).
 
 Hand-offs (and why each is safe)
 --------------------------------

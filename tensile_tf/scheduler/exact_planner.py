@@ -44,7 +44,6 @@ from __future__ import annotations
 import math
 import os
 import pickle
-import subprocess
 import sys
 import tempfile
 import time
@@ -54,6 +53,7 @@ from typing import Sequence
 from tensile_tf.scheduler.exact_candidates import ExactCandidates, collect_candidates
 from tensile_tf.scheduler.exact_plans import hint_greedy_plan, plan_from_solution
 from tensile_tf.scheduler.plan import Plan
+from tensile_tf.scheduler.solver_child import SolverChild
 from tensile_tf.scheduler.planner import DEFAULT_BANDWIDTH_BYTES_PER_S, Planner, PlannerJob
 
 INSTALL_HINT = 'the exact planner needs OR-Tools: pip install -e ".[exact]"'
@@ -393,13 +393,7 @@ class ExactPlanner:
             given, result = os.path.join(d, "given.pickle"), os.path.join(d, "result.pickle")
             with open(given, "wb") as f:
                 pickle.dump((*self._args, hint), f)
-            code = "import sys; from tensile_tf.scheduler.exact_planner import solve_pickled; solve_pickled(*sys.argv[1:])"
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-            proc = subprocess.run([sys.executable, "-c", code, given, result], capture_output=True, text=True, env=env,
-                                  timeout=3 * self.time_limit_s + 300)
-            if proc.returncode != 0 or not os.path.exists(result):
-                raise RuntimeError(f"exact planner: its child interpreter failed ({proc.returncode}): "
-                                   f"{proc.stderr[-2000:]}")
+            SolverChild.solve(given, result, timeout_s=3 * self.time_limit_s + 300)   # Note [One solver child per process]
             with open(result, "rb") as f:
                 return pickle.load(f)
 
@@ -420,7 +414,8 @@ def solve_pickled(given: str, result: str) -> None:
 # then the exact planner's first solve took the worker down (OR-Tools and
 # TensorFlow each bring their own protobuf and absl). So where TensorFlow
 # is loaded (or ``isolate=True``), ``solve`` runs whole in a child
-# interpreter that imports OR-Tools and not TensorFlow; the jobs, the
-# settings and the greedy hint go to it pickled, and its ``ExactResult``
+# interpreter that imports OR-Tools and not TensorFlow (one, kept for later
+# solves: Note [One solver child per process] in solver_child.py); the jobs,
+# the settings and the greedy hint go to it pickled, and its ``ExactResult``
 # comes back so. A pure process (benchmarks/exact_gap_bench.py, the pure
 # tests) solves in process.

@@ -143,6 +143,28 @@ def test_two_jobs_are_planned_for_the_sum_of_their_peaks():
         ExactPlanner([PlannerJob(a, unit(a)), PlannerJob(b, unit(b))], coincident_peaks=False)
 
 
+def test_isolated_solves_share_one_child_and_a_dead_one_is_replaced():
+    """Note [One solver child per process] (tensile_tf/scheduler/solver_child.py)."""
+    import os
+    import signal
+
+    from tensile_tf.scheduler.solver_child import SolverChild
+
+    g = recompute_graph()
+
+    def solve():
+        r = ExactPlanner([PlannerJob(g, unit(g))], bandwidth_bytes_per_s=1.0, isolate=True).solve()
+        assert r.optimal and r.peak_bytes == 320
+        return SolverChild.pid(), SolverChild.started
+
+    first, started = solve()
+    assert solve() == (first, started)   # the second solve asked the same child
+    os.kill(first, signal.SIGKILL)
+    os.waitpid(first, 0)
+    pid, again = solve()
+    assert again == started + 1 and pid not in (None, first)
+
+
 def test_a_solve_in_a_child_interpreter_reads_the_same_plan():
     """Note [CP-SAT beside TensorFlow]: where TensorFlow is loaded the solve runs
     in a child interpreter; forced here, it reads back the plan worked out by hand
