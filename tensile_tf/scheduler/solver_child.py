@@ -51,8 +51,8 @@ class SolverChild:
             return
         cls._busy = True
         try:
-            proc = cls._proc if cls._owner == os.getpid() else None
-            if proc is None or proc.poll() is not None:
+            proc = cls._kept()
+            if proc is None:
                 proc = cls._proc = _start()
                 cls._owner, cls.started = os.getpid(), cls.started + 1
             _ask(proc, given, result, timeout_s)   # a child it killed or that ended is replaced next time
@@ -60,10 +60,16 @@ class SolverChild:
             cls._busy = False
 
     @classmethod
+    def _kept(cls) -> subprocess.Popen | None:
+        """This process's kept child, where it is still running."""
+        proc = cls._proc if cls._owner == os.getpid() else None
+        return proc if proc is not None and proc.poll() is None else None
+
+    @classmethod
     def pid(cls) -> int | None:
         """The kept child's process id (None: none is running)."""
-        proc = cls._proc if cls._owner == os.getpid() else None
-        return proc.pid if proc is not None and proc.poll() is None else None
+        proc = cls._kept()
+        return proc.pid if proc is not None else None
 
 
 def _start() -> subprocess.Popen:
