@@ -42,6 +42,7 @@ from typing import Sequence
 
 import numpy as np
 
+from tensile_tf.scheduler.inserted_steps import can_insert_into, steps_inserted_into
 from tensile_tf.scheduler.job_graph import VARIABLE_PREFIX, JobGraph
 from tensile_tf.scheduler.latency import LatencyModel
 
@@ -126,6 +127,15 @@ class TensorAccessSequence:
     (sorted steps that access it), ``writes[i]`` (steps that create a new
     version: TGA or update), ``first``/``last`` (vanilla residency, inclusive
     steps; whole iteration for persistent tensors).
+
+    Note [Access kinds worked out when asked]
+    Each build kept a list of access kinds per tensor beside ``acc``: a third
+    of the 35,000 lists a ResNet50 sequence makes, and a plan of 16 such jobs
+    keeps about a dozen builds, whose 400,000 young lists the first garbage
+    collection after the plan walks (0.11-0.2 s of a 2.7-3.3 s plan). Only
+    the access views (``accesses``) read the kinds, and ``writes`` and the
+    ops decide them, so ``acc_kind`` works them out when first asked. The
+    kinds are the ones the build recorded (``tests/scheduler/test_fast_paths.py``).
     """
 
     def __init__(self, graph: JobGraph, latencies: LatencyModel, recomputes: Sequence = (),
@@ -151,23 +161,92 @@ class TensorAccessSequence:
         self.producer_of = side.producer_of
         self.ops_by_name = side.ops_by_name
 
+        self.recompute_target_step: dict[str, int] = {}
+        if inserts and can_insert_into(like, graph, latencies):   # Note [Recompute steps inserted into a built sequence]
+            steps = steps_inserted_into(like, inserts, recompute_step_name, self.recompute_target_step)
+        else:
+            steps = self._op_loop(graph, latencies, inserts, side)
+        step_names, step_op, latency, temp, concurrent, acc, writes = steps
+
+        n = len(step_names)
+        self.n = n
+        self.step_names = step_names
+        self.step_op = step_op
+        self.step_index = {s: k for k, s in enumerate(step_names)}
+        self.is_original = np.array([s == o for s, o in zip(step_names, step_op)], dtype=bool)
+        self.latency = latency
+        self.end = np.cumsum(self.latency) if n else np.zeros(0)
+        self.start = _starts(self.end)
+        self.period_s = float(self.end[-1]) if n else 0.0
+        self.temp = temp
+        self.concurrent = concurrent
+        self.acc = acc
+        self.writes = writes
+        first = np.array([(w[0] if w else a[0]) if a else 0 for a, w in zip(acc, writes)], dtype=np.int64)
+        last = np.array([a[-1] if a else -1 for a in acc], dtype=np.int64)
+        first[self.persistent], last[self.persistent] = 0, n - 1
+        # Note [Views] in job_graph: a view has no bytes; its owner stays until
+        # the view's last access, and an absence of the owner frees nothing
+        # while a view is live (``view_spans``: owner -> inclusive step ranges).
+        # Note [View takes the buffer]: the view that outlives its activation
+        # owner and every other view holds the buffer alone after that, so from
+        # then on the bytes are the view's (``handed_over``: view -> owner).
+        # Note [Views read as their owner]: the other views of an activation
+        # read its buffer, so their reads are the owner's accesses
+        # (``read_as_owner``: view -> owner), which a swap or recomputation of
+        # the owner serves (the rewrite re-creates the view from it).
+        self.view_spans: dict[int, list[tuple[int, int]]] = {}
+        self.handed_over: dict[int, int] = {}
+        self.read_as_owner: dict[int, int] = {}
+        #: an owner's accesses before its views' reads were added (Note [Recompute steps inserted into a built sequence])
+        self.acc_before_views: dict[int, list[int]] = {}
+        views_of: dict[int, list[int]] = {}
+        for i, info in enumerate(infos):
+            owner = ti.get(info.view_of) if info.view_of else None
+            if owner is not None:
+                self.size[i] = 0
+                if last[i] >= 0:
+                    views_of.setdefault(owner, []).append(i)
+        for owner, views in views_of.items():
+            heir = max(views, key=lambda v: (last[v], v))
+            held_until = max([last[owner], *(last[v] for v in views if v != heir)])
+            if self.kind[owner] == "activation" and last[heir] > held_until and last[owner] >= 0:
+                self.handed_over[heir] = owner
+                self.size[heir] = infos[owner].size_bytes
+                first[heir] = held_until + 1
+                views = [v for v in views if v != heir]
+            for v in views:
+                last[owner] = max(last[owner], last[v])
+                if self.kind[owner] == "activation" and _re_creatable(self.ops_by_name, infos[v]):
+                    self.read_as_owner[v] = owner
+                    self.acc_before_views.setdefault(owner, acc[owner][:])
+                    acc[owner][:] = sorted({*acc[owner], *acc[v]})   # the view's reads: reads of the owner
+                else:
+                    self.view_spans.setdefault(owner, []).append((int(first[v]), int(last[v])))
+        self.first, self.last = first, last
+        self._start_l = self.start.tolist()
+        self._end_l = self.end.tolist()
+        self._latencies = latencies
+        n_acc = np.fromiter((len(a) for a in acc), dtype=np.int64, count=nt)
+        #: Algorithm 2's filter: not a model input, not a constant, not empty, and another access to
+        #: serve (TAT length > 1)
+        self.swappable = side.may_swap & (self.size > 0) & (self.persistent | (n_acc > 1)) & (n_acc > 0)
+
+    def _op_loop(self, graph: JobGraph, latencies: LatencyModel, inserts: dict, side: _TensorSide) -> tuple:
+        """(step names, step ops, latencies, scratch, concurrent bytes, acc, writes): the graph's
+        ops in order, each one's recompute steps right before it, each access recorded."""
         step_names: list[str] = []
         step_op: list[str] = []
         lat: list[float] = []
         temp: list[float] = []
         concurrent: dict[int, int] = {}   # step -> the op's concurrent_bytes (Note [Free-running steps])
+        ti, nt = side.tindex, len(side.names)
         acc: list[list[int]] = [[] for _ in range(nt)]
         writes: list[list[int]] = [[] for _ in range(nt)]
-        acc_kind: list[list[str]] = [[] for _ in range(nt)]
-        self.recompute_target_step: dict[str, int] = {}
 
-        def touch(i: int, k: int, kind: str) -> None:
-            if acc[i] and acc[i][-1] == k:
-                if kind != "TUA":
-                    acc_kind[i][-1] = kind
-            else:
+        def touch(i: int, k: int, kind: str) -> None:     # Note [Access kinds worked out when asked]
+            if not acc[i] or acc[i][-1] != k:
                 acc[i].append(k)
-                acc_kind[i].append(kind)
             if kind != "TUA" and (not writes[i] or writes[i][-1] != k):
                 writes[i].append(k)
 
@@ -210,78 +289,16 @@ class TensorAccessSequence:
                 a = acc[i]
                 if not a or a[-1] != k:
                     a.append(k)
-                    acc_kind[i].append("TUA")
             for i in updates:
                 touch(i, k, "UPDATE")
             for i in outputs:
                 touch(i, k, "TGA")
-
         n = len(step_names)
-        self.n = n
-        self.step_names = step_names
-        self.step_op = step_op
-        self.step_index = {s: k for k, s in enumerate(step_names)}
-        self.is_original = np.array([s == o for s, o in zip(step_names, step_op)], dtype=bool)
-        self.latency = np.asarray(lat, dtype=np.float64)
-        self.end = np.cumsum(self.latency) if n else np.zeros(0)
-        self.start = _starts(self.end)
-        self.period_s = float(self.end[-1]) if n else 0.0
-        self.temp = np.asarray(temp, dtype=np.int64)
-        self.concurrent = np.zeros(n, dtype=np.int64)
+        conc = np.zeros(n, dtype=np.int64)
         for k, b in concurrent.items():
-            self.concurrent[k] = b
-        self.acc = acc
-        self.acc_kind = acc_kind
-        self.writes = writes
-        first = np.array([(w[0] if w else a[0]) if a else 0 for a, w in zip(acc, writes)], dtype=np.int64)
-        last = np.array([a[-1] if a else -1 for a in acc], dtype=np.int64)
-        first[self.persistent], last[self.persistent] = 0, n - 1
-        # Note [Views] in job_graph: a view has no bytes; its owner stays until
-        # the view's last access, and an absence of the owner frees nothing
-        # while a view is live (``view_spans``: owner -> inclusive step ranges).
-        # Note [View takes the buffer]: the view that outlives its activation
-        # owner and every other view holds the buffer alone after that, so from
-        # then on the bytes are the view's (``handed_over``: view -> owner).
-        # Note [Views read as their owner]: the other views of an activation
-        # read its buffer, so their reads are the owner's accesses
-        # (``read_as_owner``: view -> owner), which a swap or recomputation of
-        # the owner serves (the rewrite re-creates the view from it).
-        self.view_spans: dict[int, list[tuple[int, int]]] = {}
-        self.handed_over: dict[int, int] = {}
-        self.read_as_owner: dict[int, int] = {}
-        views_of: dict[int, list[int]] = {}
-        for i, info in enumerate(infos):
-            owner = ti.get(info.view_of) if info.view_of else None
-            if owner is not None:
-                self.size[i] = 0
-                if last[i] >= 0:
-                    views_of.setdefault(owner, []).append(i)
-        for owner, views in views_of.items():
-            heir = max(views, key=lambda v: (last[v], v))
-            held_until = max([last[owner], *(last[v] for v in views if v != heir)])
-            if self.kind[owner] == "activation" and last[heir] > held_until and last[owner] >= 0:
-                self.handed_over[heir] = owner
-                self.size[heir] = infos[owner].size_bytes
-                first[heir] = held_until + 1
-                views = [v for v in views if v != heir]
-            for v in views:
-                last[owner] = max(last[owner], last[v])
-                if self.kind[owner] == "activation" and _re_creatable(self.ops_by_name, infos[v]):
-                    self.read_as_owner[v] = owner
-                    merged = sorted({*acc[owner], *acc[v]})
-                    kinds = dict(zip(acc[owner], acc_kind[owner]))
-                    acc[owner][:] = merged
-                    acc_kind[owner][:] = [kinds.get(k, "TUA") for k in merged]
-                else:
-                    self.view_spans.setdefault(owner, []).append((int(first[v]), int(last[v])))
-        self.first, self.last = first, last
-        self._start_l = self.start.tolist()
-        self._end_l = self.end.tolist()
-        self._latencies = latencies
-        n_acc = np.fromiter((len(a) for a in acc), dtype=np.int64, count=nt)
-        #: Algorithm 2's filter: not a model input, not a constant, not empty, and another access to
-        #: serve (TAT length > 1)
-        self.swappable = side.may_swap & (self.size > 0) & (self.persistent | (n_acc > 1)) & (n_acc > 0)
+            conc[k] = b
+        return (step_names, step_op, np.asarray(lat, dtype=np.float64), np.asarray(temp, dtype=np.int64), conc,
+                acc, writes)
 
     def last_use_map(self) -> dict[str, list[str]]:
         """Activity analysis (Algorithm 3 line 2): step name -> activations released after it.
@@ -293,6 +310,31 @@ class TensorAccessSequence:
             for i in np.flatnonzero(~self.persistent & (self.size > 0) & (self.last >= 0)).tolist():
                 cached.setdefault(steps[self.last[i]], []).append(names[i])
             self._structure_cache["last_use"] = cached
+        return cached
+
+    @property
+    def acc_kind(self) -> list[list[str]]:
+        """Note [Access kinds worked out when asked]: per tensor, the kind of each of its
+        accesses (``acc[i]``): "TGA" where its step's op outputs it (a recompute step its
+        target), "UPDATE" where the op updates it in place, else a read ("TUA"). Cached; shared by
+        ``retimed`` copies."""
+        cached = self._structure_cache.get("acc_kind")
+        if cached is None:
+            ops, targets = self.ops_by_name, {k: t for t, k in self.recompute_target_step.items()}
+            names = self.tensor_names
+            cached = []
+            for i, (a, w) in enumerate(zip(self.acc, self.writes)):
+                written = set(w)
+                kinds = []
+                for k in a:
+                    if k not in written:
+                        kinds.append("TUA")
+                    elif k in targets:
+                        kinds.append("TGA")
+                    else:
+                        kinds.append("TGA" if names[i] in ops[self.step_op[k]].outputs else "UPDATE")
+                cached.append(kinds)
+            self._structure_cache["acc_kind"] = cached
         return cached
 
     # -- access view (§III-C) -------------------------------------------------

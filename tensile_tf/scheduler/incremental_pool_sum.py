@@ -39,8 +39,13 @@ class IncrementalPoolSum:
         self.ns = list(ns)
         self.points = len(self.idx[0]) if self.idx else 0
         # inverse index: the grid points of local step k are order[j][bounds[j][k]:bounds[j][k + 1]]
-        self.order = [np.argsort(ix, kind="stable") for ix in self.idx]
-        self.bounds = [np.searchsorted(ix[o], np.arange(n + 2)) for ix, o, n in zip(self.idx, self.order, self.ns)]
+        inverse: dict[int, tuple[np.ndarray, np.ndarray]] = {}   # jobs that share an index share its inverse
+        for ix, n in zip(self.idx, self.ns):
+            if id(ix) not in inverse:
+                o = np.argsort(ix, kind="stable")
+                inverse[id(ix)] = (o, np.searchsorted(ix[o], np.arange(n + 2)))
+        self.order = [inverse[id(ix)][0] for ix in self.idx]
+        self.bounds = [inverse[id(ix)][1] for ix in self.idx]
         self.block = block
         blocks = -(-self.points // block) if self.points else 0
         self._total = np.zeros(blocks * block, dtype=np.int64)

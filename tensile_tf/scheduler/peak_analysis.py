@@ -280,6 +280,15 @@ class PoolTimeline:
     Grid points are every step start of every job over [0, horizon_s]; on each
     grid segment each job runs exactly one step (or has not started yet). The
     pool footprint on a segment is the sum of the running steps' F values.
+
+    Note [Jobs that run alike share their grid index]
+    Jobs whose steps start at the same times (one start array: copies of one
+    sequence, Note [Identical jobs planned by representatives]) with the same
+    period and offset run the same step at every grid point, so their repeats
+    are worked out, merged into the grid and indexed once, and they share one
+    index array (``IncrementalPoolSum`` inverts it once too). 16 ResNet50
+    jobs: three timelines a plan, each sorting 16 copies of the same times.
+    The grid and every job's index are what they were.
     """
 
     def __init__(self, seqs: Sequence[TensorAccessSequence], offsets: Sequence[float],
@@ -298,18 +307,21 @@ class PoolTimeline:
         self.offsets = [float(o) for o in offsets]
         self.periods = periods
         self.horizon_s = self.horizon(self.offsets, periods, horizon_iterations)
-        per_job_times = []
-        for s, o in zip(seqs, self.offsets):
-            reps = max(1, math.ceil((self.horizon_s - o) / s.period_s) + 1)
-            t = (o + np.arange(reps)[:, None] * s.period_s + s.start[None, :]).ravel()
-            per_job_times.append(t)
-        grid = np.unique(np.concatenate([*per_job_times, [0.0]]))
+        # Note [Jobs that run alike share their grid index]
+        alike = [(id(s.start), s.period_s, s.n, o) for s, o in zip(seqs, self.offsets)]
+        times: dict[tuple, np.ndarray] = {}
+        for s, o, key in zip(seqs, self.offsets, alike):
+            if key not in times:
+                reps = max(1, math.ceil((self.horizon_s - o) / s.period_s) + 1)
+                times[key] = (o + np.arange(reps)[:, None] * s.period_s + s.start[None, :]).ravel()
+        grid = np.unique(np.concatenate([*times.values(), [0.0]]))
         self.grid = grid[grid <= self.horizon_s]
-        self.idx: list[np.ndarray] = []
-        for s, t in zip(seqs, per_job_times):
+        local_of: dict[tuple, np.ndarray] = {}
+        for key, t in times.items():
             flat = np.searchsorted(t, self.grid, side="right") - 1
-            local = np.where(flat >= 0, flat % s.n, s.n)  # s.n: the padding slot, 0 bytes
-            self.idx.append(local)
+            local_of[key] = np.where(flat >= 0, flat % key[2], key[2])  # n: the padding slot, 0 bytes
+        #: per job, the local step it runs at each grid point (one array for jobs that run alike: read only)
+        self.idx: list[np.ndarray] = [local_of[key] for key in alike]
         self.ns = [s.n for s in seqs]
 
     @staticmethod

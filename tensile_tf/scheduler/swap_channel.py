@@ -38,6 +38,8 @@ import math
 from bisect import bisect_left, bisect_right
 from typing import Sequence
 
+import numpy as np
+
 _EPS = 1e-12
 
 #: A transfer's direction: device to host (a swap-out) or host to device (a swap-in).
@@ -197,24 +199,40 @@ class SwapChannel:
         """``reserve`` for each (job, tau, seconds, direction) of ``bookings``
         on a link with nothing booked yet, every lane sorted once instead of
         one insertion per repeat; raises as ``reserve`` does where two
-        transfers (or repeats) would overlap."""
+        transfers (or repeats) would overlap. The repeats are worked out as
+        arrays (``_bases`` and the starts, the same float operations in the
+        same order, so the same starts: 28,000 bookings of 16 ResNet50 jobs)."""
         if self._booked:
             raise RuntimeError("swap channel: reserve_many books an empty link only")
-        tags, placed = [], [[] for _ in self._lanes]
-        for j, tau, d, direction in bookings:
-            self._tag += 1
-            tag, li = self._tag, self.lane(direction)
-            starts = self.reserved[tag] = [self.offsets[j] + k * self.periods[j] + tau for k in self._bases(j, tau, d)]
-            placed[li].extend((g0, g0 + d, tag) for g0 in starts)
-            self._lane_of[tag], self._booked[tag] = li, (j, tau, d)
-            tags.append(tag)
-        for lane, ivs in zip(self._lanes, placed):
-            ivs.sort()
-            if any(e > s + _EPS for (_, e, _), (s, _, _) in zip(ivs, ivs[1:])):
+        if not bookings:
+            return []
+        nb = len(bookings)
+        jobs, taus, secs, directions = zip(*bookings)
+        lane_of = np.fromiter((self.lane(x) for x in directions), dtype=np.int64, count=nb)
+        j = np.fromiter(jobs, dtype=np.int64, count=nb)
+        tau, d = np.array(taus, dtype=np.float64), np.array(secs, dtype=np.float64)
+        o, T = np.array(self.offsets, dtype=np.float64)[j], np.array(self.periods, dtype=np.float64)[j]
+        k_lo = np.ceil((-o - tau - d) / T)
+        counts = (np.maximum(k_lo, np.floor((self.horizon_s - o - tau) / T)) - k_lo + 1).astype(np.int64)
+        of = np.repeat(np.arange(nb), counts)
+        first = np.cumsum(counts) - counts
+        k = k_lo[of] + (np.arange(int(counts.sum())) - first[of])
+        g0 = o[of] + k * T[of] + tau[of]
+        end = g0 + d[of]
+        tags = list(range(self._tag + 1, self._tag + 1 + nb))
+        self._tag += nb
+        tag = np.asarray(tags, dtype=np.int64)[of]
+        starts = g0.tolist()
+        for b, (t, a, jj, tt, dd) in enumerate(zip(tags, first.tolist(), jobs, taus, secs)):
+            self.reserved[t] = starts[a:a + int(counts[b])]
+            self._lane_of[t], self._booked[t] = int(lane_of[b]), (jj, tt, dd)
+        for li, lane in enumerate(self._lanes):
+            mine = np.flatnonzero(lane_of[of] == li)
+            ranked = mine[np.lexsort((tag[mine], end[mine], g0[mine]))]   # as tuples (start, end, tag) sort
+            s_, e_ = g0[ranked], end[ranked]
+            if len(ranked) > 1 and bool(np.any(e_[:-1] > s_[1:] + _EPS)):
                 raise RuntimeError("swap channel: reserving an overlapping transfer (planner bug)")
-            lane.starts = [iv[0] for iv in ivs]
-            lane.ends = [iv[1] for iv in ivs]
-            lane.tags = [iv[2] for iv in ivs]
+            lane.starts, lane.ends, lane.tags = s_.tolist(), e_.tolist(), tag[ranked].tolist()
         return tags
 
     @staticmethod
@@ -275,11 +293,12 @@ class SwapChannel:
         starts, or None (nothing placed) where one would overlap another transfer."""
         starts_at = []
         starts, ends, tags = lane.starts, lane.ends, lane.tags
-        o, T = self.offsets[j], self.periods[j]
-        for k in self._bases(j, tau, d):
+        o, T, eps = self.offsets[j], self.periods[j], _EPS
+        k_lo = math.ceil((-o - tau - d) / T)      # ``_bases`` and ``_free_position`` inline (Note [Calls on the hot path])
+        for k in range(k_lo, max(k_lo, math.floor((self.horizon_s - o - tau) / T)) + 1):
             g0 = o + k * T + tau
-            pos = self._free_position(lane, g0, d)
-            if pos < 0:
+            pos = bisect_left(starts, g0 + d - eps)
+            if pos > 0 and ends[pos - 1] > g0 + eps:
                 for s in starts_at:
                     self._drop(lane, s, tag)
                 return None

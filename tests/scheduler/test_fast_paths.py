@@ -1,6 +1,7 @@
 """The planner's fast paths against the plain forms they replace (issue 56):
 Note [One build of the tensor side] (scheduler/access_sequence.py), a plan's
-copies' absences added at once (``JobFootprint.add_absences``), and
+copies' absences added at once (``JobFootprint.add_absences``), a link
+booked at once (``SwapChannel.reserve_many``), and
 ``SwapChannel.is_free`` for the swap-in at its trigger's end."""
 from pathlib import Path
 
@@ -67,10 +68,13 @@ def _same_sequence(a: TensorAccessSequence, b: TensorAccessSequence) -> None:
             assert x == y, key
 
 
-def test_a_sequence_built_like_another_is_the_sequence_built_alone():
+@pytest.mark.parametrize("stem", ["residual_net_b32", "transformer_b4", "small_cnn_b16"])
+def test_a_sequence_built_like_another_is_the_sequence_built_alone(stem):
     """With recomputations a plan chose (a slow link makes the planner recompute), the sequence
-    that shares its graph's tensor side with the plain one is the one built from the graph alone."""
-    graph, lat = load_capture(CAPTURES / "residual_net_b32.json")
+    built from the plain one (its tensor side shared, Note [Recompute steps inserted into a built
+    sequence]: its steps and accesses moved, the recompute steps inserted) is the one the op loop
+    builds from the graph alone, access kinds included."""
+    graph, lat = load_capture(CAPTURES / f"{stem}.json")
     planner = Planner([PlannerJob(graph, lat)], pool_bytes=None, bandwidth_bytes_per_s=110 * 2**20)
     planner.plan()
     recomputes = planner.jobs[0].recomputes
@@ -80,7 +84,32 @@ def test_a_sequence_built_like_another_is_the_sequence_built_alone():
     like = TensorAccessSequence(graph, lat, recomputes, like=plain)
     assert like._tensor_side is plain._tensor_side
     _same_sequence(like, alone)
+    assert like.acc_kind == alone.acc_kind
     assert alone.n == plain.n + sum(len(ev.ops) for ev in recomputes)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_a_link_booked_at_once_is_the_link_booked_one_by_one(data):
+    """``SwapChannel.reserve_many`` (its repeats as arrays) books what ``reserve`` books, in
+    each lane the same starts, ends and tags, and each reservation the same repeats."""
+    periods = [data.draw(st.sampled_from([1.0, 1.5, 2.25, 0.7])) for _ in range(2)]
+    lanes = data.draw(st.sampled_from([1, 2]))
+    make = lambda: SwapChannel(1.0, 6.0, [0.0, 0.4], periods, lanes=lanes)  # noqa: E731
+    one_by_one, bookings = make(), []
+    for _ in range(data.draw(st.integers(0, 16))):
+        j, d = data.draw(st.integers(0, 1)), data.draw(st.sampled_from([0.05, 0.2, 0.5, 0.013]))
+        direction = data.draw(st.sampled_from([OUT, IN]))
+        tau = one_by_one.earliest(j, data.draw(st.floats(-0.5, 2.0)), 3.0, d, direction=direction)
+        if tau is not None:
+            one_by_one.reserve(j, tau, d, direction=direction)
+            bookings.append((j, tau, d, direction))
+    at_once = make()
+    assert at_once.reserve_many(bookings) == list(one_by_one.reserved)
+    assert at_once.reserved == one_by_one.reserved and at_once._booked == one_by_one._booked
+    for lane in range(lanes):
+        a, b = at_once._lanes[lane], one_by_one._lanes[lane]
+        assert (a.starts, a.ends, a.tags) == (b.starts, b.ends, b.tags)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
