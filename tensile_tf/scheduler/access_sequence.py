@@ -45,6 +45,7 @@ import numpy as np
 from tensile_tf.scheduler.inserted_steps import can_insert_into, steps_inserted_into
 from tensile_tf.scheduler.job_graph import VARIABLE_PREFIX, JobGraph
 from tensile_tf.scheduler.latency import LatencyModel
+from tensile_tf.scheduler.step_lists import StepLists
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ class TensorAccessSequence:
     ``start``, ``end`` (seconds), ``temp`` (scratch bytes while it runs).
     Per tensor (index i into ``tensor_names``): ``size``, ``kind``, ``acc[i]``
     (sorted steps that access it), ``writes[i]`` (steps that create a new
-    version: TGA or update), ``first``/``last`` (vanilla residency, inclusive
+    version: TGA or update; both ``StepLists``, Note [Access lists kept flat]), ``first``/``last`` (vanilla residency, inclusive
     steps; whole iteration for persistent tensors).
 
     Note [Access kinds worked out when asked]
@@ -180,8 +181,6 @@ class TensorAccessSequence:
         self.period_s = float(self.end[-1]) if n else 0.0
         self.temp = temp
         self.concurrent = concurrent
-        self.acc = acc
-        self.writes = writes
         first = np.array([(w[0] if w else a[0]) if a else 0 for a, w in zip(acc, writes)], dtype=np.int64)
         last = np.array([a[-1] if a else -1 for a in acc], dtype=np.int64)
         first[self.persistent], last[self.persistent] = 0, n - 1
@@ -224,10 +223,11 @@ class TensorAccessSequence:
                 else:
                     self.view_spans.setdefault(owner, []).append((int(first[v]), int(last[v])))
         self.first, self.last = first, last
+        self.acc, self.writes = StepLists(acc), StepLists(writes)    # Note [Access lists kept flat]
         self._start_l = self.start.tolist()
         self._end_l = self.end.tolist()
         self._latencies = latencies
-        n_acc = np.fromiter((len(a) for a in acc), dtype=np.int64, count=nt)
+        n_acc = self.acc.lengths()
         #: Algorithm 2's filter: not a model input, not a constant, not empty, and another access to
         #: serve (TAT length > 1)
         self.swappable = side.may_swap & (self.size > 0) & (self.persistent | (n_acc > 1)) & (n_acc > 0)

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from tensile_tf.scheduler.access_sequence import TensorAccessSequence
     from tensile_tf.scheduler.job_graph import JobGraph
     from tensile_tf.scheduler.latency import LatencyModel
+    from tensile_tf.scheduler.step_lists import StepLists
 
 
 def can_insert_into(like: "TensorAccessSequence | None", graph: "JobGraph", latencies: "LatencyModel") -> bool:
@@ -41,6 +42,15 @@ def _insert(a: list[int], k: int) -> None:
     pos = bisect_left(a, k)
     if pos == len(a) or a[pos] != k:
         a.insert(pos, k)
+
+
+def _moved(lists: "StepLists", moved: list[int], first_moved: int) -> list[list[int]]:
+    """Each list of ``lists`` with every step k at ``moved[k]`` (a list per index: a build's working form)."""
+    flat = lists.flat
+    if first_moved < len(moved):
+        flat = [moved[k] for k in flat]
+    p = lists.ptr
+    return [flat[p[i]:p[i + 1]] for i in range(len(p) - 1)]
 
 
 def steps_inserted_into(like: "TensorAccessSequence", inserts: Mapping[str, Sequence],
@@ -97,10 +107,9 @@ def steps_inserted_into(like: "TensorAccessSequence", inserts: Mapping[str, Sequ
     conc_parts.append(like.concurrent[done:])
     first_moved = at[0][0] if at else like.n
     moved = (np.arange(like.n, dtype=np.int64) + shift).tolist()
-    before_views = like.acc_before_views
-    acc = [[moved[k] for k in a] if a and a[-1] >= first_moved else a[:]
-           for a in (before_views.get(i, a) for i, a in enumerate(like.acc))]
-    writes = [[moved[k] for k in w] if w and w[-1] >= first_moved else w[:] for w in like.writes]
+    acc, writes = _moved(like.acc, moved, first_moved), _moved(like.writes, moved, first_moved)
+    for owner, steps in like.acc_before_views.items():
+        acc[owner] = [moved[k] for k in steps]
     for k, reads, target in chains:
         for i in reads:
             _insert(acc[i], k)
