@@ -73,8 +73,10 @@ def main() -> None:
     host = JobHost(planner="tensile", admission="none", plan_steps=args.plan_steps)
     for i in range(args.jobs):
         host.submit(Job.from_spec(JobSpec.model_validate(dict(
+            # steps: far more than the benchmark runs, so no re-plan is skipped as being for jobs about to end
+            # (Note [Re-plans for jobs about to end] in tensile_tf/runtime/replan_timing.py)
             name=f"resnet50-{i}", model={"application": "ResNet50"}, input_shape=[64, 64, 3], batch_size=16,
-            steps=4, seed=i, optimizer={"name": "adam", "learning_rate": 0.001}))))
+            steps=100_000, seed=i, optimizer={"name": "adam", "learning_rate": 0.001}))))
     host.clock.restart()
     admitted = host._probe_start(deque(), deque())  # noqa: SLF001 - the run's own start, without training
     start = host.plans[-1]
@@ -84,6 +86,8 @@ def main() -> None:
     if args.plan_steps != "rewrite":   # each job's plan-table step is built once, by its first plan that swaps
         t0 = time.perf_counter()
         record = host.replanner.replan(admitted, "benchmark: build the plan-table steps")
+        if record.error or record.skipped:
+            raise SystemExit(f"the plan that builds the table steps did not run: {record.error or record.skipped}")
         for s in admitted:
             waiting = s.rt.switch.peek()
             if waiting is not None and waiting.step is not None:
@@ -111,6 +115,8 @@ def main() -> None:
         record = host.replanner.replan(admitted, f"benchmark re-plan {k}")
         if record.error:
             raise SystemExit(f"re-plan failed: {record.error}")
+        if record.skipped:   # nothing ran: no figure to print
+            raise SystemExit(f"re-plan {k} not started: {record.skipped}")
         rewritten = time.perf_counter() - t0
         for s in admitted:   # Note [Instantiated off the job's thread]: each new step instantiated on a worker
             waiting = s.rt.switch.peek()
