@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from tensile_tf.scheduler.access_sequence import TensorAccessSequence
     from tensile_tf.scheduler.job_graph import JobGraph
     from tensile_tf.scheduler.latency import LatencyModel
-    from tensile_tf.scheduler.step_lists import StepLists
 
 
 def can_insert_into(like: "TensorAccessSequence | None", graph: "JobGraph", latencies: "LatencyModel") -> bool:
@@ -44,15 +43,6 @@ def _insert(a: list[int], k: int) -> None:
         a.insert(pos, k)
 
 
-def _moved(lists: "StepLists", moved: list[int], first_moved: int) -> list[list[int]]:
-    """Each list of ``lists`` with every step k at ``moved[k]`` (a list per index: a build's working form)."""
-    flat = lists.flat
-    if first_moved < len(moved):
-        flat = [moved[k] for k in flat]
-    p = lists.ptr
-    return [flat[p[i]:p[i + 1]] for i in range(len(p) - 1)]
-
-
 def steps_inserted_into(like: "TensorAccessSequence", inserts: Mapping[str, Sequence],
                         step_name, target_steps: dict[str, int]) -> tuple:
     """The Note: (step names, step ops, latencies, scratch, concurrent bytes, acc, writes) of
@@ -66,7 +56,7 @@ def steps_inserted_into(like: "TensorAccessSequence", inserts: Mapping[str, Sequ
     lat_parts: list = []
     temp_parts: list = []
     conc_parts: list = []
-    chains: list[tuple[int, list]] = []     # (new step, its reads, the target it writes or None)
+    chains: list[tuple[int, list[int], int | None]] = []     # (new step, its reads, the target it writes)
     shift = np.zeros(like.n, dtype=np.int64)
     done = 0
     for q, op_name in at:
@@ -105,11 +95,10 @@ def steps_inserted_into(like: "TensorAccessSequence", inserts: Mapping[str, Sequ
     lat_parts.append(like.latency[done:])
     temp_parts.append(like.temp[done:])
     conc_parts.append(like.concurrent[done:])
-    first_moved = at[0][0] if at else like.n
-    moved = (np.arange(like.n, dtype=np.int64) + shift).tolist()
-    acc, writes = _moved(like.acc, moved, first_moved), _moved(like.writes, moved, first_moved)
+    moved = (np.arange(like.n, dtype=np.int64) + shift).tolist() if at else None
+    acc, writes = like.acc.unpacked(moved), like.writes.unpacked(moved)
     for owner, steps in like.acc_before_views.items():
-        acc[owner] = [moved[k] for k in steps]
+        acc[owner] = [moved[k] for k in steps] if moved is not None else steps[:]
     for k, reads, target in chains:
         for i in reads:
             _insert(acc[i], k)

@@ -54,7 +54,9 @@ class StepLists:
         """How many steps each index has."""
         return np.diff(np.asarray(self.ptr, dtype=np.int64))
 
-    def unpacked(self) -> list[list[int]]:
-        """A new list per index (a build's working form)."""
+    def unpacked(self, moved: list[int] | None = None) -> list[list[int]]:
+        """A new list per index (a build's working form), each step k at ``moved[k]`` where given."""
         f, p = self.flat, self.ptr
+        if moved is not None:
+            f = [moved[k] for k in f]
         return [f[p[i]:p[i + 1]] for i in range(len(p) - 1)]
