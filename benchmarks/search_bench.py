@@ -39,6 +39,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -116,6 +117,11 @@ def run_mode(mode: str, pool: str, jobs: int, n_trials: int, cap_batch: int | No
                  # trials that trained an ended trial's traced step (Note [Reusing a finished job's traced step])
                  "traced_steps_reused": sum(s.traced_step_from is not None for s in host.states),
                  "replans": len(host.replanner.records) if host.replanner is not None else 0,
+                 # what asked for each re-plan (arrival, departure, latency drift) and how it ended
+                 "replan_kinds": dict(Counter(_replan_kind(r) for r in host.replanner.records))
+                 if host.replanner is not None else {},
+                 # trials the planner did not capture: the pool held them (Note [Captures a plan needs])
+                 "plans_deferred": sum(s.plan_deferred is not None for s in host.states),
                  # why a trial failed (a lost trial is a goal's failure: the reason is part of the figure)
                  "errors": sorted({f"{s.status.value} ({s.error_type}), admitted {s.admitted_at_s is not None}, beside "
                                    f"{_beside(s, host.states)} trial(s): {_error_line(s.error)}"
@@ -212,6 +218,13 @@ def _error_line(error: str) -> str:
     if then > 200:
         parts.append(line[then:])
     return " ... ".join(parts)
+
+
+def _replan_kind(record) -> str:
+    """``arrival``, ``departure``, ``latency drift`` (the events that asked), with how it ended."""
+    kinds = sorted({e.split(" of ")[0] for e in (record.events or [record.reason])})
+    ended = "skipped" if record.skipped else "failed" if record.error else "made"
+    return f"{'+'.join(kinds)} {ended}"
 
 
 def _beside(s, states) -> int:

@@ -61,6 +61,8 @@ class AdmissionControl:
         self.capacity = capacity
         self.policy = policy
         self.concurrency = concurrency
+        self.jobs_at_most: int | None = None   # the run's job source's own limit (JobHost.run), if any
+        self.plan_budget: int | None = None    # run.plan_budget, with the planner on: the cap on the jobs' bytes
         self._measured_by_signature: dict[str, tuple[int, int, int]] = {}
         # Frees what the host keeps only while no job needs it (parked steps: Note [Reusing a
         # finished job's traced step] in traced_step_reuse.py), but what the job asking would take
@@ -87,6 +89,26 @@ class AdmissionControl:
             return True
         freed = self.make_room(state) if self.make_room is not None else 0
         return freed > 0 and condition(needs, shared_room(self.capacity, held_outside_jobs - freed, len(group)))
+
+    def holds_the_limit_unplanned(self, state: JobState, alongside: Sequence[JobState],
+                                  held_outside_jobs: int) -> str | None:
+        """Note [Captures a plan needs] in planning.py: why ``state`` needs no capture now (the pool,
+        and ``plan_budget`` where one is set, holds the jobs beside it, ``state`` and as many more
+        like it as the concurrency limit lets in, all as they run now), or None: it may need a plan."""
+        group = [s for s in alongside if s is not state] + [state]
+        limits = [n for n in (self.concurrency, self.jobs_at_most) if n is not None]
+        limit = min(limits) if limits else None
+        mine = self.predict(state)
+        if limit is None or self.policy == Admission.none or len(group) > limit or mine is None:
+            return None
+        needs = [self.predict(s) or (0, 0) for s in group[:-1]] + [mine] * (limit - len(group) + 1)
+        condition = salus_safety_condition if self.policy == Admission.salus else sum_condition
+        held_outside_jobs -= self.kept_for(state) if self.kept_for is not None else 0
+        room = shared_room(self.capacity, held_outside_jobs, len(needs))
+        if not condition(needs, min(room, self.plan_budget) if self.plan_budget is not None else room):
+            return None
+        return (f"not captured: the pool holds it unplanned beside the {len(group) - 1} running job(s) "
+                f"and {limit - len(group)} more like it, up to the {limit} jobs that may run at once")
 
     def never_fits(self, state: JobState) -> bool:
         return (state.persistent_bytes or 0) + admitted_temporary_bytes(state, state.temporary_bytes or 0) \

@@ -115,7 +115,8 @@ class Arrivals:
                 host.notify_end(state)
                 continue
             if host.planning is not None and state.rt.planned_step is None and state.rt.captured is None:
-                host.planning.capture(state)
+                host.planning.capture(state, host.admission.holds_the_limit_unplanned(   # Note [Captures a plan
+                    state, active, host.held_outside_jobs()))                            # needs] (planning.py)
             self.plan_alone(state, active)
             host.start_job(state)
 

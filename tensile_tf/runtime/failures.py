@@ -125,3 +125,25 @@ def record_failure(state: JobState, error: BaseException, at_s: float,
 
 
 __all__ = ["NonFiniteLoss", "pool_holders", "record_failure", "summarize_error"]
+
+
+def total_need(state: JobState, capacity: int) -> str:
+    """Issue 58: what a job refused for a pool too small for it alone needs, against the pool
+    (the op's request alone, all its message said, told too little); "" where it cannot be
+    predicted. A cold-planned job's step is rewritten: its capture's graph is the unplanned one."""
+    from tensile_tf.tf.unplanned_peaks import footprint_needs, graph_needs
+    from tensile_tf.units import human_bytes
+
+    try:
+        captured = state.rt.captured
+        if state.rt.planned_step is not None and captured is not None:
+            needs = footprint_needs(captured.graph)
+        else:
+            needs = graph_needs(state.name, state.rt.step_fn, state.rt.first_batch,
+                                getattr(state.rt.train, "optimizer", None))
+    except Exception:  # noqa: BLE001 - only the message's preface depends on it
+        needs = None
+    if needs is None:
+        return ""
+    return (f"job {state.name!r} needs about {human_bytes(sum(needs))} unplanned (predicted from "
+            f"its graph) against the pool's {human_bytes(capacity)}: ")

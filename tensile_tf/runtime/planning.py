@@ -63,6 +63,34 @@ dropped, and the job is planned again with COLD_START_HEADROOM; only if that
 step fails too is the job refused. What ran is recorded: the headroom
 (``plan.headroom``) and the probe's measured peak beside the plan's
 prediction (``probe_plan_peak_bytes``, the job's first ``step_peak_bytes``).
+
+Note [Captures a plan needs]
+A capture runs the job's step about ten times (profiled, and chained in
+plan order), on the run loop's thread and the cores the other jobs train on.
+Where the pool holds every job as it runs, no plan changes a step, and the
+capture, the plan made alone and its re-plans are work for nothing: on the
+compute-bound CNN search of issue 58 (640 MiB pool, at most 4 trials) the
+planned trials paid 25.9 s of captures, traced a step for each batch size
+(Note [Reuse under a planner]) and ran at 0.78x the trials per hour of the
+same search unplanned. So a job probed after the start (not one of the
+start's jobs, planned together) is not captured when the pool holds,
+unplanned, the jobs beside it, itself and as many more like it as may run at
+once (``concurrency``, or the job source's own limit: a search's
+``max_concurrent``, ``JobHost.run(jobs_at_most=)``), within ``plan_budget``
+where one caps the jobs' bytes (``AdmissionControl.holds_the_limit_unplanned``):
+no newcomer like it can need a plan while it runs. Its record says why
+(``plan_deferred``); it runs its own step, outside every re-plan, counted
+at its measured needs (``Arrivals.outside_replan_need``). A job the same
+rule expects (from its predicted needs) to need no plan is traced for every
+batch size, as without a planner, so trials of other batch sizes take its
+step over; where it is captured after all, its step is traced again for its
+own batch first (``traced_for_its_batch``). Where there is no limit, or the
+pool would not hold as many like it, it is captured as before: on the
+memory-bound io-mem search (20 MiB a trial unplanned, 48 MiB pool, 4 at
+once) every trial is. On the CNN search, in pairs of runs of the same
+commit: 6 of 12 trials deferred, planned 814 and 827 trials/hour against
+998 and 980 unplanned (0.82-0.84x); what is left is the captures of the
+trials a plan may need (batches 512 and 1024, about 10 s).
 """
 from __future__ import annotations
 
@@ -83,6 +111,7 @@ from tensile_tf.runtime.replan_timing import background_scope_for
 from tensile_tf.scheduler import Plan
 from tensile_tf.scheduler.link_bound import unplanned_peak_and_period
 from tensile_tf.scheduler.peak_analysis import PAIRED_PEAKING_JOBS, UNPLANNED_PAIRED_PEAKING_JOBS
+from tf_plugin.tf_internals import custom_gradient_names
 
 # A cold-start plan's headrooms, tried in order (Note [Cold-start headroom]):
 # the shared pool's, then the one that held the deep MLP's measured overshoot.
@@ -168,11 +197,16 @@ class JobPlanning:
                          max_swapping_rate=spec.max_swapping_rate if spec is not None else 1.0,
                          start_offset_s=spec.start_offset_s if spec is not None else 0.0)
 
-    def capture(self, state: JobState) -> None:
+    def capture(self, state: JobState, slack: str | None = None) -> None:
         """Traces and profiles a built, probed job, while the pool can still
-        run its vanilla step (Note [Planning in the host])."""
+        run its vanilla step (Note [Planning in the host]); none while the pool is
+        ``slack`` (why it needs no plan: Note [Captures a plan needs])."""
+        state.plan_deferred = slack
+        if slack is not None:
+            return   # a capture it took over stays with the step (rt.taken_capture), parked again at its end
         if self.capture_taken(state):
             return
+        self.traced_for_its_batch(state)
         job = self._to_plan(state)
         out_of_memory = False
         try:
@@ -188,6 +222,24 @@ class JobPlanning:
             # from the graph alone (Note [Cold-start planning]).
             self.capture_cold(state)
 
+    @staticmethod
+    def traced_for_its_batch(state: JobState) -> None:
+        """Note [Captures a plan needs]: a step traced for every batch size (its job was expected
+        to need no plan) is traced again for the job's own batch before it is captured: a capture
+        of the batch-free trace would count its activations as nothing."""
+        from tensile_tf.runtime.traced_step_reuse import batch_size_traced
+
+        if getattr(state.rt.train, "input_specs", None) is not None:   # a Keras job's own specs (fit's shapes)
+            return
+        if batch_size_traced(state.rt.step_fn.get_concrete_function(*state.rt.first_batch)) is not None:
+            return
+        registered_before = custom_gradient_names()
+        with state.rt.job_stream.eager_scope():
+            step = state.rt.job_stream.step_function(state.rt.train.step_fn)
+            step.get_concrete_function(*state.rt.first_batch)
+        state.rt.step_fn = step
+        state.rt.custom_gradients |= custom_gradient_names() - registered_before   # forgotten at its teardown
+
     def capture_taken(self, state: JobState) -> bool:
         """Note [Captures kept with the step] in traced_step_reuse.py: the capture parked with the
         step the job took over, as the job's own. False: it took over none (or it was used)."""
@@ -201,6 +253,7 @@ class JobPlanning:
     def capture_cold(self, state: JobState) -> bool:
         """The graph alone, no step run (Note [Cold-start planning]). False if it failed."""
         try:
+            self.traced_for_its_batch(state)
             with state.rt.job_stream.eager_scope():   # what timing its kernels alone allocates is the job's
                 state.rt.captured = capture_cold(self._to_plan(state))
             state.plan_error = None

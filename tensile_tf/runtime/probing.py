@@ -25,7 +25,7 @@ import tf_plugin
 from tensile_tf.jobs.job import JobDoesNotFit
 from tensile_tf.tf.pool import JobStream, host_fallback_scope, pool_stats
 from tensile_tf.runtime.admission import AdmissionControl
-from tensile_tf.runtime.failures import record_failure
+from tensile_tf.runtime.failures import record_failure, total_need
 from tensile_tf.runtime.job_thread import RunClock, run_step, variables_on_device
 from tensile_tf.runtime.nodegroup import SPLIT_PROBE_RUNS, NodeGroupCoordinator
 from tensile_tf.runtime.planning import COLD_START_HEADROOMS, JobPlanning
@@ -67,30 +67,11 @@ class JobLifecycle:
              preface: str = "") -> None:
         record_failure(state, error, self.clock.now(), status, preface)
 
-    def _total_need(self, state: JobState) -> str:
-        """Issue 58: what a job refused for a pool too small for it alone needs, against the pool
-        (the op's request alone, all its message said, told too little); "" where it cannot be
-        predicted. A cold-planned job's step is rewritten: its capture's graph is the unplanned one."""
-        from tensile_tf.tf.unplanned_peaks import footprint_needs, graph_needs
-
-        try:
-            captured = state.rt.captured
-            if state.rt.planned_step is not None and captured is not None:
-                needs = footprint_needs(captured.graph)
-            else:
-                needs = graph_needs(state.name, state.rt.step_fn, state.rt.first_batch,
-                                    getattr(state.rt.train, "optimizer", None))
-        except Exception:  # noqa: BLE001 - only the message's preface depends on it
-            needs = None
-        if needs is None:
-            return ""
-        return (f"job {state.name!r} needs about {tf_plugin.human_bytes(sum(needs))} unplanned (predicted from "
-                f"its graph) against the pool's {tf_plugin.human_bytes(self.admission.capacity)}: ")
-
     # ------------------------------------------------------------ build
 
-    def build(self, state: JobState) -> bool:
-        """Builds and traces the job under its own stream. False if it failed
+    def build(self, state: JobState, alongside: Sequence[JobState] | None = None) -> bool:
+        """Builds and traces the job under its own stream (for every batch size where it may park
+        and, beside ``alongside``, is expected to need no plan). False if it failed
         (then queued, if others hold the memory it lacked, else failed or rejected)."""
         state.attempts += 1
         parked = self.shelf.take(state) if self.shelf is not None else None
@@ -121,8 +102,10 @@ class JobLifecycle:
                     if state.traced_step_from is None:
                         transform = self.pipeline.graph_transform(state.name, state.stream) if self.pipeline else None
                         state.rt.step_fn = state.rt.job_stream.step_function(state.rt.train.step_fn, graph_transform=transform)
+                        no_plan = alongside is not None and self.admission.holds_the_limit_unplanned(
+                            state, alongside, self.held_outside_jobs()) is not None   # Note [Captures a plan needs]
                         trace_step(state.rt.step_fn, state.rt.first_batch,   # once, here, serially
-                                   any_batch=self.shelf is not None and self.shelf.traces_any_batch(state),
+                                   any_batch=self.shelf is not None and self.shelf.traces_any_batch(state, no_plan),
                                    input_specs=getattr(state.rt.train, "input_specs", None))
                     attribute_validation(state, state.rt.job_stream)   # its allocations the job's, as its step's
                 if fell_back():
@@ -175,7 +158,7 @@ class JobLifecycle:
         start's jobs are planned together (or, for a job built and planned
         already on arrival, once it is measured)."""
         if state.rt.train is None:
-            if not self.build(state):
+            if not self.build(state, None if hold else alongside):
                 return ProbeOutcome.queued if state.status == JobStatus.queued else ProbeOutcome.ended
             self._tune_split(state, alongside)
         stream = state.rt.job_stream
@@ -218,9 +201,9 @@ class JobLifecycle:
             self.teardown(state)
             return ProbeOutcome.ended
         # a job planned on arrival was captured for that plan (cold, or from the step it took over)
-        if self.planning is not None and state.rt.captured is None:
-            with state.times.timed("capture"):
-                self.planning.capture(state)
+        if self.planning is not None and state.rt.captured is None:   # Note [Captures a plan needs] (planning.py)
+            with state.times.timed("capture"):   # none while the pool is slack
+                self.planning.capture(state, None if hold else self.admission.holds_the_limit_unplanned(state, alongside, self.held_outside_jobs()))
         state.times.wait_begins("admission_wait")   # ends when admitted (JobHost.start_job)
         if hold:
             state.status = JobStatus.queued
@@ -360,7 +343,7 @@ class JobLifecycle:
                 raise _OutOfMemory() from None
             if self._others_built(state) or self._evict_parked():
                 raise _ProbeEnded(JobStatus.queued) from None  # try again when the pool is emptier
-            self.fail(state, e, status=JobStatus.rejected, preface=self._total_need(state))
+            self.fail(state, e, status=JobStatus.rejected, preface=total_need(state, self.admission.capacity))
             raise _ProbeEnded(JobStatus.rejected) from None
         except Exception as e:  # noqa: BLE001 - a bad job must not stop the host
             self.fail(state, e)
@@ -389,10 +372,10 @@ class JobLifecycle:
         planned, state.rt.planned_step = state.rt.planned_step, None
         state.rt.switch.clear()   # a switch its thread never took: its step holds the job's variables
         # the step its plans were made from (Note [Reuse under a planner] in traced_step_reuse.py)
-        captured, state.rt.captured, state.rt.taken_capture = state.rt.captured, None, None
+        captured, taken, state.rt.captured, state.rt.taken_capture = state.rt.captured, state.rt.taken_capture, None, None
         unplanned_step = captured.job.step_fn if captured is not None else state.rt.step_fn
-        # Note [Captures kept with the step]: a capture of the graph the job ran (not a cold one)
-        captured = captured if captured is not None and not captured.cold else None
+        # Note [Captures kept with the step]: a capture of the graph the job ran (not a cold one), or the one it took
+        captured = captured if captured is not None and not captured.cold else taken
         if state.status not in FINAL_STATUSES:
             state.plan = None   # this build's plan (each one ran stays in plan_history); a rebuild is planned anew
         state.cold_planned = False

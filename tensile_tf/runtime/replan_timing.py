@@ -25,7 +25,14 @@ jobs still running, with every event that asks for one (``burst_reasons``)
 in its reason and in ``planner.replans[].events``. A departure asks for one
 when the job that left was planned and a running job's plan swaps or
 recomputes (more room relaxes it); a drift, when the job that drifted still
-runs planned. No job may wait for admission (it gets the freed memory first).
+runs planned and a plan swaps or recomputes (latencies time the swaps and
+recomputations; a plan of neither peaks the same however long its ops
+take, unless the combined peak is read off the timelines, ``plan_peaks:
+timeline``). On the compute-bound CNN search of issue 58, jobs planned
+together on arrival with no swaps drifted +438-595% from their cold
+capture's predicted latencies, and each asked for a re-plan that could
+change nothing (3 of 7 re-plans). No job may wait for admission (it gets
+the freed memory first).
 
 Note [Background work for a job about to end]
 The background worker's work for a job (Note [Table first, rewritten when
@@ -88,11 +95,14 @@ def background_scope_for(s, step) -> Callable[[], ContextManager]:
     return lambda: s.rt.background_scope(step.instantiate_s, lambda: time_left_s(s))
 
 
-def burst_reasons(departed: Sequence, requests: Sequence, jobs: Sequence) -> list[str]:
+def burst_reasons(departed: Sequence, requests: Sequence, jobs: Sequence, *, peaks_follow_timing: bool = False) \
+        -> list[str]:
     """Note [One re-plan per burst]: the events of a burst that ask for a re-plan of ``jobs`` (the
-    running planned ``JobState``s): ``departed`` jobs (torn down) and drift ``requests``."""
+    running planned ``JobState``s): ``departed`` jobs (torn down) and drift ``requests``.
+    ``peaks_follow_timing``: the plans' combined peak is read off the jobs' timelines (``plan_peaks:
+    timeline``), so a drift may move it even where no plan swaps."""
     relaxable = any(s.plan.swap_outs or s.plan.recomputes for s in jobs)
     running = {s.name for s in jobs}
     reasons = [f"departure of {d.name}" for d in departed if d.plan is not None and relaxable]
-    reasons += [r.reason for r in requests if r.job in running]
+    reasons += [r.reason for r in requests if r.job in running and (relaxable or peaks_follow_timing)]
     return list(dict.fromkeys(reasons))    # one drift request per job and reason

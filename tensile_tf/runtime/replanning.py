@@ -164,6 +164,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
+from tensile_tf.config.schema import PlanPeaks
 from tensile_tf.runtime.failures import summarize_error
 from tensile_tf.runtime.records import DriftCheck, JobReplan, JobState, JobStatus, PlanRecord, ReplanRecord
 from tensile_tf.runtime.replan_timing import background_scope_for, burst_reasons, ends_before_switch, expected_replan_s
@@ -336,7 +337,8 @@ class Replanner:
         if waiting:
             return None
         jobs = self.replannable(running)
-        reasons = burst_reasons(departed, requests, jobs)
+        reasons = burst_reasons(departed, requests, jobs,
+                                peaks_follow_timing=self.planning.settings.plan_peaks == PlanPeaks.timeline)
         if not reasons:
             return None
         record = self.replan(jobs, "; ".join(reasons), others_need)

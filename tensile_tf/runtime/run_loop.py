@@ -98,10 +98,9 @@ class JobHost:
                  progress: ProgressSink | None = None, sample_interval_s: float = 0.05,
                  record_weights: bool = False, saved_plan: SavedPlan | None = None,
                  model_dir: str | Path | None = None, pool_bytes: int | str | None = None, **run_settings: Any):
-        if pool_bytes is not None:
-            if pool is not None:
-                raise TypeError("JobHost: give pool or pool_bytes, not both")
-            pool = pool_bytes
+        if pool_bytes is not None and pool is not None:
+            raise TypeError("JobHost: give pool or pool_bytes, not both")
+        pool = pool_bytes if pool_bytes is not None else pool
         self.run_spec = spec = run_spec_with(run, run_settings)
         if pool is not None:
             ensure_pool(pool)
@@ -127,6 +126,7 @@ class JobHost:
                 plan_steps=spec.plan_steps if spec.replan or spec.plan_steps != "table_then_rewrite" else "rewrite",
                 device_link=self.device_link,
                 link_lanes=link_lanes(self.device_link, spec.link_lanes)))   # Note [Lanes of a device link]
+            self.admission.plan_budget = spec.plan_budget or None   # Note [Captures a plan needs] (planning.py)
         self.replanner = None
         self.replan_threshold = spec.replan_threshold
         if self.planning is not None and spec.replan and saved_plan is None:   # --plan runs exactly that plan
@@ -190,11 +190,12 @@ class JobHost:
 
     # ----------------------------------------------------------- the run
 
-    def run(self, job_source: Callable[[], Job | None] | None = None) -> RunResult:
-        """Runs every submitted job; returns when all have ended (see ``_run``).
-        Meanwhile an allocation that does not fit waits up to
-        ``allocation_wait_ms`` for the other jobs' frees (Note [Waiting for
-        frees] in tf_plugin/allocator/tf_pool_allocator.cc)."""
+    def run(self, job_source: Callable[[], Job | None] | None = None, *, jobs_at_most: int | None = None) -> RunResult:
+        """Runs every submitted job; returns when all have ended (see ``_run``). An allocation that does
+        not fit waits up to ``allocation_wait_ms`` for others' frees (Note [Waiting for frees] in
+        tf_plugin/allocator/tf_pool_allocator.cc). ``jobs_at_most``: the most jobs ``job_source``
+        keeps running at once (a search's ``max_concurrent``; Note [Captures a plan needs])."""
+        self.admission.jobs_at_most = jobs_at_most
         # Note [Teardown without a full collection] in teardown_memory.py
         with allocation_wait(self.allocation_wait_ms), objects_before_the_run_frozen():
             return self._run(job_source)

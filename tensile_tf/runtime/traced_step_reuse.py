@@ -179,7 +179,7 @@ def trace_step(step_fn: Any, first_batch: tuple, *, any_batch: bool, input_specs
     step_fn.get_concrete_function(*first_batch)
 
 
-def _batch_size_traced(concrete: Any) -> int | None:
+def batch_size_traced(concrete: Any) -> int | None:
     """The one batch size a trace takes; None: any (its inputs' dimension 0
     free); -1: no single one (an input without a batch dimension, or two
     sizes), so no other job's."""
@@ -246,7 +246,7 @@ class TracedStepShelf:
         train.batches, train.validator, train._iterator = (), None, None
         forget_table_step(step_fn)   # the owner's plan table (its rows name the owner's plan)
         stream.rename(f"{PARKED_PREFIX}{next(self._numbers)}")
-        self._parked[stream.stream] = ParkedStep(key, state.name, _batch_size_traced(concrete), stream, train, step_fn,
+        self._parked[stream.stream] = ParkedStep(key, state.name, batch_size_traced(concrete), stream, train, step_fn,
                                                  state.rt.custom_gradients, captured)
         state.rt.custom_gradients = set()   # the parked step's now: forgotten when it is dropped
         while len(self._parked) > MAX_PARKED:
@@ -303,10 +303,11 @@ class TracedStepShelf:
         """Whether ``state``'s step may be parked when its job ends."""
         return self.enabled and reuse_key(state.job.spec) is not None
 
-    def traces_any_batch(self, state: "JobState") -> bool:
+    def traces_any_batch(self, state: "JobState", needs_no_plan: bool = False) -> bool:
         """Whether ``state``'s step is traced for every batch size (Note [One trace for every
-        batch size]): one that may be parked, unless it is planned (Note [Reuse under a planner])."""
-        return self.may_park(state) and not self.planned
+        batch size]): one that may be parked, unless it is planned (Note [Reuse under a planner]) and
+        may need a plan (Note [Captures a plan needs] in planning.py)."""
+        return self.may_park(state) and (not self.planned or needs_no_plan)
 
     def evict(self, keep_for: "JobState | None" = None) -> int:
         """Drops every parked step but the one ``keep_for``'s job would take over (Note [Steps
@@ -339,4 +340,4 @@ def _release_once_collected(streams: list) -> None:
         stream.release()
 
 
-__all__ = ["MAX_PARKED", "PARKED_PREFIX", "ParkedStep", "TracedStepShelf", "batch_free_specs", "reuse_key", "trace_step"]
+__all__ = ["MAX_PARKED", "PARKED_PREFIX", "ParkedStep", "TracedStepShelf", "batch_free_specs", "batch_size_traced", "reuse_key", "trace_step"]

@@ -369,7 +369,7 @@ class SearchDriver:
         self._wall0 = time.time()
         result = None
         try:
-            result = self.host.run(job_source=self.job_source)
+            result = self.host.run(job_source=self.job_source, jobs_at_most=self.max_concurrent)
             self.sweep()
         except BaseException as e:
             self._abandon(f"this worker stopped: {type(e).__name__}")

@@ -57,7 +57,8 @@ def test_the_replanner_records_a_skipped_replan_and_plans_nothing():
 
 
 def _burst_replanner(planned):
-    planning = SimpleNamespace(plans=[], start_budget=lambda *a: planned.append(a) or 0)
+    planning = SimpleNamespace(plans=[], start_budget=lambda *a: planned.append(a) or 0,
+                               settings=SimpleNamespace(plan_peaks=None))
     return Replanner(planning, now=lambda: 3.0, held_outside_jobs=lambda: 0)
 
 
@@ -84,11 +85,16 @@ def test_a_burst_of_departures_and_drifts_gets_one_replan():
     for r in drift:
         one_by_one.on_events([], [r], running, waiting=0, others_need=0)
     assert [r.events for r in one_by_one.records] == [[e] for e in record.events] and len(planned) == 3
-    # a waiting job gets the freed memory first; jobs whose plans neither swap nor recompute are not relaxed
+    # a waiting job gets the freed memory first; jobs whose plans neither swap nor recompute are not relaxed,
+    # nor re-planned for a drift (their peaks do not follow their latencies), unless peaks are read off timelines
     assert replanner.on_events(gone, drift, running, waiting=1, others_need=0) is None
     for s in running:
         s.plan = SimpleNamespace(predicted_planned_peak_bytes=100, swap_outs=0, recomputes=0)
-    assert burst_reasons(gone, drift, running) == ["latency drift of a (+30% vs its plan)"]
+    assert burst_reasons(gone, drift, running) == []
+    assert burst_reasons(gone, drift, running, peaks_follow_timing=True) == ["latency drift of a (+30% vs its plan)"]
+    running[1].plan.recomputes = 1     # control: one plan that recomputes, and the drift asks again
+    assert burst_reasons(gone, drift, running) == ["departure of x", "departure of y",
+                                                   "latency drift of a (+30% vs its plan)"]
 
 
 def test_the_inbox_hands_over_every_waiting_message_at_once():

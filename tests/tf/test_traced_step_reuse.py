@@ -12,7 +12,7 @@ import tensile_tf
 from tensile_tf.config.schema import JobSpec
 from tensile_tf.jobs.job import Job
 from tensile_tf.runtime import JobHost, JobRecord, JobStatus
-from tensile_tf.runtime.traced_step_reuse import PARKED_PREFIX, _batch_size_traced, reuse_key, trace_step
+from tensile_tf.runtime.traced_step_reuse import PARKED_PREFIX, batch_size_traced, reuse_key, trace_step
 from tests.conftest import last_json_line, run_python
 
 
@@ -82,13 +82,13 @@ def test_a_step_is_traced_once_for_every_batch_size_unless_its_code_needs_one():
     for step in (free, fixed):
         trace_step(step, batch, any_batch=True)
         step(np.ones([3, 4], np.float32), np.zeros([3], np.float32))
-    assert _batch_size_traced(free.get_concrete_function(*batch)) is None
+    assert batch_size_traced(free.get_concrete_function(*batch)) is None
     assert free.experimental_get_tracing_count() == 1   # batch 3 ran the batch-free trace
-    assert _batch_size_traced(fixed.get_concrete_function(*batch)) == 8   # parked: taken only at batch 8
+    assert batch_size_traced(fixed.get_concrete_function(*batch)) == 8   # parked: taken only at batch 8
     assert fixed.experimental_get_tracing_count() == 2   # batch 8, then batch 3: each its own trace
     exact = tf.function(lambda x, y: tf.reduce_mean(x) + tf.reduce_mean(y))
     trace_step(exact, batch, any_batch=False)
-    assert _batch_size_traced(exact.get_concrete_function(*batch)) == 8
+    assert batch_size_traced(exact.get_concrete_function(*batch)) == 8
 
 
 MAKE_ROOM_SCRIPT = """
