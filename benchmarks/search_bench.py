@@ -66,7 +66,9 @@ MODELS = {
     "io-mem": ({"name": "iomem", "model": {"builder": "tensile_tf.jobs.zoo:mlp", "args": {"hidden": [256] * 12}},
                 "input_shape": [64], "classes": 10, "optimizer": {"name": "sgd"},
                 "data": {"kind": "function", "function": "benchmarks.search_bench_data:wide_with_latency",
-                         "args": {"latency_ms": 200, "input_dim": 64}}, "steps": 30, "seed": 1}, [1024]),
+                         "args": {"latency_ms": 200, "input_dim": 64,
+                                  "prefetch": int(os.environ.get("SEARCH_BENCH_PREFETCH", "0"))}},
+                "steps": 30, "seed": 1}, [1024]),
 }
 MODEL = os.environ.get("SEARCH_BENCH_MODEL", "cnn")
 BASE_JOB, BATCHES = MODELS[MODEL]

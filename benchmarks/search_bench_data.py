@@ -30,9 +30,10 @@ def digits_with_latency(batch_size: int, seed: int, latency_ms: float = 20.0) ->
 
 
 def wide_with_latency(batch_size: int, seed: int, input_dim: int = 784, classes: int = 10,
-                      latency_ms: float = 20.0) -> tf.data.Dataset:
+                      latency_ms: float = 20.0, prefetch: int = 0) -> tf.data.Dataset:
     """The "io-mem" trials' data: fixed random (x, y) batches of ``input_dim`` features (a wide
-    input, so a trial's activations fill the pool), each delivered after ``latency_ms``."""
+    input, so a trial's activations fill the pool), each delivered after ``latency_ms``;
+    ``prefetch``: batches the loader prepares ahead while the step runs (``Dataset.prefetch``)."""
     rng = np.random.default_rng(seed)
     xs = [rng.standard_normal((batch_size, input_dim)).astype(np.float32) for _ in range(2)]
     ys = [rng.integers(0, classes, batch_size).astype(np.int32) for _ in range(2)]
@@ -45,4 +46,5 @@ def wide_with_latency(batch_size: int, seed: int, input_dim: int = 784, classes:
             k += 1
 
     spec = (tf.TensorSpec([batch_size, input_dim], tf.float32), tf.TensorSpec([batch_size], tf.int32))
-    return tf.data.Dataset.from_generator(batches, output_signature=spec)
+    data = tf.data.Dataset.from_generator(batches, output_signature=spec)
+    return data.prefetch(prefetch) if prefetch else data

@@ -32,7 +32,14 @@ timeline``). On the compute-bound CNN search of issue 58, jobs planned
 together on arrival with no swaps drifted +438-595% from their cold
 capture's predicted latencies, and each asked for a re-plan that could
 change nothing (3 of 7 re-plans). No job may wait for admission (it gets
-the freed memory first).
+the freed memory first). A search refills each departure: the jobs its job
+source gives are taken in the same burst, before the re-plan, and where one
+was planned together with the running jobs on arrival (Note [Joint re-plan
+on arrival] in replanning.py), that plan is the re-plan for the pool as it
+now is, and the departures ask for nothing more. Before, each departure
+relaxed the running jobs' plans and the next trial's arrival tightened them
+again a moment later: on the memory-bound io-mem search, 8 departure
+re-plans among 24 (now 1 among 13).
 
 Note [Background work for a job about to end]
 The background worker's work for a job (Note [Table first, rewritten when

@@ -27,12 +27,9 @@ as usual, jobs not started yet end ``interrupted`` too, and the RunResult
 (``interrupted`` = the reason) holds everything that ran.
 
 Failure isolation: an exception in one job (OOM included) marks that job
-failed with its error; the others go on.
-
-Collaborators: arrivals.py (the waiting line, admission of waiting jobs,
-joint plans on arrival), outcome.py (the memory sampler, the RunResult).
-Every thread and every hand-off between them: Note [Threads and hand-offs]
-in threads.py.
+failed with its error; the others go on. Collaborators: arrivals.py (the
+waiting line, joint plans on arrival), outcome.py (the memory sampler, the
+RunResult). Threads and hand-offs: Note [Threads and hand-offs] in threads.py.
 """
 from __future__ import annotations
 
@@ -247,7 +244,7 @@ class JobHost:
                 if message is None:
                     self._idle()
                 else:
-                    self._serve_burst([message, *self.inbox.drain()])
+                    self._serve_burst([message, *self.inbox.drain()], job_source)
         finally:
             self.shelf.evict()   # the parked steps' bytes back before the run's end is read
             samples = sampler.stop()
@@ -263,18 +260,21 @@ class JobHost:
         if any(s.awaiting_switches for s in self.arrivals.waiting) and not self.stopping:
             self.arrivals.admit_waiting()
 
-    def _serve_burst(self, messages: list) -> None:
-        """Note [One re-plan per burst] in replan_timing.py: every ended job of the burst torn down,
-        then one re-plan for its departures and drift requests (Note [Latency drift])."""
+    def _serve_burst(self, messages: list, job_source) -> None:
+        """Note [One re-plan per burst] in replan_timing.py: every ended job of the burst torn down, the
+        jobs ``job_source`` refills it with taken, then one re-plan for its departures (unless a refill's
+        joint plan re-planned the running jobs already) and drift requests (Note [Latency drift])."""
         departed = [m for m in messages if not isinstance(m, ReplanRequest)]
         for ended in departed:
             self._job_ended(ended)
         if self.replanner is None or self.stopping:
             return
-        line = self.arrivals
+        line, made = self.arrivals, len(self.replanner.records)
+        self._pull_jobs(job_source)
+        refilled = any(r.newcomer is not None and r.error is None for r in self.replanner.records[made:])
         running = self.running()
         requests = [m for m in messages if isinstance(m, ReplanRequest)]
-        replan = self.replanner.on_events(departed, requests, running, len(line.waiting),
+        replan = self.replanner.on_events([] if refilled else departed, requests, running, len(line.waiting),
                                           line.outside_replan_need(running))
         if replan is not None:
             self.note_replan(replan)

@@ -174,3 +174,32 @@ def test_a_table_step_not_built_and_a_rewrite_not_done_say_why():
     assert fn() == "on the table" and fn.current is on_table and fn.rewritten is None
     assert record["plan_table"] == on_table.report.plan_table == (
         "table; not rewritten: the job ends in 0.10 s, before the work would be done (at least 2.00 s)")
+
+
+def _host_serving_a_burst(refill):
+    """What ``JobHost._serve_burst`` reads: a job `x` ended; its job source ``refill``s the pool
+    (its newcomer planned together with the running jobs on arrival) or has nothing to give."""
+    from tensile_tf.runtime.run_loop import JobHost
+
+    asked = []
+    replanner = SimpleNamespace(records=[], on_events=lambda departed, requests, *rest: asked.append(
+        ([d.name for d in departed], [r.job for r in requests])))
+
+    def pull(job_source):
+        if job_source() is not None:   # admit_waiting's joint plan on arrival, recorded
+            replanner.records.append(SimpleNamespace(newcomer="y", error=None))
+
+    host = SimpleNamespace(_job_ended=lambda ended: None, replanner=replanner, stopping=False, _pull_jobs=pull,
+                           arrivals=SimpleNamespace(waiting=[], outside_replan_need=lambda running: 0),
+                           running=lambda: [], note_replan=lambda record: None)
+    ended, drift = SimpleNamespace(name="x"), ReplanRequest("a", "latency drift of a")
+    JobHost._serve_burst(host, [ended, drift], lambda: refill)
+    return asked
+
+
+def test_a_departure_refilled_by_a_joint_plan_asks_no_replan_of_its_own():
+    """Note [One re-plan per burst]: the trial that refills a departure is planned together with the
+    running jobs on arrival, which re-plans them for the pool as it now is: the departure asks for
+    nothing more (its drift requests still do). Control: a job source with nothing to give."""
+    assert _host_serving_a_burst(refill=object()) == [([], ["a"])]
+    assert _host_serving_a_burst(refill=None) == [(["x"], ["a"])]
