@@ -98,6 +98,8 @@ class Arrivals:
                     host.start_job(state)
                 elif outcome == ProbeOutcome.queued:
                     waiting.append(state)
+                    if active and state.measured:   # measured, it does not fit: planned together now, not
+                        self.plan_arrival(state, active)   # at the next event (Note [Joint re-plan on arrival])
                 host.report(state)
                 host.notify_end(state)
                 continue
