@@ -4,8 +4,8 @@ captured, planned or re-planned, and its step is traced for every batch size, so
 another batch size takes it over. The control is the same search where the search's limit lets in
 more trials than the pool holds unplanned: every trial is captured and planned.
 
-One interpreter, one 160 MiB pool, two searches of the same three trials (an MLP 1024 x 3 at
-batches 256, 512 and 256, about 45 MiB each unplanned), in that order: one at a time (so which
+One interpreter, one 48 MiB pool, two searches of the same three trials (an MLP 512 x 2 at
+batches 256, 512 and 256, about 10 MiB each unplanned), in that order: one at a time (so which
 trial's step is parked when the next one builds does not depend on the machine), then at most 6 at
 once (the pool does not hold 6: each trial is captured). The first trial is traced for its own
 batch (nothing predicts its needs yet); the second, predicted from the first, for every batch size;
@@ -21,7 +21,7 @@ from tests.conftest import last_json_line, run_python
 SEARCHES = """
     import json
     import tensile_tf
-    tensile_tf.install(160 * 2**20)  # the pool becomes TensorFlow's allocator: before any TF op
+    tensile_tf.install(48 * 2**20)  # the pool becomes TensorFlow's allocator: before any TF op
     import optuna
     from tensile_tf.runtime import JobHost
     from tensile_tf.search.driver import SearchDriver
@@ -29,8 +29,8 @@ SEARCHES = """
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     trials = [{"batch_size": 256, "optimizer.learning_rate": 1e-3}, {"batch_size": 512, "optimizer.learning_rate": 1e-3},
               {"batch_size": 256, "optimizer.learning_rate": 2e-3}]
-    base = {"name": "t", "model": {"builder": "tensile_tf.jobs.zoo:mlp", "args": {"hidden": [1024, 1024, 1024]}},
-            "input_shape": [784], "batch_size": 256, "classes": 10, "optimizer": {"name": "adam"}, "steps": 6,
+    base = {"name": "t", "model": {"builder": "tensile_tf.jobs.zoo:mlp", "args": {"hidden": [512, 512]}},
+            "input_shape": [784], "batch_size": 256, "classes": 10, "optimizer": {"name": "adam"}, "steps": 4,
             "seed": 1, "data": {"num_batches": 2}}
     out = {}
     for at_once in (1, 6):
@@ -67,8 +67,8 @@ def test_trials_the_pool_holds_are_not_captured_and_share_one_trace_across_batch
     assert all(t["status"] == "finished" for t in [*held["trials"], *control["trials"]]), (held, control)
     assert [t["batch"] for t in held["trials"]] == [256, 512, 256], held
     # the pool holds one of these trials (and not six), by their measured needs
-    assert max(t["P"] + t["T"] for t in control["trials"]) <= 160 * 2**20 < 6 * min(t["P"] + t["T"]
-                                                                                   for t in control["trials"])
+    assert max(t["P"] + t["T"] for t in control["trials"]) <= 48 * 2**20 < 6 * min(t["P"] + t["T"]
+                                                                                  for t in control["trials"])
     for t in held["trials"]:
         assert t["deferred"] and "up to the 1 jobs that may run at once" in t["deferred"], t
         assert t["plans"] == 0 and not t["captured"], t
