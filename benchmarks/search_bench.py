@@ -29,6 +29,7 @@ drops the ones above its limit). A trial is finished when COMPLETE.
     SEARCH_BENCH_MODEL=io PYTHONPATH=. python benchmarks/search_bench.py --pool 256MiB    # trials waiting on data
     SEARCH_BENCH_MODEL=io-mem PYTHONPATH=. python benchmarks/search_bench.py --pool 48MiB --jobs 4 \
         --modes packed-planned,packed,optuna,sequential    # memory-bound: fit two unplanned, four planned
+    SEARCH_BENCH_PREFETCH=1 ...   # io-mem: the loader prepares one batch ahead while the step runs
 """
 from __future__ import annotations
 
