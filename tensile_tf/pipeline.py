@@ -106,26 +106,49 @@ def capture_for_planning(job: JobToPlan, *, latency_repeats: int = 3, with_temp:
     them that way, "auto" in plan order, where it falls back to (Note [Latency
     time base] in tensile_tf/scheduler/latency.py).
     Errors name the job."""
-    peaks = None
     try:
-        graph = capture_job_graph(job.name, job.step_fn, job.example_args, optimizer=job.optimizer)
-        graph = executor_order(graph, job.step_fn, job.example_args)
+        graph = graph_for_planning(job)
         chained = plan_order_step(job, graph) if step_order != "free" else None
+        memory = None
         if with_temp:
             memory = measure_step_memory(job.step_fn, job.example_args, graph)
             if chained is not None:   # Note [Memory of the step as planned]
                 memory = _as_planned(memory, job, graph, chained)
-            peaks = apply_step_memory(graph, memory)
         lat = None
         if chained is not None:
             lat = measure_plan_order_latencies(job, graph, repeats=latency_repeats, chained=chained)
         if lat is None:
             lat = measure_op_latencies(job.step_fn, job.example_args, graph=graph, repeats=latency_repeats)
+        return captured_job(job, graph, memory, lat)
     except Exception as e:  # noqa: BLE001 - name the job
         raise RuntimeError(f"job '{job.name}': could not capture or profile its train step: {e}") from e
-    job = replace(job, example_args=batch_specs(job.example_args))   # Note [Example batch]
-    return CapturedJob(job, graph, PlannerJob(graph, lat, job.start_offset_s, job.max_swapping_rate),
+
+
+def graph_for_planning(job: JobToPlan) -> JobGraph:
+    """Phase 1: the job's graph in executor order."""
+    graph = capture_job_graph(job.name, job.step_fn, job.example_args, optimizer=job.optimizer)
+    return executor_order(graph, job.step_fn, job.example_args)
+
+
+def captured_job(job: JobToPlan, graph: JobGraph, memory: StepMemory | None, latencies) -> CapturedJob:
+    """The capture of phases 1-3: ``memory`` (None: not traced) written into the graph, the batch
+    kept as its specs (Note [Example batch])."""
+    peaks = apply_step_memory(graph, memory) if memory is not None else None
+    job = replace(job, example_args=batch_specs(job.example_args))
+    return CapturedJob(job, graph, PlannerJob(graph, latencies, job.start_offset_s, job.max_swapping_rate),
                        unplanned_peaks=peaks)
+
+
+def with_memory_as_planned(free: StepMemory, as_planned: StepMemory) -> StepMemory:
+    """Note [Memory of the step as planned]: scratch, forwarded bytes and views from the chained
+    step's trace; what the executor's threads hold and what the job holds between steps from the
+    free step's."""
+    return replace(free, scratch=as_planned.scratch, forwarded=as_planned.forwarded, views=as_planned.views)
+
+
+def plan_order_latencies(table):
+    """A latency table measured on the chained step (Note [Latency time base])."""
+    return replace(table, source=f"{table.source}, plan order", step_order="plan")
 
 
 def plan_order_step(job: JobToPlan, graph: JobGraph) -> PlannedStep:
@@ -145,7 +168,7 @@ def _as_planned(free: StepMemory, job: JobToPlan, graph: JobGraph, chained: Plan
                                          run_fn=chained.fn, op_name_prefix=REWRITE_PREFIX + "/")
     except tf.errors.ResourceExhaustedError:
         return free
-    return replace(free, scratch=as_planned.scratch, forwarded=as_planned.forwarded, views=as_planned.views)
+    return with_memory_as_planned(free, as_planned)
 
 
 def measure_plan_order_latencies(job: JobToPlan, graph: JobGraph, *, repeats: int = 3,
@@ -161,7 +184,7 @@ def measure_plan_order_latencies(job: JobToPlan, graph: JobGraph, *, repeats: in
         table = measure_op_latencies(job.step_fn, job.example_args, graph=graph, repeats=repeats, run_fn=chained.fn)
     except tf.errors.ResourceExhaustedError:
         return None
-    return replace(table, source=f"{table.source}, plan order", step_order="plan")
+    return plan_order_latencies(table)
 
 
 def capture_cold(job: JobToPlan) -> CapturedJob:

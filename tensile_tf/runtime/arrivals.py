@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from tensile_tf.runtime.probing import ProbeOutcome
 from tensile_tf.runtime.records import JobState, JobStatus
 from tensile_tf.runtime.replanning import Replanner
+from tensile_tf.runtime.training_capture import CaptureReady
 from tensile_tf.tf.pool import pool_stats
 from tensile_tf.units import human_bytes
 
@@ -118,9 +119,23 @@ class Arrivals:
                 continue
             if host.planning is not None and state.rt.planned_step is None and state.rt.captured is None:
                 host.planning.capture(state, host.admission.holds_the_limit_unplanned(   # Note [Captures a plan
-                    state, active, host.held_outside_jobs()))                            # needs] (planning.py)
+                    state, active, host.held_outside_jobs()), in_training=True)          # needs] (planning.py)
             self.plan_alone(state, active)
             host.start_job(state)
+
+    def adopt_capture(self, ready: CaptureReady) -> None:
+        """Note [Captures from training steps]: a running job's capture from its training steps
+        (Note [Threads and hand-offs], H14) makes it one a joint plan may change: the waiting
+        jobs are tried again."""
+        state = next(s for s in self.host.states if s.name == ready.job)
+        if ready.captured is None:
+            state.plan_error = ready.error
+            return
+        state.rt.captured, state.captured_at_step = ready.captured, ready.at_step
+        self.host.planning.unplanned_peaks[state.name] = ready.captured.unplanned_peaks
+        self.new_event()
+        if not self.host.stopping:
+            self.admit_waiting()
 
     def outside_replan_need(self, running: list[JobState]) -> int:
         """Bytes the running jobs a re-plan cannot change (unplanned) need."""

@@ -55,6 +55,8 @@ class JobRuntime:
     captured: Any = None                # execution.CapturedJob of the current build
     # the capture parked with the step it took over, for its planning (Note [Captures kept with the step])
     taken_capture: Any = None
+    # Note [Captures from training steps]: the capture its thread collects (training_capture.TrainingCapture)
+    training_capture: Any = None
 
     # Note [Table first, rewritten when ready] in tensile_tf/tf/rewrite/table_then_rewrite.py: the
     # background worker works for the job (in its stream) only until the job's teardown

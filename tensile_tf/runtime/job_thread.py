@@ -231,7 +231,14 @@ class JobThread:
                     else:
                         with state.times.timed("data"):
                             batch = state.rt.train.next_batch()
-                    run_step(state, batch, self.clock)
+                    capture = state.rt.training_capture   # Note [Captures from training steps]
+                    if capture is None:
+                        run_step(state, batch, self.clock)
+                    else:
+                        capture.step(state, batch, lambda: run_step(state, batch, self.clock))
+                        if capture.done:
+                            state.rt.training_capture = None
+                            self.inbox.capture_ready(capture.result)   # H14: the run loop adopts it
                     if self.after_step is not None:
                         self.after_step(state)
                     if state.rt.first_batch is not None:   # its first step ran (here or as its probe)

@@ -109,6 +109,7 @@ from tensile_tf.runtime.admission import POOL_HEADROOM
 from tensile_tf.runtime.failures import summarize_error
 from tensile_tf.runtime.records import JobState, PlanRecord
 from tensile_tf.runtime.replan_timing import background_scope_for
+from tensile_tf.runtime.training_capture import TrainingCapture
 from tensile_tf.scheduler import Plan
 from tensile_tf.scheduler.link_bound import unplanned_peak_and_period
 from tensile_tf.scheduler.peak_analysis import PAIRED_PEAKING_JOBS, UNPLANNED_PAIRED_PEAKING_JOBS
@@ -150,6 +151,8 @@ class PlanningSettings:
     device_link: str | None = None
     #: Note [Lanes of a device link]: the link's lanes (config.device_links.link_lanes), for the planner and C++
     link_lanes: int = 1
+    #: Note [Captures from training steps]: a job that starts at once is captured by its thread
+    capture_in_training: bool = True
 
     @property
     def combined_bytes_per_s(self) -> float | None:
@@ -198,10 +201,12 @@ class JobPlanning:
                          max_swapping_rate=spec.max_swapping_rate if spec is not None else 1.0,
                          start_offset_s=spec.start_offset_s if spec is not None else 0.0)
 
-    def capture(self, state: JobState, slack: str | None = None) -> None:
+    def capture(self, state: JobState, slack: str | None = None, *, in_training: bool = False) -> None:
         """Traces and profiles a built, probed job, while the pool can still
         run its vanilla step (Note [Planning in the host]); none while the pool is
-        ``slack`` (why it needs no plan: Note [Captures a plan needs])."""
+        ``slack`` (why it needs no plan: Note [Captures a plan needs]). ``in_training``:
+        it starts now, unplanned, and its thread captures it from its training steps
+        (Note [Captures from training steps] in training_capture.py)."""
         state.plan_deferred = slack
         if slack is not None:
             return   # a capture it took over stays with the step (rt.taken_capture), parked again at its end
@@ -209,6 +214,9 @@ class JobPlanning:
             return
         self.traced_for_its_batch(state)
         job = self._to_plan(state)
+        if in_training and self.settings.capture_in_training:
+            state.rt.training_capture = TrainingCapture(job, self.settings.plan_order.value)
+            return
         out_of_memory = False
         try:
             with state.rt.job_stream.eager_scope():

@@ -200,15 +200,17 @@ class JobLifecycle:
             state.status = JobStatus.finished
             self.teardown(state)
             return ProbeOutcome.ended
+        fits = not hold and self.admission.fits(state, alongside, self.held_outside_jobs())
         # a job planned on arrival was captured for that plan (cold, or from the step it took over)
         if self.planning is not None and state.rt.captured is None:   # Note [Captures a plan needs] (planning.py)
-            with state.times.timed("capture"):   # none while the pool is slack
-                self.planning.capture(state, None if hold else self.admission.holds_the_limit_unplanned(state, alongside, self.held_outside_jobs()))
+            with state.times.timed("capture"):   # none while the pool is slack; from its training steps if it fits
+                self.planning.capture(state, None if hold else self.admission.holds_the_limit_unplanned(
+                    state, alongside, self.held_outside_jobs()), in_training=fits)
         state.times.wait_begins("admission_wait")   # ends when admitted (JobHost.start_job)
         if hold:
             state.status = JobStatus.queued
             return ProbeOutcome.hold
-        if self.admission.fits(state, alongside, self.held_outside_jobs()):
+        if fits:
             return ProbeOutcome.run
         state.status = JobStatus.queued
         if state.job.rebuildable:
@@ -377,7 +379,7 @@ class JobLifecycle:
         # Note [Captures kept with the step]: a capture of the graph the job ran (not a cold one), or the one it took
         captured = captured if captured is not None and not captured.cold else taken
         if state.status not in FINAL_STATUSES:
-            state.plan = None   # this build's plan (each one ran stays in plan_history); a rebuild is planned anew
+            state.plan = state.captured_at_step = None   # this build's (each plan ran stays in plan_history)
         state.cold_planned = False
         state.probe_plan_peak_bytes = None
         state.planned_needs = None

@@ -133,6 +133,7 @@ class JobState:
     planned_needs: tuple[int, int] | None = None   # (P, T) admission uses once planned
     plan_error: str | None = None
     plan_deferred: str | None = None   # why it was not captured for a plan (Note [Captures a plan needs])
+    captured_at_step: int | None = None   # its capture from training steps, adopted after this step (H14)
     cold_planned: bool = False    # planned before its step ever ran (Note [Cold-start planning])
     probe_plan_peak_bytes: int | None = None   # a cold-planned job: the predicted peak of the plan its probe ran
     arrived_at_s: float | None = None   # when the job arrived (``arrive_at_s``; 0: at the start)
@@ -237,6 +238,7 @@ class JobRecord:
     plan: PlanRecord | None            # the last plan it ran
     plan_error: str | None
     plan_deferred: str | None = None   # Note [Captures a plan needs] (planning.py)
+    captured_at_step: int | None = None   # Note [Captures from training steps] (training_capture.py)
     times: dict[str, float] = field(default_factory=dict)   # seconds per phase (Note [Where a trial's time goes])
     plan_segments: list[PlanSegment] = field(default_factory=list)   # its steps, plan by plan (Note [Plan segments])
     traced_step_from: str | None = None   # the ended job whose traced step it trained (None: its own trace)
@@ -264,6 +266,7 @@ class JobRecord:
             arrived_at_s=s.arrived_at_s, waits=list(s.waits), admitted_at_s=s.admitted_at_s, ended_at_s=s.ended_at_s, weights_digest=s.weights_digest,
             validation=list(s.validation), model_path=s.model_path,
             checkpoints=list(s.checkpoints), plan=s.plan, plan_error=s.plan_error, plan_deferred=s.plan_deferred,
+            captured_at_step=s.captured_at_step,
             times=s.times.to_dict(),
             plan_segments=plan_segments(s.records, s.plan_history), traced_step_from=s.traced_step_from,
             captured_from=s.captured_from,

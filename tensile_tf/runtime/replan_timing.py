@@ -59,7 +59,10 @@ rewrite not done leaves the job on its table step, and its record says so.
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Callable, ContextManager, Sequence
+
+from tensile_tf.scheduler.link_bound import unplanned_peak_and_period
 
 
 def expected_replan_s(records: Sequence, plans: Sequence) -> float | None:
@@ -108,8 +111,17 @@ def burst_reasons(departed: Sequence, requests: Sequence, jobs: Sequence, *, pea
     running planned ``JobState``s): ``departed`` jobs (torn down) and drift ``requests``.
     ``peaks_follow_timing``: the plans' combined peak is read off the jobs' timelines (``plan_peaks:
     timeline``), so a drift may move it even where no plan swaps."""
-    relaxable = any(s.plan.swap_outs or s.plan.recomputes for s in jobs)
+    relaxable = any(s.plan is not None and (s.plan.swap_outs or s.plan.recomputes) for s in jobs)
     running = {s.name for s in jobs}
     reasons = [f"departure of {d.name}" for d in departed if d.plan is not None and relaxable]
     reasons += [r.reason for r in requests if r.job in running and (relaxable or peaks_follow_timing)]
     return list(dict.fromkeys(reasons))    # one drift request per job and reason
+
+
+def running_plan(state):
+    """What the job runs now: its plan, or for a job captured from its training steps and never
+    planned, its own step as a plan would predict it (no swaps; Note [Captures from training steps])."""
+    if state.plan is not None:
+        return state.plan
+    peak, _ = unplanned_peak_and_period(state.rt.captured.planner_job)
+    return SimpleNamespace(predicted_planned_peak_bytes=peak, swap_outs=0, recomputes=0)

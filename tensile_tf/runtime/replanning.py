@@ -167,7 +167,8 @@ from typing import Any, Callable, Sequence
 from tensile_tf.config.schema import PlanPeaks
 from tensile_tf.runtime.failures import summarize_error
 from tensile_tf.runtime.records import DriftCheck, JobReplan, JobState, JobStatus, PlanRecord, ReplanRecord
-from tensile_tf.runtime.replan_timing import background_scope_for, burst_reasons, ends_before_switch, expected_replan_s
+from tensile_tf.runtime.replan_timing import (background_scope_for, burst_reasons, ends_before_switch,
+                                             expected_replan_s, running_plan)
 from tensile_tf.scheduler import LatencyTable
 
 EWMA_ALPHA = 0.3
@@ -325,9 +326,10 @@ class Replanner:
 
     @staticmethod
     def replannable(running: Sequence[JobState]) -> list[JobState]:
-        """The running jobs a re-plan may change: planned, with a captured graph."""
+        """The running jobs a re-plan may change: planned, with a captured graph, or captured from
+        their training steps (Note [Captures from training steps]: running their own step)."""
         return [s for s in running if s.status == JobStatus.running and s.rt.captured is not None
-                and s.plan is not None]
+                and (s.plan is not None or s.captured_at_step is not None)]
 
     def on_events(self, departed: Sequence[JobState], requests: Sequence[ReplanRequest],
                   running: Sequence[JobState], waiting: int, others_need: int) -> ReplanRecord | None:
@@ -364,13 +366,13 @@ class Replanner:
             jobs, expected_replan_s(self.records, self.planning.plans))
         if skipped is not None:     # Note [Re-plans for jobs about to end] in runtime/replan_timing.py
             record = ReplanRecord(at_s=at, reason=reason, budget_bytes=0, planning_s=0.0, rewrite_s=0.0,
-                                  predicted_peak_sum_before_bytes=sum(s.plan.predicted_planned_peak_bytes
+                                  predicted_peak_sum_before_bytes=sum(running_plan(s).predicted_planned_peak_bytes
                                                                        for s in jobs),
                                   predicted_peak_sum_after_bytes=0, jobs=[], skipped=skipped)
             self.records.append(record)
             return record
         budget = max(0, self.planning.start_budget(everyone, self.held_outside_jobs() + others_need))
-        before = {s.name: (s.plan, len(s.records)) for s in jobs}
+        before = {s.name: (running_plan(s), len(s.records)) for s in jobs}
         record = ReplanRecord(at_s=at, reason=reason, budget_bytes=budget, planning_s=0.0, rewrite_s=0.0,
                               predicted_peak_sum_before_bytes=sum(p.predicted_planned_peak_bytes
                                                                    for p, _ in before.values()),

@@ -26,11 +26,10 @@ running job ends ``interrupted`` at its next step boundary and is torn down
 as usual, jobs not started yet end ``interrupted`` too, and the RunResult
 (``interrupted`` = the reason) holds everything that ran.
 
-Failure isolation: an exception in one job (OOM included) marks that job
-failed with its error; the others go on. Collaborators: arrivals.py (the
-waiting line, joint plans on arrival), outcome.py (the memory sampler, the
-RunResult). Threads and hand-offs: Note [Threads and hand-offs] in threads.py.
-"""
+Failure isolation: an exception in one job (OOM included) marks that job failed
+with its error; the others go on. Collaborators: arrivals.py (the waiting line,
+joint plans on arrival), outcome.py (the memory sampler, the RunResult). Threads
+and hand-offs: Note [Threads and hand-offs] in threads.py."""
 from __future__ import annotations
 
 from collections import deque
@@ -55,6 +54,7 @@ from tensile_tf.runtime.replanning import LatencyMonitor, Replanner, ReplanReque
 from tensile_tf.runtime.traced_step_reuse import TracedStepShelf
 from tensile_tf.runtime.records import FINAL_STATUSES, JobState, JobStatus, RunResult
 from tensile_tf.runtime.threads import RunLoopInbox, StepGate, StopRequest
+from tensile_tf.runtime.training_capture import CaptureReady
 from tensile_tf.scheduler import DEFAULT_BANDWIDTH_BYTES_PER_S
 
 
@@ -198,13 +198,10 @@ class JobHost:
             return self._run(job_source)
 
     def _run(self, job_source: Callable[[], Job | None] | None = None) -> RunResult:
-        """Runs every submitted job; returns when all have ended.
-
-        ``job_source``, if given, is asked for another job whenever no job is
-        waiting and fewer than ``concurrency`` run; it returns a Job, or None
-        for "nothing more now". The run ends when no job runs or waits and the
-        source has nothing more (search drivers keep the pool full with it).
-        """
+        """Runs every submitted job; returns when all have ended. ``job_source``, if given, is
+        asked for another job whenever no job is waiting and fewer than ``concurrency`` run; it
+        returns a Job, or None for "nothing more now". The run ends when no job runs or waits and
+        the source has nothing more (search drivers keep the pool full with it)."""
         link = self.planning.settings if self.planning else None
         window = RunWindow.open(self.clock, planner=link is not None,
                                 swap_bandwidth=link.swap_bandwidth if link else None, lanes=link.link_lanes if link else 1,
@@ -264,7 +261,9 @@ class JobHost:
         """Note [One re-plan per burst] in replan_timing.py: every ended job of the burst torn down, the
         jobs ``job_source`` refills it with taken, then one re-plan for its departures (unless a refill's
         joint plan re-planned the running jobs already) and drift requests (Note [Latency drift])."""
-        departed = [m for m in messages if not isinstance(m, ReplanRequest)]
+        for ready in [m for m in messages if isinstance(m, CaptureReady)]:   # before any end its thread posted after
+            self.arrivals.adopt_capture(ready)
+        departed = [m for m in messages if isinstance(m, JobState)]
         for ended in departed:
             self._job_ended(ended)
         if self.replanner is None or self.stopping:
@@ -289,9 +288,8 @@ class JobHost:
         self.notify_end(ended)
         if self.stopping:
             return
-        line = self.arrivals
-        line.new_event()   # a departure is a new event for the waiting jobs
-        line.admit_waiting()
+        self.arrivals.new_event()   # a departure is a new event for the waiting jobs
+        self.arrivals.admit_waiting()
 
     def _end_the_unstarted(self) -> None:
         """Jobs still waiting when the run ends: rejected (they never fit even

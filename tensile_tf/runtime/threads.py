@@ -26,7 +26,7 @@ T2 job threads, ``job-NAME`` (``JobThread``, job_thread.py), one per admitted
    came through the inbox. While it runs it owns its job's training fields:
    ``steps_done``, ``records``, ``progress``, ``peak_bytes``, its runtime's
    ``rt.first_batch`` / ``rt.batch_specs`` / ``rt.sample_inputs``,
-   ``rt.step_fn``, ``rt.planned_step`` and the whole ``rt.latency_monitor``
+   ``rt.step_fn``, ``rt.planned_step``, ``rt.training_capture`` (H14) and the whole ``rt.latency_monitor``
    (its ``drift_checks``), ``plan``, ``planned_needs``, ``validation``,
    ``checkpoints``, ``model_path``, ``weights_digest``, the final ``status``
    / ``error`` and ``ended_at_s`` (Note [Record apart from runtime] in
@@ -172,6 +172,15 @@ H13 A search's trials, T1 -> T4: the driver's ``runs`` list grows on the run
    loop (``job_source``) under the driver's lock, and ``in_flight`` copies
    the trials not told yet under the same lock, so the reporter's heartbeat
    never walks the list while it grows.
+H14 A capture from training steps, T2 -> T1: ``RunLoopInbox.capture_ready``
+   (Note [Captures from training steps] in training_capture.py). The job
+   thread alone owns ``rt.training_capture`` and the capture it builds; it
+   puts the finished ``CaptureReady`` in the inbox, drops its reference and
+   never touches the capture again; the run loop sets ``rt.captured`` from
+   it (before a departure the same burst holds, which the thread posted after).
+   Its traced steps take the pool's trace under ``POOL_TRACE``
+   (tensile_tf/tf/step_memory.py), as the run loop's captures do, and only
+   try it: a step that finds it taken runs untraced.
 """
 from __future__ import annotations
 
@@ -183,6 +192,7 @@ from typing import TYPE_CHECKING, Callable, Generic, Sequence, TypeVar, Union
 if TYPE_CHECKING:
     from tensile_tf.runtime.records import JobState
     from tensile_tf.runtime.replanning import ReplanRequest
+    from tensile_tf.runtime.training_capture import CaptureReady
 
 T = TypeVar("T")
 
@@ -330,11 +340,12 @@ class StepGate:
 
 
 class RunLoopInbox:
-    """What job threads tell the run loop (Note [Threads and hand-offs], H2
-    and H4): a job ended, or its latency monitor asks for a re-plan."""
+    """What job threads tell the run loop (Note [Threads and hand-offs], H2,
+    H4 and H14): a job ended, its latency monitor asks for a re-plan, or its
+    capture from training steps is ready."""
 
     def __init__(self) -> None:
-        self._queue: queue.Queue[Union["JobState", "ReplanRequest"]] = queue.Queue()
+        self._queue: queue.Queue[Union["JobState", "ReplanRequest", "CaptureReady"]] = queue.Queue()
 
     def job_ended(self, state: "JobState") -> None:
         """A job thread's last act: nothing it writes after this."""
@@ -343,7 +354,11 @@ class RunLoopInbox:
     def ask_replan(self, request: "ReplanRequest") -> None:
         self._queue.put(request)
 
-    def drain(self) -> list[Union["JobState", "ReplanRequest"]]:
+    def capture_ready(self, ready: "CaptureReady") -> None:
+        """H14: a capture from training steps, the job thread's no more."""
+        self._queue.put(ready)
+
+    def drain(self) -> list[Union["JobState", "ReplanRequest", "CaptureReady"]]:
         """Every message waiting now, without waiting for more (Note [One re-plan per burst] in
         runtime/replan_timing.py)."""
         out = []

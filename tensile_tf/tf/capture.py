@@ -18,6 +18,7 @@ train the model.
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -26,6 +27,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
+from types import SimpleNamespace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -316,6 +318,28 @@ def _load_xspace(logdir: str):
 _PROFILER = threading.Lock()
 
 
+@contextlib.contextmanager
+def profiling(blocking: bool = True):
+    """Runs the block under the process's one profiler; yields a namespace whose ``xspace`` is
+    the profile once the block has ended (None: another held the profiler and ``blocking`` is
+    False, so the block ran unprofiled)."""
+    out = SimpleNamespace(xspace=None)
+    if not _PROFILER.acquire(blocking=blocking):
+        yield out
+        return
+    logdir = tempfile.mkdtemp(prefix="tensile_profile_")
+    try:
+        tf.profiler.experimental.start(logdir)
+        try:
+            yield out
+        finally:
+            tf.profiler.experimental.stop()
+        out.xspace = _load_xspace(logdir)
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)
+        _PROFILER.release()
+
+
 def measure_op_latencies(step_fn: Callable, args: Sequence, *, graph: JobGraph | None = None,
                          repeats: int = 3, warmup: int = 1, run_fn: Callable | None = None) -> LatencyTable:
     """Per-op seconds (mean over ``repeats`` profiled steps) as a LatencyTable.
@@ -330,32 +354,35 @@ def measure_op_latencies(step_fn: Callable, args: Sequence, *, graph: JobGraph |
     cf = step_fn.get_concrete_function(*args)
     restore = snapshot_variables(cf.graph)
     run_fn = run_fn or step_fn
-    logdir = tempfile.mkdtemp(prefix="tensile_profile_")
     try:
         for _ in range(warmup):
             run_fn(*args)
-        with _PROFILER:   # one profiler per process (a running job may be sampling its latencies)
-            tf.profiler.experimental.start(logdir)
-            walls = []
-            try:
-                for _ in range(repeats):
-                    t0 = time.perf_counter()
-                    run_fn(*args)
-                    walls.append(time.perf_counter() - t0)
-            finally:
-                tf.profiler.experimental.stop()
-            xs = _load_xspace(logdir)
+        walls = []
+        with profiling() as profile:   # one profiler per process (a running job may be sampling its latencies)
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                run_fn(*args)
+                walls.append(time.perf_counter() - t0)
     finally:
-        shutil.rmtree(logdir, ignore_errors=True)
         restore()
-    table = _latencies_from_xspace(xs, graph, repeats)
+    return latencies_of_profiles([profile.xspace], graph, repeats, walls)
+
+
+def latencies_of_profiles(xspaces: Sequence, graph: JobGraph | None, steps: int,
+                          walls: Sequence[float]) -> LatencyTable:
+    """The latency table of ``steps`` profiled steps (in one or more XSpaces), put on their median
+    wall time with ``graph`` (Note [Latency time base] in tensile_tf/scheduler/latency.py)."""
+    table = _latencies_from_xspace(xspaces, graph, steps)
     return table.on_wall_time(graph, statistics.median(walls)) if graph is not None else table
 
 
-def _latencies_from_xspace(xs, graph: JobGraph | None, repeats: int) -> LatencyTable:
-    """Per-op mean seconds over ``repeats`` steps recorded in an XSpace."""
+def _latencies_from_xspace(xspaces: Sequence, graph: JobGraph | None, repeats: int) -> LatencyTable:
+    """Per-op mean seconds over ``repeats`` steps recorded in XSpaces."""
     # Note [Profiles of one job's steps] in tensile_tf/tf/profile_events.py: only this job's steps' events
-    events = op_durations(xs, bind_node_names(graph))
+    events: dict[str, list[int]] = defaultdict(list)
+    for xs in xspaces:
+        for node, durations in op_durations(xs, bind_node_names(graph)).items():
+            events[node] += durations
     seconds = {k: sum(v) * 1e-12 / repeats for k, v in events.items()}
     op_types = {}
     if graph is not None:
@@ -379,20 +406,10 @@ def profiled_step(step_fn: Callable, args: Sequence, graph: JobGraph) -> tuple[A
     process's profiler is free, records its op latencies. Returns the
     step's output and the LatencyTable (None when another job held the
     profiler: the step ran unprofiled)."""
-    if not _PROFILER.acquire(blocking=False):
-        return step_fn(*args), None
-    logdir = tempfile.mkdtemp(prefix="tensile_profile_")
-    try:
-        tf.profiler.experimental.start(logdir)
-        try:
-            t0 = time.perf_counter()
-            out = step_fn(*args)
-            wall_s = time.perf_counter() - t0
-        finally:
-            tf.profiler.experimental.stop()
-        # Note [Latency time base] in tensile_tf/scheduler/latency.py
-        table = _latencies_from_xspace(_load_xspace(logdir), graph, 1).on_wall_time(graph, wall_s)
-    finally:
-        shutil.rmtree(logdir, ignore_errors=True)
-        _PROFILER.release()
-    return out, table
+    with profiling(blocking=False) as profile:
+        t0 = time.perf_counter()
+        out = step_fn(*args)
+        wall_s = time.perf_counter() - t0
+    if profile.xspace is None:
+        return out, None
+    return out, latencies_of_profiles([profile.xspace], graph, 1, [wall_s])

@@ -106,6 +106,7 @@ free step's trace stands.
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -145,38 +146,63 @@ MIN_TRACED_STEPS = 2
 TRACED_SECONDS = 2.0
 
 
+# One reader of the pool's event trace at a time: a capture clears it before each traced step
+# (Note [Captures from training steps] in tensile_tf/runtime/training_capture.py traces from a job's thread)
+POOL_TRACE = threading.Lock()
+
+
+def traced_step(run, *, blocking: bool = True) -> tuple[list[dict], dict[int, int]] | None:
+    """Runs ``run()`` with the pool's trace cleared before it; returns its trace and each
+    stream's bytes once it ended, or None (it ran untraced) when another reader held the
+    trace and ``blocking`` is False."""
+    if not POOL_TRACE.acquire(blocking=blocking):
+        run()
+        return None
+    try:
+        pool = tf_plugin.device_pool()
+        pool.clear_trace()
+        run()
+        return pool.trace(), {j["stream"]: j["current"] for j in pool.stats()["jobs"].values()}
+    finally:
+        POOL_TRACE.release()
+
+
 def measure_step_memory(step_fn, args: Sequence, graph: JobGraph, *, steps: int = TRACED_STEPS,
-                        run_fn=None, op_name_prefix: str = "") -> StepMemory:
+                        run_fn=None, op_name_prefix: str = "", warm: bool = True) -> StepMemory:
     """Each op's scratch and forwarded bytes, the tensors that are views,
     and what each traced step held at each op's allocations, from the pool's
     trace of up to ``steps`` steps. The variables are restored afterwards.
     ``run_fn``: the function traced instead of ``step_fn`` (a rewrite of it
     that updates the same variables, whose op names carry ``op_name_prefix``;
-    Note [Memory of the step as planned])."""
-    pool = tf_plugin.device_pool()
+    Note [Memory of the step as planned]). ``warm``: run it once untraced
+    first (a function's first run also allocates what later runs reuse)."""
     restore = snapshot_variables(step_fn.get_concrete_function(*args).graph)
     run_fn = run_fn or step_fn
-    traces = []
-    between: list[dict[int, int]] = []   # per traced step: stream -> its bytes once the step ended
+    traced = []
     try:
-        run_fn(*args)   # untraced: a function's first run also allocates what later runs reuse
-        began = time.perf_counter()
-        while len(traces) < max(1, steps):
-            pool.clear_trace()
+        if warm:
             run_fn(*args)
-            traces.append(pool.trace())
-            between.append({j["stream"]: j["current"] for j in pool.stats()["jobs"].values()})
-            if len(traces) >= MIN_TRACED_STEPS and time.perf_counter() - began > TRACED_SECONDS:
+        began = time.perf_counter()
+        while len(traced) < max(1, steps):
+            traced.append(traced_step(lambda: run_fn(*args)))
+            if len(traced) >= MIN_TRACED_STEPS and time.perf_counter() - began > TRACED_SECONDS:
                 break
     finally:
         restore()  # also when a step fails (out of memory)
+    return step_memory_of(traced, graph, op_name_prefix)
+
+
+def step_memory_of(traced: Sequence[tuple[list[dict], dict[int, int]]], graph: JobGraph,
+                   op_name_prefix: str = "") -> StepMemory:
+    """The StepMemory of traced steps (``traced_step``'s results, the first one's buffers)."""
+    traces = [t for t, _ in traced]
     ops_of = ops_of_traced_names(graph.ops, {ev["op"] for tr in traces for ev in tr if ev["kind"] == "alloc"},
                                   op_name_prefix)
     scratch, forwarded, views = _buffers(traces[0], graph, ops_of)
     stream = _job_stream(traces[0], ops_of)
     # the default stream holds whatever the process made outside jobs: only a job's own stream tells
     own = stream is not None and stream != tf_plugin.DEFAULT_STREAM
-    held_between = [b[stream] for b in between if stream in b] if own else []
+    held_between = [b[stream] for _, b in traced if stream in b] if own else []
     return StepMemory(scratch, forwarded, views, [_held_at_allocations(tr, ops_of, graph) for tr in traces],
                       min(held_between) if held_between else None, threads=inter_op_threads())
 

@@ -61,7 +61,7 @@ def test_each_jobs_table_holds_only_its_own_steps_events(profile):
     assert len(_matmul(mine)) == 1 and len(_matmul(theirs)) == 1
     assert sorted(_matmul(mine) + _matmul(theirs)) == sorted(_matmul(everyone))
     # the latency table of each job is made of its own events
-    table = _latencies_from_xspace(xs, small, 1)
+    table = _latencies_from_xspace([xs], small, 1)
     matmul = next(o.name for o in small.ops if o.op_type == "MatMul")
     assert table.seconds[matmul] == pytest.approx(_matmul(mine)[0] * 1e-12)
 
