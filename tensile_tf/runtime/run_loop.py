@@ -263,7 +263,7 @@ class JobHost:
         joint plan re-planned the running jobs already) and drift requests (Note [Latency drift])."""
         for ready in [m for m in messages if isinstance(m, CaptureReady)]:   # before any end its thread posted after
             self.arrivals.adopt_capture(ready)
-        departed = [m for m in messages if isinstance(m, JobState)]
+        departed = [m for m in messages if not isinstance(m, (ReplanRequest, CaptureReady))]
         for ended in departed:
             self._job_ended(ended)
         if self.replanner is None or self.stopping:

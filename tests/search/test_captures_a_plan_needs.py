@@ -1,15 +1,19 @@
 """Note [Captures a plan needs] (tensile_tf/runtime/planning.py): with the planner on, a trial the
 pool holds unplanned, beside the running ones and as many more like it as may run at once, is not
 captured, planned or re-planned, and its step is traced for every batch size, so a later trial of
-another batch size takes it over. The control is the same search where the search's limit lets in
-more trials than the pool holds unplanned: every trial is captured and planned.
+another batch size takes it over. Where the search's limit lets in more trials than the pool holds
+unplanned, each trial is captured; one that fits when it starts is captured from its own training
+steps (Note [Captures from training steps] in tensile_tf/runtime/training_capture.py): no capture
+time on the run loop, no plan, the same losses. The control turns that off: each trial is then
+captured on the run loop before it starts, and planned.
 
-One interpreter, one 48 MiB pool, two searches of the same three trials (an MLP 512 x 2 at
-batches 256, 512 and 256, about 10 MiB each unplanned), in that order: one at a time (so which
-trial's step is parked when the next one builds does not depend on the machine), then at most 6 at
-once (the pool does not hold 6: each trial is captured). The first trial is traced for its own
-batch (nothing predicts its needs yet); the second, predicted from the first, for every batch size;
-the third takes that step over."""
+One interpreter, one 48 MiB pool, three searches of the same three trials (an MLP 512 x 2 at
+batches 256, 512 and 256, about 10 MiB each unplanned, 24 steps: enough for a capture from training
+steps), in that order: one at a time (so which trial's step is parked when the next one builds does
+not depend on the machine), then at most 6 at once (the pool does not hold 6: each trial is
+captured), then the same with captures from training steps off. The first trial is traced for its
+own batch (nothing predicts its needs yet); the second, predicted from the first, for every batch
+size; the third takes that step over."""
 from types import SimpleNamespace
 
 import pytest
@@ -30,25 +34,29 @@ SEARCHES = """
     trials = [{"batch_size": 256, "optimizer.learning_rate": 1e-3}, {"batch_size": 512, "optimizer.learning_rate": 1e-3},
               {"batch_size": 256, "optimizer.learning_rate": 2e-3}]
     base = {"name": "t", "model": {"builder": "tensile_tf.jobs.zoo:mlp", "args": {"hidden": [512, 512]}},
-            "input_shape": [784], "batch_size": 256, "classes": 10, "optimizer": {"name": "adam"}, "steps": 4,
+            "input_shape": [784], "batch_size": 256, "classes": 10, "optimizer": {"name": "adam"}, "steps": 24,
             "seed": 1, "data": {"num_batches": 2}}
     out = {}
-    for at_once in (1, 6):
+    for at_once, in_training in ((1, True), (6, True), (6, False)):
         host = JobHost(admission="sum", planner="tensile", swap_bandwidth="1TiB")
+        host.planning.settings.capture_in_training = in_training
         study = optuna.create_study()
         for t in trials:
             study.enqueue_trial(t)
         space = {k: optuna.distributions.CategoricalDistribution(sorted({t[k] for t in trials})) for k in trials[0]}
         SearchDriver(study, base, space, n_trials=3, host=host, max_concurrent=at_once, admit_by_cores=False).run()
         batch = {s.name: s.job.spec.batch_size for s in host.states}
-        out[at_once] = {
+        out[f"{at_once} {in_training}"] = {
             "replans": len(host.replanner.records),
             "trials": [dict(
                 key=f"{s.job.spec.batch_size} {s.job.spec.optimizer.learning_rate}", status=s.status.value,
                 error=s.error, deferred=s.plan_deferred, plans=len(s.plan_history),
                 captured=s.name in host.planning.unplanned_peaks,   # its capture's (or the one it took over)
                 taken_from_batch=batch.get(s.traced_step_from), batch=s.job.spec.batch_size,
-                P=s.persistent_bytes, T=s.temporary_bytes, losses=[r.loss for r in s.records])
+                P=s.persistent_bytes, T=s.temporary_bytes, losses=[r.loss for r in s.records],
+                captured_at_step=s.captured_at_step, plan_error=s.plan_error,
+                predicted=getattr(host.planning.unplanned_peaks.get(s.name), "predicted", None),
+                traced_steps=len(getattr(host.planning.unplanned_peaks.get(s.name), "observed", [])))
                 for s in host.states]}
     print(json.dumps(out))
 """
@@ -59,28 +67,46 @@ def searches():
     proc = run_python(SEARCHES, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = last_json_line(proc)
-    return out["1"], out["6"]
+    return out["1 True"], out["6 True"], out["6 False"]
 
 
 def test_trials_the_pool_holds_are_not_captured_and_share_one_trace_across_batch_sizes(searches):
-    held, control = searches
-    assert all(t["status"] == "finished" for t in [*held["trials"], *control["trials"]]), (held, control)
+    held, in_training, control = searches
+    assert all(t["status"] == "finished" for t in [*held["trials"], *in_training["trials"], *control["trials"]]), \
+        (held, in_training, control)
     assert [t["batch"] for t in held["trials"]] == [256, 512, 256], held
     # the pool holds one of these trials (and not six), by their measured needs
     assert max(t["P"] + t["T"] for t in control["trials"]) <= 48 * 2**20 < 6 * min(t["P"] + t["T"]
                                                                                   for t in control["trials"])
     for t in held["trials"]:
         assert t["deferred"] and "up to the 1 jobs that may run at once" in t["deferred"], t
-        assert t["plans"] == 0 and not t["captured"], t
+        assert t["plans"] == 0 and not t["captured"] and t["captured_at_step"] is None, t
     assert held["replans"] == 0, held
     # the third trial took over the second's step, traced for every batch size
     assert [t["taken_from_batch"] for t in held["trials"]] == [None, None, 512], held
-    # the control: where the limit lets in more trials than the pool holds, each trial is captured and planned
-    for t in control["trials"]:
-        assert t["deferred"] is None and t["plans"] >= 1 and t["captured"], t
     # neither the deferral nor the shared trace changes what a trial computes
     losses = {t["key"]: t["losses"] for t in control["trials"]}
     assert {t["key"]: t["losses"] for t in held["trials"]} == losses
+
+
+def test_a_trial_that_fits_when_it_starts_is_captured_from_its_training_steps(searches):
+    """Each trial fits beside the running ones when it starts: its thread captures it from its own
+    steps (at least two traced, three profiled, after its probe step), nothing is restored, and it
+    computes what the control computes; the control (captures from training steps off) captures
+    each trial on the run loop and plans it."""
+    _, in_training, control = searches
+    for t in in_training["trials"]:
+        assert t["deferred"] is None and t["plan_error"] is None, t
+        assert t["captured"] and t["captured_at_step"] is not None and 1 + 2 + 3 <= t["captured_at_step"] <= 24, t
+        assert t["plans"] == 0 and t["traced_steps"] >= 2, t
+    for t in control["trials"]:
+        assert t["deferred"] is None and t["plans"] >= 1 and t["captured"] and t["captured_at_step"] is None, t
+    # the capture from training steps predicts what the run loop's capture of the same step does
+    control_peak = {t["batch"]: t["predicted"] for t in control["trials"]}
+    for t in in_training["trials"]:
+        assert abs(t["predicted"] - control_peak[t["batch"]]) <= 0.1 * control_peak[t["batch"]], (t, control_peak)
+    # a training step measured is a training step: the same losses, bit for bit
+    assert {t["key"]: t["losses"] for t in in_training["trials"]} == {t["key"]: t["losses"] for t in control["trials"]}
 
 
 def _job(p, t):
