@@ -90,8 +90,10 @@ memory-bound io-mem search (20 MiB a trial unplanned, 48 MiB pool, 4 at
 once) every trial is. On the CNN search, in pairs of runs of the same
 commit: 7 of 12 trials deferred, captures 26.0 s -> 9.8-10.3 s, planned 832
 and 808 trials/hour against 942 and 906 unplanned (0.88x, 0.89x; the code
-before, the same hour: 0.80x); what is left is the captures of the trials a
-plan may need (batches 512 and 1024: one costs about 16 steps' profiling).
+before, the same hour: 0.80x); what was left was the captures of the trials a
+plan may need (batches 512 and 1024: one cost about 16 steps' profiling),
+now taken from their training steps where they fit when they start (Note
+[Captures from training steps] in training_capture.py).
 """
 from __future__ import annotations
 

@@ -232,3 +232,35 @@ def test_a_newcomer_measured_too_big_is_planned_together_at_once():
 
     assert admit([SimpleNamespace(name="a", awaiting_switches=False)]) == ([("n", ["a"])], ["n"])
     assert admit([]) == ([], ["n"])
+
+
+def test_a_job_captured_from_its_training_steps_is_one_a_joint_plan_may_change():
+    """Note [Captures from training steps]: a running job captured by its own thread runs its own
+    step, no plan, and joins the re-plans from then on; a job captured and never planned for another
+    reason (its plan failed) stays outside them, as before; its own step relaxes nothing."""
+    a, b = _job("a", 30, 5, 0.5), _job("b", 30, 5, 0.5)
+    for s in (a, b):
+        s.status, s.rt.captured, s.captured_at_step = JobStatus.running, object(), None
+    b.plan = None
+    assert Replanner.replannable([a, b]) == [a]
+    b.captured_at_step = 7
+    assert Replanner.replannable([a, b]) == [a, b]
+    a.plan.swap_outs = 0
+    assert burst_reasons([_job("x", 10, 10, 0.5)], [], [a, b]) == []
+
+
+def test_a_capture_ready_is_adopted_before_the_end_its_thread_posted_after():
+    """H14 in Note [Threads and hand-offs]: the run loop adopts a capture from training steps before
+    it tears down the job, so the capture is parked with its step (Note [Captures kept with the step])."""
+    from tensile_tf.runtime.run_loop import JobHost
+    from tensile_tf.runtime.training_capture import CaptureReady
+
+    served = []
+    host = SimpleNamespace(_job_ended=lambda ended: served.append(("ended", ended.name)), replanner=None,
+                           stopping=False, arrivals=SimpleNamespace(adopt_capture=lambda r: served.append(
+                               ("adopted", r.job))))
+    inbox = RunLoopInbox()
+    inbox.capture_ready(CaptureReady("x", object(), 9))
+    inbox.job_ended(SimpleNamespace(name="x"))
+    JobHost._serve_burst(host, [inbox.next(0.0), *inbox.drain()], None)
+    assert served == [("adopted", "x"), ("ended", "x")]
