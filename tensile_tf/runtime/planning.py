@@ -111,7 +111,7 @@ from tensile_tf.runtime.admission import POOL_HEADROOM
 from tensile_tf.runtime.failures import summarize_error
 from tensile_tf.runtime.records import JobState, PlanRecord
 from tensile_tf.runtime.replan_timing import background_scope_for
-from tensile_tf.runtime.training_capture import TrainingCapture
+from tensile_tf.runtime.training_capture import TrainingCapture, captured_in_time
 from tensile_tf.scheduler import Plan
 from tensile_tf.scheduler.link_bound import unplanned_peak_and_period
 from tensile_tf.scheduler.peak_analysis import PAIRED_PEAKING_JOBS, UNPLANNED_PAIRED_PEAKING_JOBS
@@ -216,7 +216,7 @@ class JobPlanning:
             return
         self.traced_for_its_batch(state)
         job = self._to_plan(state)
-        if in_training and self.settings.capture_in_training:
+        if in_training and self.settings.capture_in_training and captured_in_time(state):
             state.rt.training_capture = TrainingCapture(job, self.settings.plan_order.value)
             return
         out_of_memory = False

@@ -11,8 +11,13 @@ finished trial's end 5-6 s behind it, and every plan made from such captures
 swapped nothing (the pool held the trials as they ran).
 
 So a job probed after the start that the capture rule would capture (Note
-[Captures a plan needs]) and that fits now beside the running jobs,
-unplanned, starts at once on its own step, and its thread collects the
+[Captures a plan needs]), that fits now beside the running jobs, unplanned,
+and that has steps left for the capture and as many again
+(``captured_in_time``: until its capture is ready it is outside joint plans,
+so a newcomer that needs one with it waits; a job shorter than that, such
+as the 6-step trials of tests/search/test_planned_search.py, which meet
+only when planned together, is captured on the run loop as before),
+starts at once on its own step, and its thread collects the
 capture from the job's own training steps (``TrainingCapture.step``, around
 ``run_step``): every measured step is one of its training steps, on its own
 batches, in its order, so nothing is restored and the job computes what it
@@ -52,6 +57,7 @@ capture's time is its steps' (``times.capture`` stays 0).
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -67,6 +73,21 @@ from tensile_tf.tf.step_memory import MIN_TRACED_STEPS, TRACED_SECONDS, TRACED_S
 
 # Steps a capture may spend waiting for the profiler or the pool's trace before it gives up
 PATIENCE_STEPS = 16
+LATENCY_REPEATS = 3   # profiled training steps (capture_for_planning's latency_repeats)
+
+
+def steps_to_capture(step_s: float, repeats: int = LATENCY_REPEATS) -> int:
+    """Training steps a capture takes at ``step_s`` a step: the traced free steps (up to
+    TRACED_STEPS, fewer once TRACED_SECONDS passed) and the profiled ones."""
+    traced = min(TRACED_STEPS, max(MIN_TRACED_STEPS, math.ceil(TRACED_SECONDS / max(step_s, 1e-6)) + 1))
+    return traced + repeats
+
+
+def captured_in_time(state) -> bool:
+    """Whether the job has steps left for its capture and as many again: a job captured from its
+    training steps is outside joint plans until then (Note [Captures from training steps])."""
+    step_s = state.records[-1].duration_s if state.records else 0.0
+    return state.job.steps - state.steps_done >= 2 * steps_to_capture(step_s)
 
 
 @dataclass
@@ -82,7 +103,7 @@ class CaptureReady:
 class TrainingCapture:
     """Note [Captures from training steps] for one job, driven by its thread."""
 
-    def __init__(self, job: JobToPlan, step_order: str, latency_repeats: int = 3):
+    def __init__(self, job: JobToPlan, step_order: str, latency_repeats: int = LATENCY_REPEATS):
         self.job = job
         self.step_order = step_order
         self.repeats = latency_repeats
