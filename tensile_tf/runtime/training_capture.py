@@ -30,7 +30,8 @@ Note [Plan order] in tensile_tf/tf/rewrite/rewriter.py).
    variables restored: ``capture_job_graph``).
 2. Free steps with the pool's trace on (``traced_step``), as
    ``measure_step_memory`` traces them: up to TRACED_STEPS, fewer once they
-   took TRACED_SECONDS (at least MIN_TRACED_STEPS). The job's probe step was
+   took TRACED_SECONDS of step time (at least MIN_TRACED_STEPS; the waits
+   for data between them do not count). The job's probe step was
    its step function's first run, so none is left untraced. A step whose
    trace another reader holds (``POOL_TRACE``) runs untraced and is not counted.
 3. The chained step once, untraced and outside training (variables restored:
@@ -58,7 +59,6 @@ capture's time is its steps' (``times.capture`` stays 0).
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -114,7 +114,7 @@ class TrainingCapture:
         self.as_planned: list = []   # traced chained steps
         self.profiles: list = []     # XSpaces of profiled training steps
         self.walls: list[float] = []
-        self.began: float | None = None
+        self.traced_s = 0.0           # the traced free steps' own time (``StepRecord.duration_s``)
         self.idle = 0                # steps that could measure nothing (profiler or trace taken)
         self.result: CaptureReady | None = None
 
@@ -125,7 +125,7 @@ class TrainingCapture:
     def _memory_traced(self) -> bool:
         if len(self.free) >= TRACED_STEPS:
             return True
-        return len(self.free) >= MIN_TRACED_STEPS and time.perf_counter() - self.began > TRACED_SECONDS
+        return len(self.free) >= MIN_TRACED_STEPS and self.traced_s > TRACED_SECONDS
 
     def step(self, state, batch: tuple, run: Callable[[], None]) -> None:
         """Runs one training step of ``state`` (``run()``: ``run_step`` on ``batch``), measured as
@@ -151,7 +151,6 @@ class TrainingCapture:
             self.graph = graph_for_planning(self.job)
             self.chained = plan_order_step(self.job, self.graph) if self.step_order != "free" else None
             self.job = replace(self.job, example_args=batch_specs(batch))   # Note [Example batch]
-            self.began = time.perf_counter()
         if not self._memory_traced():
             return self._free_step
         if self.chained is not None and not self.warmed:
@@ -164,6 +163,7 @@ class TrainingCapture:
             self.idle += 1
         else:
             self.free.append(traced)
+            self.traced_s += state.records[-1].duration_s
 
     def _warm_chained(self, batch: tuple) -> None:
         """Phase 3: the chained step's first run, outside training."""
