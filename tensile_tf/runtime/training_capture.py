@@ -54,7 +54,10 @@ the step]). Until then it is outside every re-plan, counted at its measured
 needs, as a job whose capture was deferred. A job that ends first is never
 captured (its record's ``captured_at_step`` stays None). Its record says at
 which of its steps the capture was adopted (``captured_at_step``), and the
-capture's time is its steps' (``times.capture`` stays 0).
+capture's time is in its steps (``times.capture`` holds only the setup).
+Not done: such a job has no latency monitor (Note [Latency drift]: the
+run loop makes one only for a job planned before its thread starts), so
+its latencies are the capture's for the rest of its run.
 """
 from __future__ import annotations
 
