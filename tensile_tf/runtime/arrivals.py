@@ -8,6 +8,18 @@ then. ``admit_waiting`` starts, in submit order, every waiting job that fits
 beside the running ones (probing first the ones never measured); one that
 does not fit while others run is planned together with them when re-planning
 is on (Note [Joint re-plan on arrival] in replanning.py), else it waits.
+
+Note [A capture kept for the joint plan]
+A newcomer predicted to fit is probed and, with the planner on, captured
+(profiled steps on the run loop); measured too big beside the running jobs,
+it is planned together with them at once (``plan_arrival``). It was torn
+down between the two, its capture with it, then built again and captured
+cold (its graph alone, guessed latencies) for the joint plan: on the
+memory-bound io-mem search of issue 58, three trials of twelve paid a 1.8 s
+capture and a second build each, on the run loop every arrival waits for,
+and were planned from the guess. Such a job now stays built from its probe
+to the joint plan, which plans it from the capture its probe made; if no
+joint plan is made, it is torn down then (``_drop_build``), as before.
 """
 from __future__ import annotations
 
@@ -147,15 +159,15 @@ class Arrivals:
         fit beside ``active``; plan it together with them, once per event."""
         host = self.host
         if state.name in self.joint_tried:
-            return
+            return self._drop_build(state)
         later = "; waits for a running job to end"
         if host.replanner is None or host.pipeline is not None:
             host.note_wait(state, "does not fit beside the running jobs and re-planning is off" + later)
-            return
+            return self._drop_build(state)
         if not Replanner.replannable(active):
             host.note_wait(state, "does not fit beside the running jobs, and none of them runs a plan "
                            "a joint re-plan could tighten" + later)
-            return
+            return self._drop_build(state)
         self.joint_tried.add(state.name)
         parked = self.build_needs_parking(state, active)
         gate = host.gate.closed([s.name for s in active], host.stop) if parked else contextlib.nullcontext()
@@ -171,8 +183,9 @@ class Arrivals:
                 host.notify_end(state)
                 return
             record = None
-            # the capture of the step it took over, else its graph alone (Note [Captures kept with the step])
-            if host.planning.capture_taken(state) or host.planning.capture_cold(state):
+            # its probe's capture (Note [A capture kept for the joint plan]), the capture of the step it took
+            # over, else its graph alone (Note [Captures kept with the step])
+            if state.rt.captured is not None or host.planning.capture_taken(state) or host.planning.capture_cold(state):
                 record = host.replanner.on_arrival(state, active, self.outside_replan_need(active))
             else:
                 host.note_wait(state, f"could not be captured for a joint plan ({state.plan_error})" + later)
@@ -186,9 +199,14 @@ class Arrivals:
             return
         if record is not None:
             host.note_wait(state, f"the joint plan with the running jobs failed ({record.error})" + later)
-        state.rt.captured = None   # planned later, from a real capture, when it is admitted
-        if state.job.rebuildable:
-            host.lifecycle.teardown(state)
+        self._drop_build(state)
+
+    def _drop_build(self, state: JobState) -> None:
+        """A waiting job not planned together now: its capture dropped (planned later, from a real
+        capture, when it is admitted), and its build, if it can be built again."""
+        state.rt.captured = None
+        if state.job.rebuildable and state.rt.train is not None:
+            self.host.lifecycle.teardown(state)
 
     def build_needs_parking(self, state: JobState, active: list[JobState]) -> str | None:
         """Note [Joint re-plan on arrival]: why the running jobs must be

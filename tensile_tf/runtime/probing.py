@@ -213,7 +213,8 @@ class JobLifecycle:
         if fits:
             return ProbeOutcome.run
         state.status = JobStatus.queued
-        if state.job.rebuildable:
+        # Note [A capture kept for the joint plan] in arrivals.py: a captured job beside running ones stays built
+        if state.job.rebuildable and not (state.rt.captured is not None and alongside):
             self.teardown(state)
         return ProbeOutcome.queued
 
