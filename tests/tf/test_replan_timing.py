@@ -264,3 +264,36 @@ def test_a_capture_ready_is_adopted_before_the_end_its_thread_posted_after():
     inbox.job_ended(SimpleNamespace(name="x"))
     JobHost._serve_burst(host, [inbox.next(0.0), *inbox.drain()], None)
     assert served == [("adopted", "x"), ("ended", "x")]
+
+
+def test_a_newcomer_captured_at_its_probe_is_planned_together_from_that_capture():
+    """Note [A capture kept for the joint plan] in runtime/arrivals.py: a newcomer its probe built and
+    captured is planned together with the running jobs from that capture, not built again and
+    captured cold; where no joint plan is made it is torn down, capture and all (the control)."""
+    from tensile_tf.runtime.arrivals import Arrivals
+
+    def plan_arrival(joint_error):
+        calls = []
+        running = SimpleNamespace(name="a", status=JobStatus.running, plan=object(), awaiting_switches=False,
+                                  rt=SimpleNamespace(captured=object(), switch=SimpleNamespace(pending=False)))
+        probed = object()
+        newcomer = SimpleNamespace(name="n", job=SimpleNamespace(rebuildable=True), status=JobStatus.queued,
+                                   awaiting_switches=False, rt=SimpleNamespace(train=object(), captured=probed))
+        record = SimpleNamespace(error=joint_error)
+        planning = SimpleNamespace(capture_taken=lambda s: calls.append("taken") or False,
+                                   capture_cold=lambda s: calls.append("cold") or True)
+        replanner = SimpleNamespace(on_arrival=lambda s, active, need: calls.append(("joint", s.rt.captured)) or record)
+        host = SimpleNamespace(replanner=replanner, pipeline=None, planning=planning, stopping=False,
+                               note_replan=lambda r: None, note_wait=lambda s, why: calls.append("wait"),
+                               admission=SimpleNamespace(predict=lambda s: None),
+                               lifecycle=SimpleNamespace(teardown=lambda s: calls.append("teardown"),
+                                                         build=lambda s: calls.append("build") or True))
+        line = Arrivals(host)
+        line.start_jointly_planned = lambda state, active: calls.append("start")
+        line.plan_arrival(newcomer, [running])
+        return calls, probed, newcomer.rt.captured
+
+    calls, probed, kept = plan_arrival(None)
+    assert calls == [("joint", probed), "start"] and kept is probed
+    calls, probed, kept = plan_arrival("the joint plan predicts more than the budget")
+    assert calls == [("joint", probed), "wait", "teardown"] and kept is None
