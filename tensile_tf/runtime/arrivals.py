@@ -18,8 +18,11 @@ cold (its graph alone, guessed latencies) for the joint plan: on the
 memory-bound io-mem search of issue 58, three trials of twelve paid a 1.8 s
 capture and a second build each, on the run loop every arrival waits for,
 and were planned from the guess. Such a job now stays built from its probe
-to the joint plan, which plans it from the capture its probe made; if no
-joint plan is made, it is torn down then (``_drop_build``), as before.
+to the joint plan, which plans it from the capture its probe made, and
+starts on the plan's predicted needs without a second probe (its probe step
+was its first training step: a second would train on its first batch
+again; 2-4 of 12 trials' scores moved when it did); if no joint plan is
+made, it is torn down then (``_drop_build``), as before.
 """
 from __future__ import annotations
 
@@ -229,13 +232,15 @@ class Arrivals:
     def start_jointly_planned(self, state: JobState, active: list[JobState]) -> None:
         """Probes (its planned step) and starts a job planned on arrival once
         every running job runs the joint plan (Note [Hot swap]): its switch
-        taken and applied (Note [Threads and hand-offs], H3)."""
+        taken and applied (Note [Threads and hand-offs], H3). One its probe
+        kept built (Note [A capture kept for the joint plan]) ran its first
+        step already: it starts on the plan's needs, its next step planned."""
         if any(s.rt.switch.pending for s in active):
             return
         host = self.host
         state.awaiting_switches = False
         self.waiting.remove(state)
-        outcome = host.lifecycle.probe(state, active, hold=True)
+        outcome = ProbeOutcome.hold if state.steps_done else host.lifecycle.probe(state, active, hold=True)
         if outcome == ProbeOutcome.hold:
             host.start_job(state)   # admitted on the joint plan's prediction
         elif outcome == ProbeOutcome.queued:

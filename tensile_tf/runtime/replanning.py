@@ -423,7 +423,8 @@ class Replanner:
             self.planning.adopt(newcomer, plan, steps[newcomer.name], budget, "planned", number, reason)
             newcomer.cold_planned = newcomer.rt.captured.cold
             newcomer.probe_plan_peak_bytes = plan.jobs[newcomer.name].planned_peak_bytes
-            newcomer.planned_needs = None   # its probe (the planned step) measures them
+            if not newcomer.steps_done:   # its probe (the planned step) measures them; one probed already (Note
+                newcomer.planned_needs = None   # [A capture kept for the joint plan]) is admitted on the plan's
             record.predicted_peak_sum_after_bytes += plan.jobs[newcomer.name].planned_peak_bytes
         for s in jobs:
             # The job thread takes it at its next step boundary once its step is

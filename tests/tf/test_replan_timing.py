@@ -297,3 +297,26 @@ def test_a_newcomer_captured_at_its_probe_is_planned_together_from_that_capture(
     assert calls == [("joint", probed), "start"] and kept is probed
     calls, probed, kept = plan_arrival("the joint plan predicts more than the budget")
     assert calls == [("joint", probed), "wait", "teardown"] and kept is None
+
+
+def test_a_newcomer_probed_already_starts_on_the_joint_plan_without_a_second_probe():
+    """Note [A capture kept for the joint plan]: its probe step was its first training step, so it
+    starts once the running jobs switched, not probed again on its first batch (which trained it
+    twice on that batch: 2-4 of 12 io-mem trials' scores moved). Control: one never probed is."""
+    from tensile_tf.runtime.arrivals import Arrivals
+    from tensile_tf.runtime.probing import ProbeOutcome
+
+    def start(steps_done):
+        calls = []
+        state = SimpleNamespace(name="n", steps_done=steps_done, awaiting_switches=True)
+        host = SimpleNamespace(lifecycle=SimpleNamespace(probe=lambda s, a, hold: calls.append("probe") or
+                                                         ProbeOutcome.hold),
+                               start_job=lambda s: calls.append("start"), report=lambda s: None,
+                               notify_end=lambda s: None)
+        line = Arrivals(host)
+        line.waiting.append(state)
+        line.start_jointly_planned(state, [SimpleNamespace(rt=SimpleNamespace(switch=SimpleNamespace(pending=False)))])
+        return calls
+
+    assert start(1) == ["start"]
+    assert start(0) == ["probe", "start"]
