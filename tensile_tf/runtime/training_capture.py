@@ -42,8 +42,10 @@ Note [Plan order] in tensile_tf/tf/rewrite/rewriter.py).
    a free-order planner or after 3) under the profiler (``profiling``, one
    per process: a step that finds it taken runs unprofiled and is not
    counted), the first MIN_TRACED_STEPS of them also traced (Note [Memory of
-   the step as planned]); their wall times are the steps' own
-   (``StepRecord.duration_s``: the Keras hooks around a step left out).
+   the step as planned]).
+Each measures the step function's call alone (``_Measured``): the Keras
+hooks ``run_step`` calls around it (callbacks, an epoch's validation) are
+neither traced nor profiled, and the wall times are the call's.
 
 The thread then runs the job's own step again and hands the capture to the
 run loop (``RunLoopInbox.capture_ready``: Note [Threads and hand-offs], H14),
@@ -61,7 +63,9 @@ its latencies are the capture's for the rest of its run.
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -161,12 +165,14 @@ class TrainingCapture:
         return self._profiled_step
 
     def _free_step(self, state, run) -> None:
-        traced = traced_step(run, blocking=False)
-        if traced is None:
+        measured = _Measured.run(state, run, state.rt.step_fn, trace=True, profile=False)
+        if measured.error is not None:
+            self._fail(state, measured.error)
+        elif measured.traced is None:
             self.idle += 1
         else:
-            self.free.append(traced)
-            self.traced_s += state.records[-1].duration_s
+            self.free.append(measured.traced)
+            self.traced_s += measured.wall_s
 
     def _warm_chained(self, batch: tuple) -> None:
         """Phase 3: the chained step's first run, outside training."""
@@ -180,32 +186,19 @@ class TrainingCapture:
             restore()
 
     def _profiled_step(self, state, run) -> None:
-        chained, own = self.chained, state.rt.step_fn
-        trace = chained is not None and len(self.as_planned) < MIN_TRACED_STEPS
-        traced, ran = None, False
-        if chained is not None:
-            state.rt.step_fn = chained.fn
-        try:
-            with profiling(blocking=False) as profile:
-                if trace:
-                    traced = traced_step(run, blocking=False)
-                else:
-                    run()
-                ran = True
-        except Exception as e:  # noqa: BLE001 - the step's own failure is the job's; the profiler's, the capture's
-            if not ran:
-                raise
-            self._fail(state, e)
+        chained = self.chained
+        measured = _Measured.run(state, run, chained.fn if chained is not None else state.rt.step_fn,
+                                 trace=chained is not None and len(self.as_planned) < MIN_TRACED_STEPS, profile=True)
+        if measured.error is not None:
+            self._fail(state, measured.error)
             return
-        finally:
-            state.rt.step_fn = own
-        if profile.xspace is None:
+        if measured.xspace is None:
             self.idle += 1
             return
-        self.profiles.append(profile.xspace)
-        self.walls.append(state.records[-1].duration_s)
-        if traced is not None:
-            self.as_planned.append(traced)
+        self.profiles.append(measured.xspace)
+        self.walls.append(measured.wall_s)
+        if measured.traced is not None:
+            self.as_planned.append(measured.traced)
         if len(self.profiles) >= self.repeats:
             try:
                 self._finish(state)
@@ -231,3 +224,46 @@ class TrainingCapture:
 
     def _drop(self) -> None:
         self.chained = self.free = self.as_planned = self.profiles = None
+
+
+class _Measured:
+    """The job's step function for one training step, measured around its call alone: the Keras
+    hooks ``run_step`` calls around it (callbacks, an epoch's validation) are neither traced nor
+    profiled, as the run loop's capture runs the step function alone."""
+
+    def __init__(self, fn, trace: bool, profile: bool):
+        self.fn, self.trace, self.profile = fn, trace, profile
+        self.traced = self.xspace = self.error = None
+        self.wall_s = 0.0
+
+    @classmethod
+    def run(cls, state, run: Callable[[], None], fn, *, trace: bool, profile: bool) -> "_Measured":
+        """``run()`` (one training step of ``state``) with ``fn`` measured as its step function."""
+        measured = cls(fn, trace, profile)
+        own, state.rt.step_fn = state.rt.step_fn, measured
+        try:
+            run()
+        finally:
+            state.rt.step_fn = own
+        return measured
+
+    def __call__(self, *args):
+        out = []
+
+        def call() -> None:
+            t0 = time.perf_counter()
+            out.append(self.fn(*args))
+            self.wall_s = time.perf_counter() - t0
+
+        try:
+            with profiling(blocking=False) if self.profile else contextlib.nullcontext() as profile:
+                if self.trace:
+                    self.traced = traced_step(call, blocking=False)
+                else:
+                    call()
+            self.xspace = profile.xspace if profile is not None else None
+        except Exception as e:  # noqa: BLE001 - the step's own failure is the job's; the measuring's, the capture's
+            if not out:
+                raise
+            self.error = e
+        return out[0]

@@ -364,3 +364,32 @@ def test_unnamed_variables_are_captured_apart_and_the_rewriter_finds_each():
     keys = variable_keys(step.get_concrete_function(x).graph)
     assert sorted(keys.values()) == ["var:Variable", "var:Variable#1", "var:Variable#2"]
     assert set(keys.values()) <= set(graph.tensors)
+
+
+def test_a_capture_from_training_steps_measures_the_step_function_alone():
+    """Note [Captures from training steps]: a training step's measurement covers its step function's
+    call, not the Keras hooks ``run_step`` calls around it (callbacks, an epoch's validation), as the
+    run loop's capture runs the step function alone. Control: the whole step traced holds the hooks'
+    allocations."""
+    from types import SimpleNamespace
+
+    from tensile_tf.runtime.training_capture import _Measured
+    from tensile_tf.tf.step_memory import traced_step
+
+    step = tf.function(lambda x: tf.reduce_sum(tf.matmul(x, x)), jit_compile=False)
+    x = tf.ones((64, 64))
+    step(x)
+    state, held = SimpleNamespace(rt=SimpleNamespace(step_fn=step)), []
+
+    def run():   # a step with hooks: a callback's tensor before it, an epoch's validation after it
+        held.append(tf.fill((512, 512), 2.0))
+        state.rt.step_fn(x)
+        held.append(tf.fill((512, 512), 3.0))
+
+    hook_bytes = 512 * 512 * 4
+    measured = _Measured.run(state, run, step, trace=True, profile=False)
+    trace, _ = measured.traced
+    allocs = [ev["bytes"] for ev in trace if ev["kind"] == "alloc"]
+    assert allocs and max(allocs) < hook_bytes and state.rt.step_fn is step and measured.wall_s > 0
+    whole, _ = traced_step(run)
+    assert max(ev["bytes"] for ev in whole if ev["kind"] == "alloc") >= hook_bytes
