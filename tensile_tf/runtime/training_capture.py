@@ -29,11 +29,13 @@ Note [Plan order] in tensile_tf/tf/rewrite/rewriter.py).
    and graph work, no step run (a graph with dynamic shapes runs one, its
    variables restored: ``capture_job_graph``).
 2. Free steps with the pool's trace on (``traced_step``), as
-   ``measure_step_memory`` traces them: up to TRACED_STEPS, fewer once they
-   took TRACED_SECONDS of step time (at least MIN_TRACED_STEPS; the waits
-   for data between them do not count). The job's probe step was
-   its step function's first run, so none is left untraced. A step whose
-   trace another reader holds (``POOL_TRACE``) runs untraced and is not counted.
+   ``measure_step_memory`` traces them: one untraced first (the step
+   function's first run, where the job's step was traced again for its
+   batch after its probe, also allocates what later runs reuse), then up to
+   TRACED_STEPS, fewer once they took TRACED_SECONDS of step time (at least
+   MIN_TRACED_STEPS; the waits for data between them do not count). A step
+   whose trace another reader holds (``POOL_TRACE``) runs untraced and is
+   not counted.
 3. The chained step once, untraced and outside training (variables restored:
    its first run also allocates what later runs reuse, and it may peak above
    the free step: out of memory, the latencies come from free steps, as for
@@ -87,7 +89,7 @@ def steps_to_capture(step_s: float, repeats: int = LATENCY_REPEATS) -> int:
     """Training steps a capture takes at ``step_s`` a step: the traced free steps (up to
     TRACED_STEPS, fewer once TRACED_SECONDS passed) and the profiled ones."""
     traced = min(TRACED_STEPS, max(MIN_TRACED_STEPS, math.ceil(TRACED_SECONDS / max(step_s, 1e-6)) + 1))
-    return traced + repeats
+    return 1 + traced + repeats   # the untraced first one too
 
 
 def captured_in_time(state) -> bool:
@@ -116,12 +118,13 @@ class TrainingCapture:
         self.repeats = latency_repeats
         self.graph = None
         self.chained = None          # the plan-order step (None: a free-order planner, or it did not fit)
-        self.warmed = False
+        self.warmed = False          # the chained step ran once (phase 3)
+        self.first_run = False       # the free step ran once, untraced (phase 2)
         self.free: list = []         # traced free steps
         self.as_planned: list = []   # traced chained steps
         self.profiles: list = []     # XSpaces of profiled training steps
         self.walls: list[float] = []
-        self.traced_s = 0.0           # the traced free steps' own time (``StepRecord.duration_s``)
+        self.traced_s = 0.0          # the traced free steps' own time (their step function's calls)
         self.idle = 0                # steps that could measure nothing (profiler or trace taken)
         self.result: CaptureReady | None = None
 
@@ -158,6 +161,9 @@ class TrainingCapture:
             self.graph = graph_for_planning(self.job)
             self.chained = plan_order_step(self.job, self.graph) if self.step_order != "free" else None
             self.job = replace(self.job, example_args=batch_specs(batch))   # Note [Example batch]
+        if not self.first_run:
+            self.first_run = True
+            return None
         if not self._memory_traced():
             return self._free_step
         if self.chained is not None and not self.warmed:
