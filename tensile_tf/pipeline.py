@@ -56,6 +56,9 @@ from tensile_tf.tf.step_memory import (MIN_TRACED_STEPS, StepMemory, UnplannedPe
                                        measure_step_memory)
 
 
+LATENCY_REPEATS = 3   # profiled steps a capture's latency table is the mean of
+
+
 def batch_specs(args: Sequence) -> tuple:
     """The TensorSpecs of a step's arguments (other values as they are):
     enough to look up the traced function (Note [Example batch])."""
@@ -97,7 +100,7 @@ class CapturedJob:
                        planner_job=replace(self.planner_job, graph=graph, unplanned_step_ran_out=False))
 
 
-def capture_for_planning(job: JobToPlan, *, latency_repeats: int = 3, with_temp: bool = True,
+def capture_for_planning(job: JobToPlan, *, latency_repeats: int = LATENCY_REPEATS, with_temp: bool = True,
                          step_order: str = "plan") -> CapturedJob:
     """Runs the job's step a few times (variables restored afterwards, also
     when a step fails) to capture its graph, scratch bytes and op latencies.

@@ -73,7 +73,7 @@ from typing import Callable
 
 import tensorflow as tf
 
-from tensile_tf.pipeline import (CapturedJob, JobToPlan, batch_specs, captured_job, graph_for_planning,
+from tensile_tf.pipeline import (LATENCY_REPEATS, CapturedJob, JobToPlan, batch_specs, captured_job, graph_for_planning,
                                  plan_order_latencies, plan_order_step, with_memory_as_planned)
 from tensile_tf.runtime.failures import summarize_error
 from tensile_tf.tf.capture import latencies_of_profiles, profiling, snapshot_variables
@@ -82,7 +82,6 @@ from tensile_tf.tf.step_memory import MIN_TRACED_STEPS, TRACED_SECONDS, TRACED_S
 
 # Steps a capture may spend waiting for the profiler or the pool's trace before it gives up
 PATIENCE_STEPS = 16
-LATENCY_REPEATS = 3   # profiled training steps (capture_for_planning's latency_repeats)
 
 
 def steps_to_capture(step_s: float, repeats: int = LATENCY_REPEATS) -> int:

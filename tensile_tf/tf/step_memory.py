@@ -168,20 +168,19 @@ def traced_step(run, *, blocking: bool = True) -> tuple[list[dict], dict[int, in
 
 
 def measure_step_memory(step_fn, args: Sequence, graph: JobGraph, *, steps: int = TRACED_STEPS,
-                        run_fn=None, op_name_prefix: str = "", warm: bool = True) -> StepMemory:
+                        run_fn=None, op_name_prefix: str = "") -> StepMemory:
     """Each op's scratch and forwarded bytes, the tensors that are views,
     and what each traced step held at each op's allocations, from the pool's
     trace of up to ``steps`` steps. The variables are restored afterwards.
     ``run_fn``: the function traced instead of ``step_fn`` (a rewrite of it
     that updates the same variables, whose op names carry ``op_name_prefix``;
-    Note [Memory of the step as planned]). ``warm``: run it once untraced
-    first (a function's first run also allocates what later runs reuse)."""
+    Note [Memory of the step as planned]). It runs once untraced first (a
+    function's first run also allocates what later runs reuse)."""
     restore = snapshot_variables(step_fn.get_concrete_function(*args).graph)
     run_fn = run_fn or step_fn
     traced = []
     try:
-        if warm:
-            run_fn(*args)
+        run_fn(*args)
         began = time.perf_counter()
         while len(traced) < max(1, steps):
             traced.append(traced_step(lambda: run_fn(*args)))
