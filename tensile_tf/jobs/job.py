@@ -138,13 +138,21 @@ class Job:
         """A job training a compiled ``keras.Model`` as ``model.fit(x, y, **fit_args)`` would,
         callbacks included; ``job.history`` is fit's History (Note [fit's loop in a job] in
         tensile_tf/jobs/keras_fit.py)."""
-        from tensile_tf.jobs.keras_fit import estimated_needs, keras_fit
+        from tensile_tf.jobs.keras_fit import estimated_needs, keras_fit, made_before_the_trace
 
         fit, step, batches = keras_fit(name, model, x, y, **fit_args)
         train = TrainStep(step_fn=step, batches=batches, variables=[*model.variables, *model.metrics_variables],
                           model=model, optimizer=model.optimizer, input_specs=batches.specs,
                           inputs_of=batches.model_inputs)
         job = cls.from_train_step(name, train, steps=fit.total_steps, stop_on_nan=stop_on_nan)
+        handed_over = job.build
+
+        def build() -> TrainStep:   # in the job's pool stream (Note [Variables made before the trace])
+            built = handed_over()
+            built.variables = made_before_the_trace(model, batches)
+            return built
+
+        job.build = build
         job.on_step, job.step_hooks = fit.keep_going, fit
         job.estimate_needs = lambda: estimated_needs(model, batches.batch_size or 32)
         return job

@@ -73,6 +73,19 @@ runs out before an epoch's end fails the job with what to do (fit ends that epoc
 Measured before (issue 58): a shuffled ``tf.data.Dataset`` trained 3.4e-2 off fit's weights after
 3 epochs, because the old job read it through ``.repeat()``, whose later epochs shuffle in
 another order than fit's new pass over the dataset each epoch.
+
+Note [Variables made before the trace]
+A tf.function whose first trace creates variables is traced twice: once creating them (under
+TensorFlow's variable-lifting scope, each variable an initializer graph of its own) and once
+more without creating any (``Function._get_concrete_function_garbage_collected``). A compiled
+model's optimizer slots and compile metrics are made lazily, by the first step, so the job's one
+trace of fit's step was two. fit itself leaves them to its trace too, but traces its step
+inside an outer function and pays the second trace once, cheaply. So a Keras job makes them when
+it is built, in the job's pool stream, as Keras' own ``Trainer._symbolic_build`` makes them
+(the model, its compile metrics and loss built on fit's input specs, then
+``optimizer.build(trainable_variables)``): the same zeros fit's first step makes, and the
+step's trace is one. Measured (the digits random search of benchmarks/keras_tuner_bench.py,
+16 trials, 1 at a time, py-spy): the second trace took 3.5 s of the search's 40 s.
 """
 from __future__ import annotations
 
@@ -383,6 +396,14 @@ def without_autotuning(epoch_iterator: Any) -> Any:
     (Note [No autotuning thread per job] in datasets.py)."""
     epoch_iterator._distributed_dataset = iterated_without_autotuning(epoch_iterator._distributed_dataset)
     return epoch_iterator
+
+
+def made_before_the_trace(model: Any, batches: "FitBatches") -> list:
+    """Note [Variables made before the trace]: the model's, its compile metrics' and its
+    optimizer's variables made now, as Keras' ``_symbolic_build`` makes them, on fit's input
+    specs; returns the variables a job's TrainStep holds (the model's and the metrics')."""
+    model._symbolic_build(data_batch=batches.pack(batches.specs))
+    return [*model.variables, *model.metrics_variables]
 
 
 def keras_train_step(model: Any, pack: Callable[[Sequence], Any] | None = None) -> Callable:
