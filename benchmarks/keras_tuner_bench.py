@@ -20,7 +20,8 @@ end, trials per hour, trials completed, trials lost (failed or invalid; for ``pa
 retried alone), and how many trials' scores equal the sequential search's, trial by trial (the
 same oracle seed proposes the same trials, and the hypermodel seeds Keras at each build, so a
 trial's initial weights and fit's shuffling do not depend on the trials before it; issue 58 asks
-for all of them).
+for all of them), and how many are the same trial by id too (a packed Hyperband hands out the
+sequential search's trials in its order, Note [Promotions wait for their round]).
 
     PYTHONPATH=. python benchmarks/keras_tuner_bench.py --trials 16 --epochs 5 --concurrent 2
     PYTHONPATH=. python benchmarks/keras_tuner_bench.py --tuner hyperband --epochs 9 --modes packed,sequential
@@ -157,7 +158,10 @@ def main() -> None:
             pairs = [Counter(tuple(v) for v in r["scores"].values()) for r in (row, seq)]
             same = sum((pairs[0] & pairs[1]).values())   # each sequential trial matched once
             row["scores_equal_to_sequential"] = f"{same} of {len(seq['scores'])}"
-            print(f"{row['mode']:12s} scores equal to the sequential search's: {row['scores_equal_to_sequential']}")
+            by_id = sum(row["scores"].get(tid) == v for tid, v in seq["scores"].items())
+            row["trials_equal_by_id"] = f"{by_id} of {len(seq['scores'])}"   # the same id, hyperparameters, score
+            print(f"{row['mode']:12s} scores equal to the sequential search's: {row['scores_equal_to_sequential']}"
+                  f" (the same trial id too: {row['trials_equal_by_id']})")
     if a.json:
         Path(a.json).write_text(json.dumps({"tuner": a.tuner, "trials": a.trials, "epochs": a.epochs,
                                             "concurrent": a.concurrent, "rows": rows}, indent=1))

@@ -101,12 +101,19 @@ def test_a_packed_search_resumes_without_redoing_finished_trials(searches):
 
 def test_packed_hyperband_continues_trials_from_their_checkpoints(tmp_path):
     """Hyperband's later rounds load an earlier trial's best checkpoint and train on from
-    initial_epoch: both pass through the packed fit."""
+    initial_epoch: both pass through the packed fit. Every trial, by its id, has the sequential
+    Hyperband's hyperparameters and score (Note [Promotions wait for their round])."""
     from tensile_tf.search.packed_tuner import PackedHyperband
 
-    tuner = PackedHyperband(build, objective="val_loss", max_epochs=2, factor=2, hyperband_iterations=1, seed=3,
-                            directory=str(tmp_path), project_name="hb", concurrent_trials=2)
+    hyperband = dict(objective="val_loss", max_epochs=4, factor=2, hyperband_iterations=1, seed=3,
+                     directory=str(tmp_path))
+    tuner = PackedHyperband(build, project_name="hb", concurrent_trials=2, **hyperband)
     tuner.search(X, Y, batch_size=32, validation_data=(XV, YV), shuffle=False, verbose=0)
+    sequential = keras_tuner.Hyperband(build, project_name="hb-sequential", **hyperband)
+    sequential.search(X, Y, batch_size=32, validation_data=(XV, YV), shuffle=False, verbose=0)
+    by_id = [{tid: (t.hyperparameters.values, t.score) for tid, t in s.oracle.trials.items()}
+             for s in (tuner, sequential)]
+    assert len(by_id[1]) > 4 and by_id[0] == by_id[1]
     trials = list(tuner.oracle.trials.values())
     assert trials and all(t.status == "COMPLETED" for t in trials)
     continued = [t for t in trials if t.hyperparameters.values.get("tuner/initial_epoch", 0) > 0]
