@@ -44,12 +44,34 @@ ROOT = Path(__file__).resolve().parent.parent
 TRIAL_SCRIPT = r'''
 import json, os, sys
 mode, directory, trials, epochs, concurrent = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-tuner_kind = sys.argv[6]
+tuner_kind, model_kind, pool = sys.argv[6], sys.argv[7], sys.argv[8]
 if mode == "packed":
     import tensile_tf
-    tensile_tf.install("256MiB")
+    tensile_tf.install(pool)
 import keras, keras_tuner, numpy as np
 from sklearn.datasets import load_digits
+
+def build_io_mem(hp):
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((64,)), *[keras.layers.Dense(256, activation="relu") for _ in range(12)],
+                              keras.layers.Dense(10, activation="softmax")])
+    model.compile(optimizer=keras.optimizers.SGD(hp.Float("lr", 1e-4, 1e-3, sampling="log")),
+                  loss="sparse_categorical_crossentropy", jit_compile=False)
+    return model
+
+def io_mem_data(steps):
+    """Two fixed random batches of 1,024 x 64, each delivered 200 ms after it is asked for (a slow
+    loader; the sleep leaves the cores and the GIL to other trials), as search_bench.py's io-mem."""
+    import time, tensorflow as tf
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal((1024, 64)).astype(np.float32) for _ in range(2)]
+    ys = [rng.integers(0, 10, 1024).astype(np.int32) for _ in range(2)]
+    def batches():
+        for k in range(steps):
+            time.sleep(0.2)
+            yield xs[k % 2], ys[k % 2]
+    spec = (tf.TensorSpec([1024, 64], tf.float32), tf.TensorSpec([1024], tf.int32))
+    return tf.data.Dataset.from_generator(batches, output_signature=spec)
 
 def build(hp):
     keras.utils.set_random_seed(1)   # the hypermodel seeds itself: each trial the same seeds, packed or not
@@ -62,10 +84,18 @@ def build(hp):
                   loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     return model
 
-d = load_digits()
-x, y = (d.data / 16.0).astype(np.float32), d.target.astype(np.int32)
-order = np.random.default_rng(1).permutation(len(x)); x, y = x[order], y[order]
-kwargs = dict(objective="val_accuracy", seed=1, directory=directory, project_name="bench")
+if model_kind == "io-mem":   # memory-bound and stalled on data: epochs of 30 late batches, scored on the loss
+    build, x, y = build_io_mem, io_mem_data(30), None
+    fit_kwargs = dict(epochs=epochs, steps_per_epoch=30)
+    kwargs = dict(objective="loss", seed=1, directory=directory, project_name="bench")
+    run_settings = dict(planner="tensile", admission="sum")   # as search_bench.py: free-running trials
+else:
+    d = load_digits()
+    x, y = (d.data / 16.0).astype(np.float32), d.target.astype(np.int32)
+    order = np.random.default_rng(1).permutation(len(x)); x, y = x[order], y[order]
+    fit_kwargs = dict(epochs=epochs, batch_size=64, validation_split=0.2)
+    kwargs = dict(objective="val_accuracy", seed=1, directory=directory, project_name="bench")
+    run_settings = {}
 if tuner_kind == "hyperband":
     kwargs.update(max_epochs=epochs, hyperband_iterations=1)
 else:
@@ -73,10 +103,10 @@ else:
 if mode == "packed":
     from tensile_tf.search.packed_tuner import PackedHyperband, PackedRandomSearch
     packed = PackedHyperband if tuner_kind == "hyperband" else PackedRandomSearch
-    tuner = packed(build, concurrent_trials=concurrent, **kwargs)
+    tuner = packed(build, concurrent_trials=concurrent, **run_settings, **kwargs)
 else:
     tuner = (keras_tuner.Hyperband if tuner_kind == "hyperband" else keras_tuner.RandomSearch)(build, **kwargs)
-tuner.search(x, y, epochs=epochs, batch_size=64, validation_split=0.2, verbose=0)
+tuner.search(x, y, verbose=0, **fit_kwargs)
 if os.environ.get("KERASTUNER_TUNER_ID", "chief") == "chief":
     statuses = [t.status for t in tuner.oracle.trials.values()]
     # each trial's hyperparameters and score, to compare trial by trial with another mode's; a Hyperband
@@ -103,7 +133,7 @@ def run_mode(mode: str, a: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as d:
         script = Path(d) / "trial_script.py"
         script.write_text(TRIAL_SCRIPT)
-        args = [str(a.trials), str(a.epochs), str(a.concurrent), a.tuner]
+        args = [str(a.trials), str(a.epochs), str(a.concurrent), a.tuner, a.model, a.pool]
         t0 = time.perf_counter()
         if mode in ("distributed", "distributed-packed"):
             port = str(free_port())
@@ -139,6 +169,9 @@ def main() -> None:
     ap.add_argument("--tuner", choices=["random", "hyperband"], default="random")
     ap.add_argument("--workers", type=int, default=None,
                     help="distributed modes: worker processes (default --concurrent)")
+    ap.add_argument("--model", choices=["digits", "io-mem"], default="digits",
+                    help="io-mem: the memory-bound search (a deep MLP, 30 batches 200 ms late an epoch, planner on)")
+    ap.add_argument("--pool", default="256MiB", help="each packed process's pool")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     rows = []

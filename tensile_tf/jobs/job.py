@@ -163,6 +163,21 @@ class Job:
         if holder:
             holder.clear()
 
+    def as_ended(self) -> "Job":
+        """The job as the host's record of it keeps it once it has ended: its name, length, spec and
+        ``on_end``, none of the closures and hooks that reach its model (``build``, ``step_hooks``,
+        ``estimate_needs``, ``on_step``). The host keeps every job's record for the run's result,
+        and a packed search's run lasts the search: with the Job itself, every trial's model (and
+        its weights, in the pool) lived until the search ended (Note [A trial's model given back]
+        in tensile_tf/search/packed_tuner.py). The caller's own Job keeps them (``job.history``)."""
+        name = self.name   # not self: the closure would keep the job, and its model, alive
+
+        def ended() -> TrainStep:
+            raise RuntimeError(f"job {name!r} has ended; its TrainStep was released")
+
+        return Job(name=self.name, build=ended, steps=self.steps, stop_on_nan=self.stop_on_nan,
+                   rebuildable=self.rebuildable, spec=self.spec, on_end=self.on_end)
+
     @classmethod
     def from_spec(cls, spec: JobSpec) -> "Job":
         return cls(name=spec.name, build=lambda: build_train_step(spec), steps=spec.total_steps,

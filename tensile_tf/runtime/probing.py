@@ -409,6 +409,7 @@ class JobLifecycle:
         state.rt.first_batch = None
         if state.status in FINAL_STATUSES:
             state.job.forget()
+            state.job = state.job.as_ended()   # the record reaches no model (Job.as_ended)
         forget_custom_gradients(state.rt.custom_gradients)
         state.rt.custom_gradients = set()
         if state.status in FINAL_STATUSES:   # Note [Record apart from runtime]: an ended job keeps no TensorFlow object

@@ -80,6 +80,24 @@ round it promotes from still runs, and instead of a new bracket while any trial 
 is then the one the sequential search gets: the same trials, ids and hyperparameters; round 0's
 trials and a round's promotions still run side by side.
 
+Note [A trial's model given back]
+On a memory-bound search (benchmarks/keras_tuner_bench.py --model io-mem: a 30 MiB pool, 2.8 MiB
+of weights a trial) two packed workers of KerasTuner's chief ran out of memory in 7 of 16 trials
+and the chief stopped the search at its limit of 3 failures in a row: the pool held 4 to 7 ended
+trials' weights at once (streams ``released-N``). Two things kept them. The host's record of
+each ended job kept the Job, whose hooks and closures reach its model, for the whole run, which
+for a packed search is the whole search: an ended job's record now keeps ``Job.as_ended()``,
+which reaches no model (measured after: 0 of 7 models alive after a 6-trial search, 7 of 7
+before). And KerasTuner holds a trial's model until it has scored and saved the trial, so the
+teardown leaves the model's bytes in the pool as the caller's (Note [Bytes the caller keeps] in
+tensile_tf/runtime/teardown_memory.py); a Keras model is a web of reference cycles, freed only
+by Python's cyclic collector once KerasTuner lets go of it, whenever that runs. So when a trial
+has ended (``on_trial_end``), a slot whose trial's job left at least
+``KEPT_BYTES_WORTH_A_COLLECTION`` of the pool to the caller collects (``gc.collect``, about 0.1 to
+0.3 s of the interpreter) and the bytes go back to the pool then. A smaller model is left to
+Python's own collections: on the digits search (a 256 MiB pool, under 1 MiB a trial) a collection
+each trial would cost more than the bytes are worth.
+
 KerasTuner private names used (keras-tuner 1.4): ``Tuner._build_hypermodel`` (build under
 the tuner's distribution scope), ``BaseTuner._try_run_and_update_trial`` (run, report and
 mark the trial), ``Oracle.create_trial(tuner_id)`` semantics per tuner id, ``keras_tuner.src.distribute.utils``
@@ -88,6 +106,7 @@ mark the trial), ``Oracle.create_trial(tuner_id)`` semantics per tuner id, ``ker
 """
 from __future__ import annotations
 
+import gc
 import threading
 from typing import Any, Callable
 
@@ -97,6 +116,7 @@ from keras_tuner.src.engine import trial as trial_module
 from tensile_tf.jobs.job import Job
 
 IDLE_WAIT_S = 0.5   # Note [A slot the oracle keeps waiting]: the longest a slot waits before asking again
+KEPT_BYTES_WORTH_A_COLLECTION = 0.01   # Note [A trial's model given back]: a share of the pool
 
 
 class _PackedFits:
@@ -217,6 +237,7 @@ class PackedSearch:
         self.on_search_begin()
         fits = self._fits = _PackedFits(self.concurrent_trials)
         host = JobHost(pool_bytes=self.pool, concurrency=self.concurrent_trials, **self.run_settings)
+        self._capacity = host.capacity
         slots = [threading.Thread(target=self._slot, args=(k, fits, fit_args, fit_kwargs), daemon=True,
                                   name=f"kt-slot-{k}") for k in range(self.concurrent_trials)]
         for t in slots:
@@ -247,9 +268,12 @@ class PackedSearch:
                 trial = _own_copy(trial)   # Note [A trial of its own]
                 self._local.trial = trial
                 self._count("trials")
+                self._local.kept_bytes = 0
                 self.on_trial_begin(trial)
                 self._try_run_and_update_trial(trial, *fit_args, **fit_kwargs)
                 self.on_trial_end(trial)
+                if self._local.kept_bytes >= KEPT_BYTES_WORTH_A_COLLECTION * self._capacity:
+                    gc.collect()   # Note [A trial's model given back]
         except BaseException as e:  # noqa: BLE001 - re-raised by search(), after every slot has ended
             fits.failed(e)
             _release_oracle_lock(self.oracle)
@@ -263,6 +287,7 @@ class PackedSearch:
         for alone in (False, True):
             job = Job.from_keras(f"{base}-{self._count('jobs')}", model, x, y, **fit_kwargs)
             state = self._fits.fit(job, alone=alone)
+            self._local.kept_bytes = max(self._local.kept_bytes, state.kept_by_caller_bytes)
             if state.status in (JobStatus.finished, JobStatus.stopped):
                 return job.history
             out_of_memory = state.error_type == "ResourceExhaustedError" or state.status == JobStatus.rejected
