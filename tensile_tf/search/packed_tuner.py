@@ -287,7 +287,7 @@ class PackedSearch:
         for alone in (False, True):
             job = Job.from_keras(f"{base}-{self._count('jobs')}", model, x, y, **fit_kwargs)
             state = self._fits.fit(job, alone=alone)
-            self._local.kept_bytes = max(self._local.kept_bytes, state.kept_by_caller_bytes)
+            self._local.kept_bytes = max(getattr(self._local, "kept_bytes", 0), state.kept_by_caller_bytes)
             if state.status in (JobStatus.finished, JobStatus.stopped):
                 return job.history
             out_of_memory = state.error_type == "ResourceExhaustedError" or state.status == JobStatus.rejected

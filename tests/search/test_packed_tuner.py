@@ -130,6 +130,7 @@ class _Job:
 class _State:
     def __init__(self, name):
         self.name = name
+        self.kept_by_caller_bytes = 0
 
 
 def test_a_trial_run_alone_waits_for_the_others_and_holds_new_ones_back():

@@ -238,3 +238,36 @@ def test_fits_other_arguments_are_taken_as_fit_takes_them():
                      ({"validation_steps": 0}, "validation_steps")):
         with pytest.raises(KerasJobError, match=key):
             Job.from_keras("bad", compiled_model(), X, Y, batch_size=BATCH, **bad)
+
+
+def test_an_ended_jobs_record_keeps_no_model_and_its_weights_leave_the_pool():
+    """Job.as_ended (Note [A trial's model given back] in tensile_tf/search/packed_tuner.py): the
+    host's result keeps every job's record for as long as the caller keeps the result (a packed
+    search's: the whole search); once the caller drops its model and Job, the model is freed and
+    its bytes leave the pool, though the result is kept. Control: the caller's own Job keeps it."""
+    import gc
+    import weakref
+
+    import tf_plugin
+
+    def run(keep_the_job: bool):
+        model = compiled_model(seed=4)
+        job = Job.from_keras("ended", model, X, Y, batch_size=BATCH, epochs=1, shuffle=False)
+        host = JobHost(admission="none")
+        state = host.submit(job)
+        result = host.run()
+        assert state.status == JobStatus.finished and job.history.history["loss"]
+        stream = state.stream
+        model_ref = weakref.ref(model)
+        del model, state
+        kept = job if keep_the_job else None
+        del job
+        gc.collect()
+        held = tf_plugin.device_pool().stats()["jobs"].get(f"released-{stream}", {}).get("current", 0)
+        return result, model_ref() is not None, held, kept
+
+    result, alive, held, _ = run(keep_the_job=False)
+    assert result.jobs[0].job.step_hooks is None and not alive
+    assert held == 0
+    result, alive, held, kept = run(keep_the_job=True)
+    assert alive and held > 0 and kept.history is not None
