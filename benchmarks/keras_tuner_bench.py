@@ -85,7 +85,7 @@ def build(hp):
     return model
 
 if model_kind == "io-mem":   # memory-bound and stalled on data: epochs of 30 late batches, scored on the loss
-    build, x, y = build_io_mem, io_mem_data(30), None
+    build, x, y = build_io_mem, io_mem_data(30 * epochs), None   # fit does not restart data given steps_per_epoch
     fit_kwargs = dict(epochs=epochs, steps_per_epoch=30)
     kwargs = dict(objective="loss", seed=1, directory=directory, project_name="bench")
     run_settings = dict(planner="tensile", admission="sum")   # as search_bench.py: free-running trials
