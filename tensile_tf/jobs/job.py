@@ -379,6 +379,8 @@ def build_train_step(spec: JobSpec) -> TrainStep:
     model = parts["model"]
     optimizer = parts.get("optimizer") or _make_optimizer(spec)
     loss_fn = parts.get("loss") or _make_loss(spec)
+    if model.built:   # its slots made now, not by the step's first trace (Note [Variables made before the trace])
+        optimizer.build(model.trainable_variables)
 
     validator = None
     if "dataset" in parts:
