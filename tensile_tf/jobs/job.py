@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -175,8 +175,7 @@ class Job:
         def ended() -> TrainStep:
             raise RuntimeError(f"job {name!r} has ended; its TrainStep was released")
 
-        return Job(name=self.name, build=ended, steps=self.steps, stop_on_nan=self.stop_on_nan,
-                   rebuildable=self.rebuildable, spec=self.spec, on_end=self.on_end)
+        return replace(self, build=ended, step_hooks=None, estimate_needs=None, on_step=None)
 
     @classmethod
     def from_spec(cls, spec: JobSpec) -> "Job":
