@@ -25,6 +25,12 @@ sequential search's trials in its order, Note [Promotions wait for their round])
 
     PYTHONPATH=. python benchmarks/keras_tuner_bench.py --trials 16 --epochs 5 --concurrent 2
     PYTHONPATH=. python benchmarks/keras_tuner_bench.py --tuner hyperband --epochs 9 --modes packed,sequential
+    PYTHONPATH=. python benchmarks/keras_tuner_bench.py --model io-mem --pool 30MiB --trials 16 --epochs 2 \
+        --workers 2 --modes distributed-packed,distributed --kill-worker-at 30   # memory-bound, a worker lost
+
+``--kill-worker-at S`` kills worker ``tuner0`` S seconds in and starts it again with the same
+``KERASTUNER_TUNER_ID`` (the chief's oracle hands it back the trials it was running, which start
+over): trials lost counts the chief's trials that did not complete.
 """
 from __future__ import annotations
 
@@ -140,10 +146,20 @@ def run_mode(mode: str, a: argparse.Namespace) -> dict:
             base = dict(env, KERASTUNER_ORACLE_IP="127.0.0.1", KERASTUNER_ORACLE_PORT=port)
             # the chief serves the oracle; each worker a plain tuner, or a packed one (--concurrent trials at once)
             worker = "packed" if mode == "distributed-packed" else mode
-            procs = [subprocess.Popen([sys.executable, str(script), worker if tid != "chief" else mode, d, *args],
-                                      env=dict(base, KERASTUNER_TUNER_ID=tid),
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                     for tid in ["chief"] + [f"tuner{k}" for k in range(a.workers or a.concurrent)]]
+            def start(tid: str) -> subprocess.Popen:
+                return subprocess.Popen([sys.executable, str(script), worker if tid != "chief" else mode, d, *args],
+                                        env=dict(base, KERASTUNER_TUNER_ID=tid),
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+            procs = [start(tid) for tid in ["chief"] + [f"tuner{k}" for k in range(a.workers or a.concurrent)]]
+            killed = None
+            if a.kill_worker_at is not None:   # a worker lost mid-search, started again as a cluster manager would
+                time.sleep(max(0.0, t0 + a.kill_worker_at - time.perf_counter()))
+                if procs[1].poll() is None:
+                    procs[1].kill()
+                    procs[1].communicate()
+                    killed = round(time.perf_counter() - t0, 1)
+                    procs[1] = start("tuner0")   # the same KERASTUNER_TUNER_ID: the oracle hands it its trials
             outs = [p.communicate(timeout=3600) for p in procs]
             rc = max(p.returncode for p in procs)
             out = outs[0][0]
@@ -157,6 +173,8 @@ def run_mode(mode: str, a: argparse.Namespace) -> dict:
     if rc != 0 or not lines:
         return {"mode": mode, "error": err[-1500:]}
     got = json.loads(lines[-1])
+    if mode in ("distributed", "distributed-packed") and a.kill_worker_at is not None:
+        got["worker_killed_at_s"] = killed   # None: it had ended before
     return {"mode": mode, "wall_s": wall, "trials_per_hour": got["completed"] / wall * 3600, **got}
 
 
@@ -172,6 +190,9 @@ def main() -> None:
     ap.add_argument("--model", choices=["digits", "io-mem"], default="digits",
                     help="io-mem: the memory-bound search (a deep MLP, 30 batches 200 ms late an epoch, planner on)")
     ap.add_argument("--pool", default="256MiB", help="each packed process's pool")
+    ap.add_argument("--kill-worker-at", type=float, default=None, metavar="S",
+                    help="distributed modes: kill worker tuner0 S seconds in (SIGKILL) and start it again with "
+                         "the same KERASTUNER_TUNER_ID; its running trials go back to it, none may be lost")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     rows = []
@@ -184,7 +205,9 @@ def main() -> None:
             print(f"{mode:12s} {row['completed']:3d} trials completed, {row['lost']} lost in {row['wall_s']:6.1f} s: "
                   f"{row['trials_per_hour']:7.0f} trials/hour"
                   + (f"  (retried alone {row['packing']['retried_alone']}, at most {row['most_at_once']} at once)"
-                     if row.get("packing") else ""), flush=True)
+                     if row.get("packing") else "")
+                  + (f"  (worker tuner0 killed at {row['worker_killed_at_s']} s and started again)"
+                     if row.get("worker_killed_at_s") is not None else ""), flush=True)
     seq = next((r for r in rows if r["mode"] == "sequential" and "scores" in r), None)
     for row in rows:   # trial by trial: a trial of the same hyperparameters has the same score
         if seq is not None and row is not seq and "scores" in row:

@@ -37,6 +37,30 @@ Keras' for fit and fit's validation, is iterated with autotuning off
 ``AUTOTUNE`` values then take tf.data's fixed defaults (a parallel map runs on
 the machine's cores, at most 16; ``prefetch(AUTOTUNE)`` keeps its own buffer
 tuner); what the pipeline yields, and its order, are unchanged.
+
+Note [The prefetch tf.data would add]
+With autotuning on, tf.data also rewrites a pipeline whose last transformation
+is synchronous to end in a prefetch (its ``inject_prefetch`` optimization), so
+under ``fit`` a loader's next batch is made while the step runs. Turned off
+with autotuning, that overlap went too: a Keras job on a ``tf.data`` dataset of
+batches 200 ms late (benchmarks/keras_tuner_bench.py ``--model io-mem``) spent
+12.0 s a trial on its data and 2.7-4.4 s on its steps, one after the other,
+where fit spends about 12.4 s on both. So a Keras job iterates its dataset as
+TensorFlow would (``iterated_as_tf_data_would``): autotuning off and, where the
+pipeline does not already end in a prefetch (Keras' adapters for arrays,
+generators and ``PyDataset`` end in one), one element of prefetch added, as
+tf.data would inject it (one element: the buffer tuner is autotuning's), and
+none under op determinism, where tf.data injects none either (measured: with
+``tf.config.experimental.enable_op_determinism`` fit makes no batch ahead). What
+it yields and its order are unchanged; the batch made ahead is made by the
+pipeline's thread, on the pool's default stream, as every batch of a pipeline
+is (Note [Data held elsewhere] in tensile_tf/tf/step_memory.py): admission
+counts it among the bytes held outside the jobs. Only a Keras job's batches
+(``keras_fit.without_autotuning``) are iterated so: a YAML job's own pipeline
+makes only the batch its step reads (this module's docstring; ``data.prefetch``
+asks for the next one). Not done: a pipeline ending in another asynchronous
+transformation (a parallel map) is given the prefetch too, one batch more than
+under fit.
 """
 from __future__ import annotations
 
@@ -48,6 +72,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.framework import config as tf_config
 
 from tensile_tf.config.schema import JobSpec
 
@@ -217,6 +242,20 @@ def iterated_without_autotuning(dataset: tf.data.Dataset) -> tf.data.Dataset:
     options = tf.data.Options()
     options.autotune.enabled = False
     return dataset.with_options(options)
+
+
+def iterated_as_tf_data_would(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """``dataset`` with autotuning off (Note [No autotuning thread per job]) and the prefetch
+    tf.data would have added with it on (Note [The prefetch tf.data would add]); anything
+    else (a distributed dataset, a generator) is returned as it is."""
+    if not isinstance(dataset, tf.data.Dataset):
+        return dataset
+    last = dataset
+    while type(last).__name__ == "_OptionsDataset":   # with_options: the transformation it wraps
+        last = last._input_dataset  # noqa: SLF001 - tf_plugin/tf_internals.py
+    if type(last).__name__ != "_PrefetchDataset" and not tf_config.is_op_determinism_enabled():
+        dataset = dataset.prefetch(1)
+    return iterated_without_autotuning(dataset)
 
 
 def training_batches(x: np.ndarray, y: np.ndarray, batch_size: int, seed: int) -> tf.data.Dataset:

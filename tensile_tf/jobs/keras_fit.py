@@ -96,7 +96,7 @@ from typing import Any, Callable, ContextManager, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tensile_tf.jobs.datasets import iterated_without_autotuning
+from tensile_tf.jobs.datasets import iterated_as_tf_data_would
 
 
 class KerasJobError(ValueError):
@@ -392,9 +392,9 @@ def keras_fit(name: str, model: Any, x: Any = None, y: Any = None, *, dataset: A
 
 
 def without_autotuning(epoch_iterator: Any) -> Any:
-    """Keras' epoch iterator, its dataset iterated with tf.data's autotuning off
-    (Note [No autotuning thread per job] in datasets.py)."""
-    epoch_iterator._distributed_dataset = iterated_without_autotuning(epoch_iterator._distributed_dataset)
+    """Keras' epoch iterator, its dataset iterated with tf.data's autotuning off and the prefetch
+    tf.data would add (Notes [No autotuning thread per job], [The prefetch tf.data would add])."""
+    epoch_iterator._distributed_dataset = iterated_as_tf_data_would(epoch_iterator._distributed_dataset)
     return epoch_iterator
 
 

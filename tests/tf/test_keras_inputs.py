@@ -250,3 +250,74 @@ def test_every_dataset_a_job_iterates_has_tf_datas_autotuning_off(trained):
     assert trained["params"]["arrays"].validation_autotuning == [False] * EPOCHS
     # the control: fit itself iterates with tf.data's default (so the check above can fail)
     assert trained["fits"]["arrays"][2].validation_autotuning == [None] * EPOCHS
+
+
+class MadeAhead(keras.callbacks.Callback):
+    """At each batch's end, whether the dataset already made the next batch (waiting up to
+    ``wait_s`` for it): only a prefetch makes it before the loop asks for it."""
+
+    def __init__(self, made: list, wait_s: float):
+        super().__init__()
+        self.made, self.wait_s, self.ahead = made, wait_s, []
+
+    def on_train_batch_end(self, batch, logs=None):
+        deadline = threading.Event()
+        waited = 0.0
+        while len(self.made) < batch + 2 and waited < self.wait_s:   # batch + 1 is the next one's index
+            deadline.wait(0.01)
+            waited += 0.01
+        self.ahead.append(len(self.made) >= batch + 2)
+
+
+def counted_batches(made: list) -> tf.data.Dataset:
+    """An endless loader of (8,) batches that notes each one it makes; no prefetch of its own."""
+    def batches():
+        while True:
+            made.append(1)
+            yield A[:16], CLS[:16]
+    spec = (tf.TensorSpec([16, 8], tf.float32), tf.TensorSpec([16], tf.int32))
+    return tf.data.Dataset.from_generator(batches, output_signature=spec)
+
+
+def test_a_datasets_next_batch_is_made_while_the_step_runs_as_under_fit():
+    # Note [The prefetch tf.data would add] (tensile_tf/jobs/datasets.py): fit's tf.data injects a
+    # prefetch (autotuning on, op determinism off); a job, autotuning off, adds it back. The next batch
+    # then exists before the loop asks for it (the callback runs between the step and the next fetch).
+    from tensorflow.python.framework import config as tf_config
+
+    from tensile_tf.jobs import datasets, keras_fit
+
+    def ahead(wait_s: float, *, under_fit: bool = False, without_prefetch: bool = False) -> list[bool]:
+        made = []
+        seen = MadeAhead(made, wait_s)
+        kwargs = dict(epochs=1, steps_per_epoch=4, verbose=0, callbacks=[seen])
+        if under_fit:
+            one_in_one_out().fit(counted_batches(made), **kwargs)
+            return seen.ahead
+        with pytest.MonkeyPatch.context() as patch:
+            if without_prefetch:   # the control: autotuning off, nothing added (the job before the Note)
+                patch.setattr(keras_fit, "iterated_as_tf_data_would", datasets.iterated_without_autotuning)
+            host = JobHost(admission="none")
+            state = host.submit(Job.from_keras("made-ahead", one_in_one_out(), counted_batches(made), **kwargs))
+            patch.setattr(teardown_memory, "LATE_FREE_WAIT_S", 0.0)
+            host.run()
+        assert state.status == JobStatus.finished, state.error
+        return seen.ahead
+
+    # this module trains under op determinism: tf.data injects no prefetch, and a job adds none
+    assert ahead(0.3, under_fit=True) == [False] * 4
+    assert ahead(0.3) == [False] * 4
+    tf_config.disable_op_determinism()
+    try:
+        assert ahead(30.0, under_fit=True) == [True] * 4
+        assert ahead(30.0) == [True] * 4
+        # without the prefetch nothing makes the next batch until the loop asks: never within the wait
+        assert ahead(0.3, without_prefetch=True) == [False] * 4
+        # a pipeline already ending in a prefetch (Keras' adapters' do) is not given another
+        ends_in_prefetch = counted_batches([]).prefetch(2)
+        assert datasets.iterated_as_tf_data_would(ends_in_prefetch)._input_dataset is ends_in_prefetch
+        given = datasets.iterated_as_tf_data_would(counted_batches([]))
+        assert type(given._input_dataset).__name__ == "_PrefetchDataset"
+        assert given.options().autotune.enabled is False
+    finally:
+        tf_config.enable_op_determinism()
