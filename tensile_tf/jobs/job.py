@@ -406,10 +406,19 @@ def build_train_step(spec: JobSpec) -> TrainStep:
     if model_spec.keras_file:
         from tensile_tf.jobs.keras_fit import keras_train_step
 
+        if model.built and (specs := _batch_specs(batches)) is not None:   # Note [Variables made before the trace]
+            model._symbolic_build(data_batch=specs)  # noqa: SLF001 - its compile metrics too (tf_internals.py)
         return TrainStep(step_fn=keras_train_step(model), batches=batches, variables=[
             *model.variables, *model.metrics_variables], model=model, optimizer=optimizer, validator=validator)
     return TrainStep(step_fn=supervised_train_step(model, optimizer, loss_fn), batches=batches,
                      variables=model.variables, model=model, optimizer=optimizer, validator=validator)
+
+
+def _batch_specs(batches: Any) -> tuple | None:
+    """The TensorSpecs of a YAML job's batches, read without taking one (None: not known)."""
+    if isinstance(batches, HostBatches):
+        return tuple(tf.TensorSpec(a.shape, tf.as_dtype(a.dtype)) for a in batches.host[0])
+    return tuple(tf.nest.flatten(batches.element_spec)) if isinstance(batches, tf.data.Dataset) else None
 
 
 def cycle(items: Sequence[tuple]) -> Callable[[], tuple]:

@@ -83,9 +83,9 @@ step was two (fit traces its step inside an outer function and pays the second t
 So a Keras job makes them when it is built, in the job's pool stream, as Keras' own
 ``Trainer._symbolic_build`` does (the model, compile metrics and loss built on fit's input specs,
 then ``optimizer.build(trainable_variables)``): the zeros fit's first step makes, and one trace.
-Measured (the digits random search of benchmarks/keras_tuner_bench.py, 16 trials, 1 at a time,
-py-spy): the second trace took 3.5 s of the search's 40 s. A YAML job's optimizer too (build_train_step):
-a trace of the CNN's step 0.3-0.5 -> 0.1 s, of the io-mem search's deep MLP 1.1-1.5 -> 0.3-0.5 s.
+Measured (keras_tuner_bench.py's digits random search, 16 trials, 1 at a time, py-spy): the second
+trace took 3.5 s of 40 s. A YAML job's optimizer too, and a keras_file job's compile metrics
+(build_train_step): a trace of the CNN's step 0.3-0.5 -> 0.1 s, the io-mem MLP's 1.1-1.5 -> 0.3-0.5 s.
 """
 from __future__ import annotations
 

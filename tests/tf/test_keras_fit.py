@@ -191,6 +191,38 @@ def test_a_saved_keras_model_is_a_yaml_jobs_model(tmp_path):
     assert [r.loss for r in state.records] and all(np.isfinite(r.loss) for r in state.records)
 
 
+@pytest.mark.parametrize("made_first", [True, False])
+def test_a_saved_keras_models_step_is_traced_once(tmp_path, monkeypatch, made_first):
+    """Note [Variables made before the trace] (tensile_tf/jobs/keras_fit.py): a keras_file job's
+    compile metrics and optimizer slots are made when it is built, so its step is traced once;
+    the control (nothing made first) is traced twice, as the first trace creates variables."""
+    from tensile_tf.config.schema import JobSpec
+    from tensile_tf.jobs import job as job_module, keras_fit
+
+    saved = compiled_model(seed=3)
+    saved.compile(optimizer=keras.optimizers.SGD(0.05), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"], jit_compile=False)
+    saved.save(tmp_path / "model.keras")
+    traces, load = [], keras_fit.saved_keras_model
+
+    def counted(name, path):
+        model = load(name, path)
+        own = model.train_step
+        model.train_step = lambda data: traces.append(1) or own(data)   # runs once per trace
+        return model
+
+    monkeypatch.setattr(keras_fit, "saved_keras_model", counted)
+    if not made_first:
+        monkeypatch.setattr(job_module, "_batch_specs", lambda batches: None)
+    spec = JobSpec.model_validate(dict(name="saved", model={"keras_file": str(tmp_path / "model.keras")},
+                                       input_shape=[16], classes=4, batch_size=32, steps=3, seed=3))
+    host = JobHost(admission="none")
+    state = host.submit(Job.from_spec(spec))
+    host.run()
+    assert state.status == JobStatus.finished, state.error
+    assert len(traces) == (1 if made_first else 2)
+
+
 def test_steps_instead_of_epochs_ends_a_partial_last_epoch():
     job = Job.from_keras("steps", compiled_model(), X, Y, batch_size=BATCH, steps=12, validation_data=(XV, YV))
     host = JobHost(admission="none")
