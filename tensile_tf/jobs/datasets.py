@@ -56,10 +56,10 @@ it yields and its order are unchanged; the batch made ahead is made by the
 pipeline's thread, on the pool's default stream, as every batch of a pipeline
 is (Note [Data held elsewhere] in tensile_tf/tf/step_memory.py): admission
 counts it among the bytes held outside the jobs (measured, 4 MiB batches: the
-default stream held 8-12 MiB at a batch's end, 4-8 MiB without the prefetch). Only a Keras job's batches
-(``keras_fit.without_autotuning``) are iterated so: a YAML job's own pipeline
-makes only the batch its step reads (this module's docstring; ``data.prefetch``
-asks for the next one). Not done: a pipeline ending in another asynchronous
+default stream held 8-12 MiB at a batch's end, 4-8 MiB without the prefetch).
+Only a Keras job's batches (``keras_fit.iterated_as_under_fit``) are iterated
+so: a YAML job's own pipeline makes only the batch its step reads (this
+module's docstring; ``data.prefetch`` asks for the next one). Not done: a pipeline ending in another asynchronous
 transformation (a parallel map) is given the prefetch too, one batch more than
 under fit.
 """

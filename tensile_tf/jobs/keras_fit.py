@@ -225,7 +225,7 @@ class FitLoop:
             from keras.src.backend.tensorflow.trainer import TFEpochIterator
 
             if getattr(self.model, "_eval_epoch_iterator", None) is None:   # as fit makes it, kept for later epochs
-                self.model._eval_epoch_iterator = without_autotuning(TFEpochIterator(
+                self.model._eval_epoch_iterator = iterated_as_under_fit(TFEpochIterator(
                     x=x, y=y, sample_weight=sample_weight, batch_size=self.validation_batch_size,
                     distribute_strategy=self.model.distribute_strategy,
                     steps_per_execution=self.model.steps_per_execution, steps_per_epoch=steps, shuffle=False))
@@ -368,7 +368,7 @@ def keras_fit(name: str, model: Any, x: Any = None, y: Any = None, *, dataset: A
                 (x, y, sample_weight), validation_split=validation_split)
         if seed is not None:
             keras.utils.set_random_seed(seed)
-        epoch_iterator = without_autotuning(TFEpochIterator(
+        epoch_iterator = iterated_as_under_fit(TFEpochIterator(
             x=x, y=y, sample_weight=sample_weight, batch_size=batch_size, steps_per_epoch=steps_per_epoch,
             shuffle=shuffle, class_weight=class_weight, distribute_strategy=model.distribute_strategy,
             steps_per_execution=1))
@@ -391,7 +391,7 @@ def keras_fit(name: str, model: Any, x: Any = None, y: Any = None, *, dataset: A
     return fit, keras_train_step(model, batches.pack), batches
 
 
-def without_autotuning(epoch_iterator: Any) -> Any:
+def iterated_as_under_fit(epoch_iterator: Any) -> Any:
     """Keras' epoch iterator, its dataset iterated with tf.data's autotuning off and the prefetch
     tf.data would add (Notes [No autotuning thread per job], [The prefetch tf.data would add])."""
     epoch_iterator._distributed_dataset = iterated_as_tf_data_would(epoch_iterator._distributed_dataset)
