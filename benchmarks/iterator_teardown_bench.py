@@ -1,5 +1,6 @@
 """How long deleting a tf.data iterator takes, with tf.data's autotuning on (its default) and
-with it off as jobs iterate (Note [No autotuning thread per job] in tensile_tf/jobs/datasets.py).
+with it off as jobs iterate (Note [No autotuning thread per job] in tensile_tf/jobs/datasets.py), and
+with it off and the prefetch a Keras job adds (Note [The prefetch tf.data would add]).
 
 Each trial makes an iterator over a small parallel map with a prefetch, takes batches from it for
 ``--live-s`` seconds (the autotuning thread's sleep doubles after each optimization, 10 ms up to
@@ -16,7 +17,7 @@ import time
 
 import tensorflow as tf
 
-from tensile_tf.jobs.datasets import iterated_without_autotuning
+from tensile_tf.jobs.datasets import iterated_as_tf_data_would, iterated_without_autotuning
 
 
 def one_deletion(dataset: tf.data.Dataset, live_s: float) -> float:
@@ -37,8 +38,11 @@ def main() -> None:
     args = ap.parse_args()
     plain = (tf.data.Dataset.range(10**9).map(lambda x: x * 2, num_parallel_calls=tf.data.AUTOTUNE)
              .batch(32).prefetch(tf.data.AUTOTUNE))
+    synchronous = tf.data.Dataset.range(10**9).map(lambda x: x * 2).batch(32)   # ends in no prefetch
     modes = {"autotuning on (tf.data's default)": plain,
-             "autotuning off (as jobs iterate)": iterated_without_autotuning(plain)}
+             "autotuning off (as jobs iterate)": iterated_without_autotuning(plain),
+             # Note [The prefetch tf.data would add]: a Keras job's dataset ending in no prefetch
+             "off, prefetch(1) added (Keras jobs)": iterated_as_tf_data_would(synchronous)}
     print(f"{args.trials} iterators per mode, each used {args.live_s:.1f} s, then deleted; interleaved")
     times: dict[str, list[float]] = {m: [] for m in modes}
     for _ in range(args.trials):
