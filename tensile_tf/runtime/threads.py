@@ -80,7 +80,9 @@ own queue under the channel's one mutex; Note [A lane per direction] in
 tensile_tf/scheduler/swap_scheduling.py, tf_plugin/swap/swap_channel.h); the node-group
 CounterBarriers that pace job threads' ops against each other in C++
 (tf_plugin/nodegroup/counter_barrier.h); the allocator's wait for frees
-(Note [Waiting for frees], its own mutex); the stderr pump of
+(Note [Waiting for frees], its own mutex); tf.data's own threads of a job's
+pipeline (a Keras job's prefetch, Note [The prefetch tf.data would add] in
+tensile_tf/jobs/datasets.py), whose batches are on the pool's default stream; the stderr pump of
 tf_plugin/_loader.py, only while TensorFlow imports; and, where TensorFlow is loaded, the exact
 planner's child interpreter (a process, not a thread, kept for later solves: Note [CP-SAT
 beside TensorFlow] in tensile_tf/scheduler/exact_planner.py, Note [One solver child per process]

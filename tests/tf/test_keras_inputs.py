@@ -10,6 +10,7 @@ class_weight, a two-input
 two-output functional model fed a dict of arrays, a list of arrays, a tf.data dataset of
 (dict, dict), a keras.utils.PyDataset, a batch larger than the data; callbacks see fit's params."""
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -261,11 +262,9 @@ class MadeAhead(keras.callbacks.Callback):
         self.made, self.wait_s, self.ahead = made, wait_s, []
 
     def on_train_batch_end(self, batch, logs=None):
-        deadline = threading.Event()
-        waited = 0.0
-        while len(self.made) < batch + 2 and waited < self.wait_s:   # batch + 1 is the next one's index
-            deadline.wait(0.01)
-            waited += 0.01
+        deadline = time.monotonic() + self.wait_s
+        while len(self.made) < batch + 2 and time.monotonic() < deadline:   # batch + 1: the next one's index
+            time.sleep(0.01)
         self.ahead.append(len(self.made) >= batch + 2)
 
 
