@@ -204,3 +204,58 @@ def test_beside_saturated_cores_the_driver_explores_starts_and_stops_where_they_
     assert driver.cores.gain.slowdowns == {2: [pytest.approx(2.0)] * 2}
     clocks.advance(1.0, busy_cores=1.0)           # cores idle again: the share alone lets it start
     assert driver.job_source() is not None
+
+
+def test_the_driver_tells_the_host_which_trials_it_started_beside_busy_cores_and_how_many_the_cores_hold():
+    """Note [No plans for busy cores] (tensile_tf/runtime/planning.py): the share each start was
+    decided on is kept by its trial's job name; only a start made with the cores busy (on the chance
+    of a gain) is reported, and the share per trial says how many trials start before they are."""
+    clocks = Clocks()
+    driver = _driver(clocks)
+    first = driver.job_source()
+    assert driver.cores.busy_at_start(first.name) is None and driver.cores.trials_held() is None
+    a = driver.runs[0]
+    a.state = SimpleNamespace(admitted_at_s=0.0, ended_at_s=None, records=_steps(0.0, 1.0, 0.1))
+    driver._started(a)
+    clocks.advance(1.0, busy_cores=0.8)            # one trial keeps 0.4 of the cores busy
+    second = driver.job_source()
+    b = driver.runs[1]
+    driver._started(b)                             # measured per trial: 0.4, so 0.4 x 2 < 0.9 <= 0.4 x 3
+    assert driver.cores.busy_at_start(second.name) is None and driver.cores.trials_held() == 3
+    b.state = SimpleNamespace(admitted_at_s=1.0, ended_at_s=None, records=_steps(1.0, 3.0, 0.1))
+    a.state.records += _steps(1.0, 3.0, 0.15)      # beside B, A's steps take 1.5x: two trials gained
+    clocks.advance(2.0, busy_cores=1.9)            # two keep 0.95 busy: the third starts on the chance of a gain
+    third = driver.job_source()
+    assert third is not None and driver.cores.gain_starts == 1
+    assert driver.cores.busy_at_start(third.name) == pytest.approx(0.95)
+    driver._started(driver.runs[2])
+    assert driver.cores.trials_held() == 2         # 0.475 a trial: a second one starts below SATURATED, not a third
+
+
+def _cores(busy: float | None = None, held: int | None = None):
+    return SimpleNamespace(busy_at_start=lambda name: busy, trials_held=lambda: held)
+
+
+def test_no_capture_for_a_trial_started_beside_busy_cores_nor_for_more_than_the_cores_start():
+    """Note [No plans for busy cores]: the capture rule (Note [Captures a plan needs]) counts no more
+    trials like the newcomer than its search starts before the cores are busy, and none at all
+    for one started beside busy cores; a control without the search's cores asks for the capture."""
+    from tensile_tf.config.schema import Admission
+    from tensile_tf.runtime.admission import AdmissionControl
+
+    mib = 2**20
+    job = lambda p, t: SimpleNamespace(name=f"j{p}", rt=SimpleNamespace(switch=SimpleNamespace(peek=lambda: None)),  # noqa: E731
+                                       planned_needs=(p * mib, t * mib), outside_steps_need_bytes=0)
+    running, newcomer = [job(30, 10)], job(20, 10)
+    admission = AdmissionControl(int(100 * mib / 0.9) + 1, Admission.sum, concurrency=4)
+    assert admission.holds_the_limit_unplanned(newcomer, running, 0) is None   # 40 + 3 x 30 MiB: may need a plan
+    admission.cores = _cores(held=2)       # its search starts two at once before the cores are busy: 40 + 30
+    assert "up to the 2 its search starts at once" in admission.holds_the_limit_unplanned(newcomer, running, 0)
+    admission.cores = _cores(held=3)       # three: 40 + 2 x 30 MiB still fits
+    assert "and 1 more like it" in admission.holds_the_limit_unplanned(newcomer, running, 0)
+    admission.cores = _cores(held=4)
+    assert admission.holds_the_limit_unplanned(newcomer, running, 0) is None
+    admission.cores = _cores(busy=0.96, held=4)   # started beside busy cores: never planned in
+    why = admission.holds_the_limit_unplanned(newcomer, running, 0)
+    assert "cores busy (96%" in why and admission.busy_cores(newcomer) in why
+    assert admission.holds_the_limit_unplanned(newcomer, [], 0) is None   # alone, it is planned as ever
