@@ -22,7 +22,6 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from tensile_tf.config.schema import Admission
-from tensile_tf.runtime.core_meter import CoreAdmission
 from tensile_tf.runtime.records import JobState
 from tensile_tf.runtime.work_outside_steps import admitted_temporary_bytes
 
@@ -64,7 +63,6 @@ class AdmissionControl:
         self.concurrency = concurrency
         self.jobs_at_most: int | None = None   # the run's job source's own limit (JobHost.run), if any
         self.plan_budget: int | None = None    # run.plan_budget, with the planner on: the cap on the jobs' bytes
-        self.cores: CoreAdmission | None = None   # the rule that starts the job source's jobs by the cores (JobHost.run)
         self._measured_by_signature: dict[str, tuple[int, int, int]] = {}
         # Frees what the host keeps only while no job needs it (parked steps: Note [Reusing a
         # finished job's traced step] in traced_step_reuse.py), but what the job asking would take
@@ -98,36 +96,19 @@ class AdmissionControl:
         and ``plan_budget`` where one is set, holds the jobs beside it, ``state`` and as many more
         like it as the concurrency limit lets in, all as they run now), or None: it may need a plan."""
         group = [s for s in alongside if s is not state] + [state]
-        busy = self.busy_cores(state) if len(group) > 1 else None
-        if busy is not None:
-            return "not captured: " + busy   # Note [No plans for busy cores] in planning.py
         limits = [n for n in (self.concurrency, self.jobs_at_most) if n is not None]
         limit = min(limits) if limits else None
         mine = self.predict(state)
         if limit is None or self.policy == Admission.none or len(group) > limit or mine is None:
             return None
-        more, idle_starts = limit - len(group), self.cores.trials_held() if self.cores is not None else None
-        if idle_starts is not None and idle_starts < limit:   # Note [No plans for busy cores]
-            more = max(0, idle_starts - len(group))
-        needs = [self.predict(s) or (0, 0) for s in group[:-1]] + [mine] * (more + 1)
+        needs = [self.predict(s) or (0, 0) for s in group[:-1]] + [mine] * (limit - len(group) + 1)
         condition = salus_safety_condition if self.policy == Admission.salus else sum_condition
         held_outside_jobs -= self.kept_for(state) if self.kept_for is not None else 0
         room = shared_room(self.capacity, held_outside_jobs, len(needs))
         if not condition(needs, min(room, self.plan_budget) if self.plan_budget is not None else room):
             return None
-        upto = (f"up to the {limit} jobs that may run at once" if idle_starts is None or idle_starts >= limit else
-                f"up to the {max(idle_starts, len(group))} its search starts at once before the cores are busy")
         return (f"not captured: the pool holds it unplanned beside the {len(group) - 1} running job(s) "
-                f"and {more} more like it, {upto}")
-
-    def busy_cores(self, state: JobState) -> str | None:
-        """Note [No plans for busy cores] in planning.py: why no plan lets ``state`` run beside
-        the running jobs (its source started it beside busy cores), or None."""
-        share = self.cores.busy_at_start(state.name) if self.cores is not None else None
-        if share is None:
-            return None
-        return (f"its search started it with the cores busy ({share:.0%} of their time) on the chance "
-                "that it adds throughput, so no plan fits it or more trials beside the running ones")
+                f"and {limit - len(group)} more like it, up to the {limit} jobs that may run at once")
 
     def never_fits(self, state: JobState) -> bool:
         return (state.persistent_bytes or 0) + admitted_temporary_bytes(state, state.temporary_bytes or 0) \

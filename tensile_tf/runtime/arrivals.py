@@ -167,10 +167,6 @@ class Arrivals:
         if host.replanner is None or host.pipeline is not None:
             host.note_wait(state, "does not fit beside the running jobs and re-planning is off" + later)
             return self._drop_build(state)
-        busy = host.admission.busy_cores(state)   # Note [No plans for busy cores] in planning.py
-        if busy is not None:
-            host.note_wait(state, f"does not fit beside the running jobs unplanned, and {busy}" + later)
-            return self._drop_build(state)
         if not Replanner.replannable(active):
             host.note_wait(state, "does not fit beside the running jobs, and none of them runs a plan "
                            "a joint re-plan could tighten" + later)

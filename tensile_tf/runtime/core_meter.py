@@ -70,7 +70,6 @@ runtime's step records, never a timer: tests give it their own.
 from __future__ import annotations
 
 import bisect
-import math
 import os
 import statistics
 import time
@@ -243,13 +242,10 @@ class CoreAdmission:
         self.predicted_starts = 0   # starts allowed on a predicted share (Note [Starts not held by the window])
         self.gain_starts = 0     # starts beside busy cores on their measured gain (Note [Admitting by marginal throughput])
         self._waiting = False
-        self._allowed_share: float | None = None   # the share the last allowed start was decided on
-        self.share_at_start: dict[str, float] = {}   # a trial's job name -> that share (Note [No plans for busy cores])
 
     def allows(self, running: int, trials: Sequence[TrialSteps] = ()) -> bool:
         """``running``: how many trials of the driver run; ``trials``: theirs and
         those that ended lately, for the gain. False: put the next one off."""
-        self._allowed_share = None
         if not running:
             self._waiting = False
             return True
@@ -274,27 +270,7 @@ class CoreAdmission:
                          f"{self.meter.cores} {how}{why})")
         self._waiting = busy and share is not None
         self.predicted_starts += int(predicted and not busy)
-        self._allowed_share = None if busy else share
         return not busy
-
-    def issued(self, name: str) -> None:
-        """The driver made the start it was last allowed: the trial whose job is ``name``."""
-        if self._allowed_share is not None:
-            self.share_at_start[name] = self._allowed_share
-        self._allowed_share = None
-
-    def trials_held(self) -> int | None:
-        """Note [No plans for busy cores]: how many trials at once this rule starts on cores
-        below SATURATED, at the share per trial measured last (None: none measured yet)."""
-        per = self.meter.predicted_share(1)
-        return max(1, math.ceil(SATURATED / per)) if per else None
-
-    def busy_at_start(self, name: str) -> float | None:
-        """Note [No plans for busy cores] (tensile_tf/runtime/planning.py): the share of the cores
-        the running trials kept busy when the trial whose job is ``name`` was started beside them,
-        if at or above SATURATED (it was let in on Note [Admitting by marginal throughput]); else None."""
-        share = self.share_at_start.get(name)
-        return share if share is not None and share >= SATURATED else None
 
     def started(self, running: int = 0) -> None:
         """A trial started beside ``running`` others: the next decision reads a window after it."""

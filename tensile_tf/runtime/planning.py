@@ -94,26 +94,6 @@ before, the same hour: 0.80x); what was left was the captures of the trials a
 plan may need (batches 512 and 1024: one cost about 16 steps' profiling),
 now taken from their training steps where they fit when they start (Note
 [Captures from training steps] in training_capture.py).
-
-Note [No plans for busy cores]
-A plan buys room: more trials at once than the pool holds unplanned. That
-room is worth its price (a capture, a step traced for its own batch instead
-of one taken over, the planned step's chain) only where another trial adds
-throughput. A search driver starts a trial beside busy cores (the share at
-or above SATURATED, Note [Admitting by the cores] in core_meter.py) only on
-the chance that it does (Note [Admitting by marginal throughput]): such a
-trial is not captured where the pool holds it unplanned beside the running
-jobs (so its step is traced for every batch size, and later trials take it
-over), and where the pool does not, it waits for a running job to end, as
-without a planner, instead of being planned together with them. The driver
-says which (``JobHost.run(busy_at_start=)``: ``CoreAdmission.busy_at_start``,
-the share its decision read); the record says why (``plan_deferred``, or the
-wait's reason). A trial started on idle cores (the memory-bound io-mem
-search of issue 58: 0.25-0.56 of two cores busy) is planned as before. On
-the compute-bound CNN search, the same session, quiet machine: before it,
-planned 753, 872, 918 trials/hour against unplanned 904, 899, 950 (0.83x,
-0.97x, 0.97x; captures, 3-5 steps taken over against 7-8, and 3-4 s more
-CPU a search); the figures after it are in benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 

@@ -26,9 +26,10 @@ running job ends ``interrupted`` at its next step boundary and is torn down
 as usual, jobs not started yet end ``interrupted`` too, and the RunResult
 (``interrupted`` = the reason) holds everything that ran.
 
-Failure isolation: an exception in one job (OOM included) marks that job failed with its error;
-the others go on. Collaborators: arrivals.py (the waiting line, joint plans on arrival),
-outcome.py (the memory sampler, the RunResult). Threads and hand-offs: threads.py."""
+Failure isolation: an exception in one job (OOM included) marks that job failed
+with its error; the others go on. Collaborators: arrivals.py (the waiting line,
+joint plans on arrival), outcome.py (the memory sampler, the RunResult). Threads
+and hand-offs: Note [Threads and hand-offs] in threads.py."""
 from __future__ import annotations
 
 from collections import deque
@@ -43,7 +44,6 @@ from tensile_tf.jobs.job import Job
 from tensile_tf.tf.pool import allocation_wait, ensure_pool, pool_stats
 from tensile_tf.runtime.admission import AdmissionControl
 from tensile_tf.runtime.arrivals import Arrivals
-from tensile_tf.runtime.core_meter import CoreAdmission
 from tensile_tf.runtime.job_thread import JobThread, RunClock
 from tensile_tf.runtime.nodegroup import NodeGroupCoordinator
 from tensile_tf.runtime.outcome import MemorySampler, RunWindow, held_outside_jobs, run_result
@@ -187,14 +187,12 @@ class JobHost:
 
     # ----------------------------------------------------------- the run
 
-    def run(self, job_source: Callable[[], Job | None] | None = None, *, jobs_at_most: int | None = None,
-            cores: CoreAdmission | None = None) -> RunResult:
-        """Runs every submitted job; returns when all have ended (see ``_run``). An allocation that does not fit
-        waits up to ``allocation_wait_ms`` for others' frees (Note [Waiting for frees] in tf_plugin/allocator/
-        tf_pool_allocator.cc). ``jobs_at_most``: the most jobs ``job_source`` keeps running at once (a search's
-        ``max_concurrent``; Note [Captures a plan needs]); ``cores``: the rule that starts ``job_source``'s jobs
-        by the cores, if one does (a search driver's; Note [No plans for busy cores] in planning.py)."""
-        self.admission.jobs_at_most, self.admission.cores = jobs_at_most, cores
+    def run(self, job_source: Callable[[], Job | None] | None = None, *, jobs_at_most: int | None = None) -> RunResult:
+        """Runs every submitted job; returns when all have ended (see ``_run``). An allocation that does
+        not fit waits up to ``allocation_wait_ms`` for others' frees (Note [Waiting for frees] in
+        tf_plugin/allocator/tf_pool_allocator.cc). ``jobs_at_most``: the most jobs ``job_source``
+        keeps running at once (a search's ``max_concurrent``; Note [Captures a plan needs])."""
+        self.admission.jobs_at_most = jobs_at_most
         # Note [Teardown without a full collection] in teardown_memory.py
         with allocation_wait(self.allocation_wait_ms), objects_before_the_run_frozen():
             return self._run(job_source)

@@ -25,13 +25,15 @@ Lifecycle of one trial, in order:
    have ended, and no trial starts beside it (``job_source``), so packing never loses a trial to
    memory it would have had alone. results.json counts the retries.
 
-The host calls ``on_end`` once for every job that reached a final status, including jobs failed
-or rejected while probed and jobs never admitted; a sweep of the host's states (on every progress
-update and job_source call) is a second, idempotent path to the same ``_finish``.
+The host calls ``on_end`` once for every job that reached a final status,
+including jobs failed or rejected while probed and jobs never admitted; a
+sweep of the host's states (on every progress update and job_source call)
+is a second, idempotent path to the same ``_finish``.
 
-The pieces: trials.py (``TrialRun``, ``SearchResult``, the space), reporter.py (the reporter
-thread); this module re-exports their public names. Which thread runs what, and the hand-offs
-between them: Note [Threads and hand-offs] in tensile_tf/runtime/threads.py (T4, H10, H13).
+The pieces: trials.py (``TrialRun``, ``SearchResult``, the space),
+reporter.py (the reporter thread); this module re-exports their public
+names. Which thread runs what, and the hand-offs between them: Note [Threads
+and hand-offs] in tensile_tf/runtime/threads.py (T4, H10, H13).
 """
 from __future__ import annotations
 
@@ -203,8 +205,6 @@ class SearchDriver:
                 if any(r is not run for r in self.in_flight):
                     return None   # held until the others end
             run.issue(self.host.clock.now())
-            if self.cores is not None:
-                self.cores.issued(name)   # Note [No plans for busy cores] in tensile_tf/runtime/planning.py
             return run.job
 
     def _started(self, run: TrialRun) -> None:
@@ -214,7 +214,9 @@ class SearchDriver:
         run.started = True
 
     def _job_name(self, number: int) -> str:
-        name, taken, k = f"{self.base_name}-{number}", {s.name for s in self.host.states}, 1
+        name = f"{self.base_name}-{number}"
+        taken = {s.name for s in self.host.states}
+        k = 1
         while name in taken:
             name, k = f"{self.base_name}-{number}-{k}", k + 1
         return name
@@ -367,7 +369,7 @@ class SearchDriver:
         self._wall0 = time.time()
         result = None
         try:
-            result = self.host.run(job_source=self.job_source, jobs_at_most=self.max_concurrent, cores=self.cores)
+            result = self.host.run(job_source=self.job_source, jobs_at_most=self.max_concurrent)
             self.sweep()
         except BaseException as e:
             self._abandon(f"this worker stopped: {type(e).__name__}")

@@ -36,23 +36,17 @@ SEARCHES = """
     base = {"name": "t", "model": {"builder": "tensile_tf.jobs.zoo:mlp", "args": {"hidden": [512, 512]}},
             "input_shape": [784], "batch_size": 256, "classes": 10, "optimizer": {"name": "adam"}, "steps": 42,
             "seed": 1, "data": {"num_batches": 2}}
-    import time
-    from tensile_tf.runtime.core_meter import CoreMeter
-
     out = {}
-    for at_once, in_training, busy in ((1, True, False), (6, True, False), (6, False, False), (6, True, True)):
+    for at_once, in_training in ((1, True), (6, True), (6, False)):
         host = JobHost(admission="sum", planner="tensile", swap_bandwidth="1TiB")
         host.planning.settings.capture_in_training = in_training
         study = optuna.create_study()
         for t in trials:
             study.enqueue_trial(t)
         space = {k: optuna.distributions.CategoricalDistribution(sorted({t[k] for t in trials})) for k in trials[0]}
-        driver = SearchDriver(study, base, space, n_trials=3, host=host, max_concurrent=at_once, admit_by_cores=busy)
-        if busy:   # a meter that reads the cores busy whenever a trial runs (the CPU clock at twice the wall's)
-            driver.cores.meter = CoreMeter(2, cpu=lambda: 2 * time.perf_counter())
-        driver.run()
+        SearchDriver(study, base, space, n_trials=3, host=host, max_concurrent=at_once, admit_by_cores=False).run()
         batch = {s.name: s.job.spec.batch_size for s in host.states}
-        out[f"{at_once} {in_training}" + (" busy" if busy else "")] = {
+        out[f"{at_once} {in_training}"] = {
             "replans": len(host.replanner.records),
             "trials": [dict(
                 key=f"{s.job.spec.batch_size} {s.job.spec.optimizer.learning_rate}", status=s.status.value,
@@ -62,8 +56,6 @@ SEARCHES = """
                 P=s.persistent_bytes, T=s.temporary_bytes, losses=[r.loss for r in s.records],
                 captured_at_step=s.captured_at_step, plan_error=s.plan_error,
                 predicted=getattr(host.planning.unplanned_peaks.get(s.name), "predicted", None),
-                busy_at_start=driver.cores.busy_at_start(s.name) if busy else None,
-                waits=[w["why"] for w in s.waits],
                 traced_steps=len(getattr(host.planning.unplanned_peaks.get(s.name), "observed", [])))
                 for s in host.states]}
     print(json.dumps(out))
@@ -75,11 +67,11 @@ def searches():
     proc = run_python(SEARCHES, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = last_json_line(proc)
-    return out["1 True"], out["6 True"], out["6 False"], out["6 True busy"]
+    return out["1 True"], out["6 True"], out["6 False"]
 
 
 def test_trials_the_pool_holds_are_not_captured_and_share_one_trace_across_batch_sizes(searches):
-    held, in_training, control, _ = searches
+    held, in_training, control = searches
     assert all(t["status"] == "finished" for t in [*held["trials"], *in_training["trials"], *control["trials"]]), \
         (held, in_training, control)
     assert [t["batch"] for t in held["trials"]] == [256, 512, 256], held
@@ -102,7 +94,7 @@ def test_a_trial_that_fits_when_it_starts_is_captured_from_its_training_steps(se
     steps (one untraced, at least two traced, three profiled, after its probe step), nothing is
     restored, and it computes what the control computes; the control (captures from training steps
     off) captures each trial on the run loop and plans it."""
-    _, in_training, control, _ = searches
+    _, in_training, control = searches
     for t in in_training["trials"]:
         assert t["deferred"] is None and t["plan_error"] is None, t
         assert t["captured"] and t["captured_at_step"] is not None and 1 + 1 + 2 + 3 <= t["captured_at_step"] <= 42, t
@@ -139,21 +131,3 @@ def test_the_pool_holds_the_limit_only_with_room_for_as_many_more_like_the_job(p
     assert admission.holds_the_limit_unplanned(newcomer, running, 50 * mib) is None   # bytes outside the jobs
     admission.concurrency = admission.jobs_at_most = None   # no limit: any number may come
     assert admission.holds_the_limit_unplanned(newcomer, running, 0) is None
-
-
-def test_a_trial_started_beside_busy_cores_is_neither_captured_nor_planned_in(searches):
-    """Note [No plans for busy cores] (tensile_tf/runtime/planning.py): the same search as the
-    capture from training steps', its driver's core meter reading the cores busy whenever a trial
-    runs: a trial started beside another (on the chance of a gain) is not captured, planned or
-    re-planned; the first, started alone, is captured as in that search (the control)."""
-    _, in_training, control, busy = searches
-    assert all(t["status"] == "finished" for t in busy["trials"]), busy
-    started_busy = [t for t in busy["trials"] if t["busy_at_start"] is not None]
-    assert started_busy, busy   # the meter's share: 1.0 of the cores for every start beside a running trial
-    for t in started_busy:
-        assert t["busy_at_start"] >= 0.9 and "cores busy (100%" in t["deferred"], t
-        assert not t["captured"] and t["plans"] == 0 and t["captured_at_step"] is None, t
-    first = busy["trials"][0]
-    assert first["busy_at_start"] is None and first["captured"] and first["deferred"] is None, first
-    assert busy["replans"] == 0, busy
-    assert {t["key"]: t["losses"] for t in busy["trials"]} == {t["key"]: t["losses"] for t in control["trials"]}
