@@ -16,6 +16,22 @@ every job, less POOL_HEADROOM when jobs share it.
 ``predict`` answers (P, T) for a job before it is probed, from a measured job
 of the same signature scaled by batch size; a plan's needs replace the
 measured ones once a job is planned.
+
+Note [Needs at least what the steps held]
+A running job's needs are predictions: its probe's measurement, or its
+plan's predicted peak, made from a capture of a few steps. Its steps can
+hold more: on the memory-bound io-mem search of issue 58 with a busy loop
+beside it, a trial planned alone with no swaps was predicted at 19.6 MiB and
+its steps held 21.9 MiB (the executor's threads held more beside each op
+than in its captured steps: Note [Concurrent scratch] in
+tensile_tf/tf/step_memory.py); a second trial was admitted beside it on the
+prediction, a third built beside both, and the first two ran out of memory
+(one run in four or five under load; 4 pool OOMs, 2 trials re-queued). So
+``predict`` counts a running job's T as at least what its steps under the
+plan they run now have held above its P (``StepsHeld``: the highest step
+peak since its last plan switch, or of its unplanned steps); a plan
+that holds what it predicts changes nothing. Steps of an earlier plan do not
+count: a tighter plan's steps are judged on their own.
 """
 from __future__ import annotations
 
@@ -64,6 +80,7 @@ class AdmissionControl:
         self.jobs_at_most: int | None = None   # the run's job source's own limit (JobHost.run), if any
         self.plan_budget: int | None = None    # run.plan_budget, with the planner on: the cap on the jobs' bytes
         self._measured_by_signature: dict[str, tuple[int, int, int]] = {}
+        self.held_by_its_steps = StepsHeld()   # Note [Needs at least what the steps held]
         # Frees what the host keeps only while no job needs it (parked steps: Note [Reusing a
         # finished job's traced step] in traced_step_reuse.py), but what the job asking would take
         # over (Note [Steps kept for the jobs that wait]); returns the bytes freed.
@@ -121,6 +138,10 @@ class AdmissionControl:
             self._measured_by_signature[sig] = (state.job.spec.batch_size, state.persistent_bytes,
                                                 admitted_temporary_bytes(state, state.temporary_bytes))
 
+    def _held_above(self, state: JobState, persistent_bytes: int | None) -> int:
+        """What the job's steps under its current plan held above ``persistent_bytes``."""
+        return max(0, self.held_by_its_steps(state) - (persistent_bytes or 0))
+
     def predict(self, state: JobState) -> tuple[int, int] | None:
         """(P, T): planned, measured, else scaled from a measured job of the
         same signature. Temporary memory scales with the batch; persistent
@@ -135,9 +156,10 @@ class AdmissionControl:
             if switch is not None:   # the larger of the two until the job has switched
                 planned = tuple(max(a, b) for a, b in zip(planned, switch.needs))
             # Note [Work outside the steps, inside the allowance]: its validation batch's bytes too
-            return planned[0], admitted_temporary_bytes(state, planned[1])
+            return planned[0], admitted_temporary_bytes(state, max(planned[1], self._held_above(state, planned[0])))
         if state.measured:
-            return state.persistent_bytes, admitted_temporary_bytes(state, state.temporary_bytes)
+            p_bytes = state.persistent_bytes
+            return p_bytes, admitted_temporary_bytes(state, max(state.temporary_bytes, self._held_above(state, p_bytes)))
         sig = _signature(state)
         ref = self._measured_by_signature.get(sig) if sig else None
         if ref is None:
@@ -147,6 +169,26 @@ class AdmissionControl:
         batch, p, t = ref
         scale = state.job.spec.batch_size / batch
         return int(p * max(1.0, scale)), int(t * scale)
+
+
+class StepsHeld:
+    """Note [Needs at least what the steps held]: per job, the highest step peak of its steps under
+    the plan its next step runs (None: its unplanned steps), its probe step left out; read on from
+    where the last call stopped (the job thread appends its records; the run loop reads them)."""
+
+    def __init__(self):
+        self._seen: dict[tuple[str, int], tuple[int, int | None, int]] = {}   # (job, build) -> (read up to, plan, peak)
+
+    def __call__(self, state: JobState) -> int:
+        records, key = state.records, (state.name, state.attempts)   # a job built again starts its records over
+        upto, plan, peak = self._seen.get(key, (1, None, 0))
+        n = len(records)
+        for record in records[upto:n]:
+            if record.plan != plan:
+                plan, peak = record.plan, 0
+            peak = max(peak, record.peak_bytes)
+        self._seen[key] = (max(upto, n), plan, peak)
+        return peak if plan == state.plan_number else 0
 
 
 def _signature(state: JobState) -> str | None:

@@ -113,7 +113,7 @@ def test_a_trial_that_fits_when_it_starts_is_captured_from_its_training_steps(se
 
 def _job(p, t):
     return SimpleNamespace(rt=SimpleNamespace(switch=SimpleNamespace(peek=lambda: None)), planned_needs=(p, t),
-                           outside_steps_need_bytes=0)
+                           outside_steps_need_bytes=0, name=f"{p} {t}", attempts=1, records=[], plan_number=None)
 
 
 @pytest.mark.parametrize("policy", [Admission.sum, Admission.salus])
@@ -131,3 +131,32 @@ def test_the_pool_holds_the_limit_only_with_room_for_as_many_more_like_the_job(p
     assert admission.holds_the_limit_unplanned(newcomer, running, 50 * mib) is None   # bytes outside the jobs
     admission.concurrency = admission.jobs_at_most = None   # no limit: any number may come
     assert admission.holds_the_limit_unplanned(newcomer, running, 0) is None
+
+
+def test_a_running_jobs_needs_are_at_least_what_its_steps_under_its_plan_held():
+    """Note [Needs at least what the steps held] (tensile_tf/runtime/admission.py): a job whose
+    steps hold more than its plan (or its probe) predicted is admitted on what they held, counted
+    over the steps of the plan it runs now (its probe step and an earlier plan's steps left out)."""
+    from tensile_tf.runtime.records import StepRecord
+
+    mib = 2**20
+    state = SimpleNamespace(name="j", attempts=1, rt=SimpleNamespace(switch=SimpleNamespace(peek=lambda: None)),
+                            planned_needs=(10 * mib, 5 * mib), outside_steps_need_bytes=0, records=[], plan_number=3)
+    admission = AdmissionControl(1 << 40, Admission.sum, None)
+    step = lambda i, peak, plan: StepRecord(i, float(i), 0.1, 1.0, peak * mib, plan)  # noqa: E731
+    assert admission.predict(state) == (10 * mib, 5 * mib)          # no step yet: the plan's prediction
+    state.records += [step(0, 40, None), step(1, 30, 2), step(2, 14, 3), step(3, 13, 3)]
+    assert admission.predict(state) == (10 * mib, 5 * mib)          # under plan 3 it held what it predicted
+    state.records.append(step(4, 18, 3))                             # a step held 18 MiB: 8 above its P
+    assert admission.predict(state) == (10 * mib, 8 * mib)
+    state.plan_number = 4                                            # switched: the new plan's steps count
+    assert admission.predict(state) == (10 * mib, 5 * mib)
+    state.records.append(step(5, 16, 4))
+    assert admission.predict(state) == (10 * mib, 6 * mib)
+    # an unplanned job: its measured T, or more where its steps held more
+    plain = SimpleNamespace(name="u", attempts=1, rt=state.rt, planned_needs=None, outside_steps_need_bytes=0,
+                            measured=True, persistent_bytes=10 * mib, temporary_bytes=5 * mib, plan_number=None,
+                            records=[step(0, 50, None), step(1, 14, None), step(2, 17, None)])
+    assert admission.predict(plain) == (10 * mib, 7 * mib)
+    plain.attempts, plain.records = 2, [step(0, 50, None)]               # built again: its new steps only
+    assert admission.predict(plain) == (10 * mib, 5 * mib)

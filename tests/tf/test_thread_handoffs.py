@@ -293,6 +293,7 @@ def test_a_switch_being_applied_is_still_pending_and_admission_counts_both_plans
     state, thread, inbox, lifecycle = _start("handoff-applying", steps, on_step)
     state.planned_needs = (10, 20)   # the plan it runs, as admission sees it
     admission = AdmissionControl(1 << 40, Admission.salus, None)
+    admission.held_by_its_steps = lambda s: 0   # the needs here are made up (Note [Needs at least what the steps held])
     switch = _switch(_RecordingStep(state.rt.step_fn, hold=hold, applying=applying), state.name, (5, 30))
     thread.start()
     assert reached.wait(BOUND_S)
