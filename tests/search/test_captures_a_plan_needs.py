@@ -54,7 +54,7 @@ SEARCHES = """
                 captured=s.name in host.planning.unplanned_peaks,   # its capture's (or the one it took over)
                 taken_from_batch=batch.get(s.traced_step_from), batch=s.job.spec.batch_size,
                 P=s.persistent_bytes, T=s.temporary_bytes, losses=[r.loss for r in s.records],
-                captured_at_step=s.captured_at_step, plan_error=s.plan_error,
+                captured_at_step=s.captured_at_step, plan_error=s.plan_error, captured_from=s.captured_from,
                 predicted=getattr(host.planning.unplanned_peaks.get(s.name), "predicted", None),
                 traced_steps=len(getattr(host.planning.unplanned_peaks.get(s.name), "observed", [])))
                 for s in host.states]}
@@ -95,7 +95,19 @@ def test_a_trial_that_fits_when_it_starts_is_captured_from_its_training_steps(se
     restored, and it computes what the control computes; the control (captures from training steps
     off) captures each trial on the run loop and plans it."""
     _, in_training, control = searches
-    for t in in_training["trials"]:
+    # the three trials' captures overlap: one that found the profiler taken by another's for more than
+    # PATIENCE_STEPS steps (seen once, under two busy loops) trains on uncaptured, and says so
+    waited = [t for t in in_training["trials"] if t["plan_error"] and "trace was taken for" in t["plan_error"]]
+    for t in waited:
+        assert t["deferred"] is None and not t["captured"] and t["plans"] == 0, t
+    # one that waited for room (admission counts what the running trials' steps held: Note [Needs at
+    # least what the steps held]) may take over an ended trial's step with its capture instead
+    took = [t for t in in_training["trials"] if t["captured_from"] is not None]
+    for t in took:
+        assert t["captured"] and t["captured_at_step"] is None and t["taken_from_batch"] == t["batch"], t
+    own = [t for t in in_training["trials"] if t not in waited and t not in took]
+    assert len(own) >= 2, in_training
+    for t in own:
         assert t["deferred"] is None and t["plan_error"] is None, t
         assert t["captured"] and t["captured_at_step"] is not None and 1 + 1 + 2 + 3 <= t["captured_at_step"] <= 42, t
         assert t["plans"] == 0 and t["traced_steps"] >= 2, t
@@ -105,7 +117,7 @@ def test_a_trial_that_fits_when_it_starts_is_captured_from_its_training_steps(se
     # what the executor's threads held beside each op in the traced steps (Note [Concurrent scratch] in
     # tensile_tf/tf/step_memory.py: it follows their interleaving; 10.5% apart once, under the suite's load)
     control_peak = {t["batch"]: t["predicted"] for t in control["trials"]}
-    for t in in_training["trials"]:
+    for t in own:
         assert abs(t["predicted"] - control_peak[t["batch"]]) <= 0.3 * control_peak[t["batch"]], (t, control_peak)
     # a training step measured is a training step: the same losses, bit for bit
     assert {t["key"]: t["losses"] for t in in_training["trials"]} == {t["key"]: t["losses"] for t in control["trials"]}
