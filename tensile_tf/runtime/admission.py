@@ -26,12 +26,13 @@ its steps held 21.9 MiB (the executor's threads held more beside each op
 than in its captured steps: Note [Concurrent scratch] in
 tensile_tf/tf/step_memory.py); a second trial was admitted beside it on the
 prediction, a third built beside both, and the first two ran out of memory
-(one run in four or five under load; 4 pool OOMs, 2 trials re-queued). So
-``predict`` counts a running job's T as at least what its steps under the
-plan they run now have held above its P (``StepsHeld``: the highest step
-peak since its last plan switch, or of its unplanned steps); a plan
-that holds what it predicts changes nothing. Steps of an earlier plan do not
-count: a tighter plan's steps are judged on their own.
+(two runs in seven under load: 4-5 pool OOMs, 2-4 trials re-queued; with
+this note, none in ten). So ``predict`` counts a running job's T as at least
+what its steps under the plan they run now have held above its P
+(``StepsHeld``: the highest step peak since its last plan switch, or of its
+unplanned steps); a plan that holds what it predicts changes nothing. Steps
+of an earlier plan do not count: a tighter plan's steps are judged on their
+own.
 """
 from __future__ import annotations
 
