@@ -188,7 +188,7 @@ class StepsHeld:
             if record.plan != plan:
                 plan, peak = record.plan, 0
             peak = max(peak, record.peak_bytes)
-        self._seen[key] = (max(upto, n), plan, peak)
+        self._seen[key] = (n, plan, peak)
         return peak if plan == state.plan_number else 0
 
 
