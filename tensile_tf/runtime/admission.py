@@ -80,6 +80,9 @@ class AdmissionControl:
         self.concurrency = concurrency
         self.jobs_at_most: int | None = None   # the run's job source's own limit (JobHost.run), if any
         self.plan_budget: int | None = None    # run.plan_budget, with the planner on: the cap on the jobs' bytes
+        # the job source's rule, if it has one: why no plan should fit one more job in beside so many
+        # running (JobHost.run; Note [Plans only for idle cores] in planning.py)
+        self.busy_for_a_plan: Callable[[int], str | None] | None = None
         self._measured_by_signature: dict[str, tuple[int, int, int]] = {}
         self.held_by_its_steps = StepsHeld()   # Note [Needs at least what the steps held]
         # Frees what the host keeps only while no job needs it (parked steps: Note [Reusing a
@@ -112,8 +115,19 @@ class AdmissionControl:
                                   held_outside_jobs: int) -> str | None:
         """Note [Captures a plan needs] in planning.py: why ``state`` needs no capture now (the pool,
         and ``plan_budget`` where one is set, holds the jobs beside it, ``state`` and as many more
-        like it as the concurrency limit lets in, all as they run now), or None: it may need a plan."""
+        like it as the concurrency limit lets in, all as they run now; or no plan is to fit another
+        job in beside them: Note [Plans only for idle cores]), or None: it may need a plan."""
         group = [s for s in alongside if s is not state] + [state]
+        held = self._holds_the_limit(state, group, held_outside_jobs)
+        busy = self.plans_held_for_cores(len(group)) if held is None else None
+        return held if busy is None else f"not captured: no plan is to fit another job in beside it: {busy}"
+
+    def plans_held_for_cores(self, running: int) -> str | None:
+        """Note [Plans only for idle cores] in planning.py: why no plan should fit one more job in
+        beside ``running`` jobs (the job source's rule), or None."""
+        return self.busy_for_a_plan(running) if self.busy_for_a_plan is not None else None
+
+    def _holds_the_limit(self, state: JobState, group: list[JobState], held_outside_jobs: int) -> str | None:
         limits = [n for n in (self.concurrency, self.jobs_at_most) if n is not None]
         limit = min(limits) if limits else None
         mine = self.predict(state)

@@ -171,6 +171,12 @@ class Arrivals:
             host.note_wait(state, "does not fit beside the running jobs, and none of them runs a plan "
                            "a joint re-plan could tighten" + later)
             return self._drop_build(state)
+        busy = host.admission.plans_held_for_cores(len(active))
+        state.held_for_cores = busy is not None   # Note [Plans only for idle cores] in planning.py
+        if busy is not None:
+            host.note_wait(state, f"does not fit beside the running jobs unplanned, and no plan fits it in: {busy}"
+                           "; asked again while it waits")
+            return self._drop_build(state)
         self.joint_tried.add(state.name)
         parked = self.build_needs_parking(state, active)
         gate = host.gate.closed([s.name for s in active], host.stop) if parked else contextlib.nullcontext()

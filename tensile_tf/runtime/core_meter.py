@@ -219,6 +219,11 @@ class MarginalGain:
         gain = self.gain(trials)
         return gain is not None and gain < 1 + self.margin and len(self.slowdowns[trials]) >= REFUSE_AFTER
 
+    def gained(self, trials: int) -> bool:
+        """Starts to ``trials`` at once gained the margin, measured REFUSE_AFTER times or more."""
+        rhos = self.slowdowns.get(trials, [])
+        return len(rhos) >= REFUSE_AFTER and self.gain(trials) >= 1 + self.margin
+
     def allows(self, running: int) -> bool:
         """May a start make ``running + 1`` trials beside saturated cores? Not
         if starts to this many or fewer gained less than the margin, measured
@@ -226,8 +231,7 @@ class MarginalGain:
         yes if they gained as often; else one start at a time, each measured."""
         if any(self._refused(k) for k in range(2, running + 2)):
             return False
-        rhos = self.slowdowns.get(running + 1, [])
-        return not self.pending or (len(rhos) >= REFUSE_AFTER and self.gain(running + 1) >= 1 + self.margin)
+        return not self.pending or self.gained(running + 1)
 
 
 class CoreAdmission:
@@ -249,11 +253,7 @@ class CoreAdmission:
         if not running:
             self._waiting = False
             return True
-        self.gain.update(trials)
-        share = self.meter.busy_share()
-        predicted = share is None   # the newest trial joined too recently to tell: Note [Starts not held by the window]
-        if predicted:
-            share = self.meter.predicted_share(running)
+        share, predicted = self._share(running, trials)
         busy = share is None or share >= SATURATED   # None: nothing measured yet
         if busy and share is not None and self.gain.allows(running):
             busy = False   # Note [Admitting by marginal throughput]: starts to running + 1 gained, or are explored
@@ -271,6 +271,30 @@ class CoreAdmission:
         self._waiting = busy and share is not None
         self.predicted_starts += int(predicted and not busy)
         return not busy
+
+    def _share(self, running: int, trials: Sequence[TrialSteps]) -> tuple[float | None, bool]:
+        """The share of the cores ``running`` trials keep busy, and whether it is predicted (the
+        newest trial joined too recently to tell: Note [Starts not held by the window]); the
+        gains measured on ``trials`` brought up to date."""
+        self.gain.update(trials)
+        share = self.meter.busy_share()
+        if share is None:
+            return self.meter.predicted_share(running), True
+        return share, False
+
+    def busy_for_a_plan(self, running: int, trials: Sequence[TrialSteps] = ()) -> str | None:
+        """Note [Plans only for idle cores] in tensile_tf/runtime/planning.py: why no plan should
+        fit one more trial beside ``running`` (the cores are busy, or not measured yet, and no start
+        to ``running + 1`` trials is measured to add throughput), or None: one more adds throughput."""
+        if not running:
+            return None
+        share, _ = self._share(running, trials)
+        if share is None:
+            return "nothing is measured yet of how busy the running trials keep the cores"
+        if share < SATURATED or self.gain.gained(running + 1):
+            return None
+        return (f"the running trials keep the cores busy (at least {SATURATED:.0%} of their time) and no start "
+                f"to {running + 1} trials was measured to add throughput")
 
     def started(self, running: int = 0) -> None:
         """A trial started beside ``running`` others: the next decision reads a window after it."""

@@ -144,6 +144,7 @@ class JobState:
     times: JobTimes = field(default_factory=JobTimes)   # Note [Where a trial's time goes] (job_times.py)
     end_notified: bool = field(default=False, repr=False)  # on_end called
     awaiting_switches: bool = field(default=False, repr=False)  # jointly planned on arrival, starts once all switched
+    held_for_cores: bool = field(default=False, repr=False)   # Note [Plans only for idle cores] in planning.py
     drift_checks: list[DriftCheck] = field(default_factory=list, repr=False)   # its latency monitor's, oldest first
     # Note [Record apart from runtime] (job_runtime.py): the TensorFlow side, dropped at teardown,
     # and the progress the job thread publishes after each step for other threads to read

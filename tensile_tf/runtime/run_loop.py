@@ -187,12 +187,14 @@ class JobHost:
 
     # ----------------------------------------------------------- the run
 
-    def run(self, job_source: Callable[[], Job | None] | None = None, *, jobs_at_most: int | None = None) -> RunResult:
+    def run(self, job_source: Callable[[], Job | None] | None = None, *, jobs_at_most: int | None = None,
+            busy_for_a_plan: Callable[[int], str | None] | None = None) -> RunResult:
         """Runs every submitted job; returns when all have ended (see ``_run``). An allocation that does
         not fit waits up to ``allocation_wait_ms`` for others' frees (Note [Waiting for frees] in
-        tf_plugin/allocator/tf_pool_allocator.cc). ``jobs_at_most``: the most jobs ``job_source``
-        keeps running at once (a search's ``max_concurrent``; Note [Captures a plan needs])."""
-        self.admission.jobs_at_most = jobs_at_most
+        tf_plugin/allocator/tf_pool_allocator.cc). ``jobs_at_most``: the most jobs ``job_source`` keeps
+        running at once (a search's ``max_concurrent``; Note [Captures a plan needs]); ``busy_for_a_plan``:
+        asked before a job is planned in beside running ones (Note [Plans only for idle cores], planning.py)."""
+        self.admission.jobs_at_most, self.admission.busy_for_a_plan = jobs_at_most, busy_for_a_plan
         # Note [Teardown without a full collection] in teardown_memory.py
         with allocation_wait(self.allocation_wait_ms), objects_before_the_run_frozen():
             return self._run(job_source)
@@ -249,13 +251,13 @@ class JobHost:
         return run_result(self, window, samples)
 
     def _idle(self) -> None:
-        """No message for a while: progress lines, and a newcomer planned on
-        arrival starts once every running job switched (Note [Joint re-plan on arrival])."""
+        """No message for a while: progress lines; a newcomer planned on arrival starts once every running
+        job switched (Note [Joint re-plan on arrival]); one held for busy cores is planned in once they are not."""
         for state in self.states:
             if state.status == JobStatus.running:
                 self.report(state)
-        if any(s.awaiting_switches for s in self.arrivals.waiting) and not self.stopping:
-            self.arrivals.admit_waiting()
+        if any(s.awaiting_switches or s.held_for_cores for s in self.arrivals.waiting) and not self.stopping:
+            self.arrivals.admit_waiting()   # a joint plan's switches taken, or the cores asked again
 
     def _serve_burst(self, messages: list, job_source) -> None:
         """Note [One re-plan per burst] in replan_timing.py: every ended job of the burst torn down, the

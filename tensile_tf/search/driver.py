@@ -25,15 +25,13 @@ Lifecycle of one trial, in order:
    have ended, and no trial starts beside it (``job_source``), so packing never loses a trial to
    memory it would have had alone. results.json counts the retries.
 
-The host calls ``on_end`` once for every job that reached a final status,
-including jobs failed or rejected while probed and jobs never admitted; a
-sweep of the host's states (on every progress update and job_source call)
-is a second, idempotent path to the same ``_finish``.
+The host calls ``on_end`` once for every job that reached a final status, including jobs failed
+or rejected while probed and jobs never admitted; a sweep of the host's states (on every progress
+update and job_source call) is a second, idempotent path to the same ``_finish``.
 
-The pieces: trials.py (``TrialRun``, ``SearchResult``, the space),
-reporter.py (the reporter thread); this module re-exports their public
-names. Which thread runs what, and the hand-offs between them: Note [Threads
-and hand-offs] in tensile_tf/runtime/threads.py (T4, H10, H13).
+The pieces: trials.py (``TrialRun``, ``SearchResult``, the space), reporter.py (the reporter
+thread); this module re-exports their public names. Which thread runs what, and the hand-offs
+between them: Note [Threads and hand-offs] in tensile_tf/runtime/threads.py (T4, H10, H13).
 """
 from __future__ import annotations
 
@@ -67,9 +65,7 @@ _ENDED = (JobStatus.finished, JobStatus.stopped, JobStatus.failed, JobStatus.rej
 class SearchDriver:
     """Runs trials of one study on a JobHost; see the module docstring.
 
-    Use ``run_search`` unless you need the pieces (``job_source`` for a host
-    you run yourself).
-    """
+    Use ``run_search`` unless you need the pieces (``job_source`` for a host you run yourself)."""
 
     def __init__(self, study: optuna.Study, base_job: JobSpec | Mapping[str, Any],
                  space: Mapping[str, Any], *, n_trials: int | None, host: JobHost,
@@ -207,6 +203,10 @@ class SearchDriver:
             run.issue(self.host.clock.now())
             return run.job
 
+    def _busy_for_a_plan(self, running: int) -> str | None:
+        """Note [Plans only for idle cores] in tensile_tf/runtime/planning.py (the host asks)."""
+        return self.cores.busy_for_a_plan(running, trial_steps(self.runs))
+
     def _started(self, run: TrialRun) -> None:
         """The host started the trial's job (a progress update saw it running)."""
         if not run.started and self.cores is not None:
@@ -214,9 +214,7 @@ class SearchDriver:
         run.started = True
 
     def _job_name(self, number: int) -> str:
-        name = f"{self.base_name}-{number}"
-        taken = {s.name for s in self.host.states}
-        k = 1
+        name, taken, k = f"{self.base_name}-{number}", {s.name for s in self.host.states}, 1
         while name in taken:
             name, k = f"{self.base_name}-{number}-{k}", k + 1
         return name
@@ -369,7 +367,8 @@ class SearchDriver:
         self._wall0 = time.time()
         result = None
         try:
-            result = self.host.run(job_source=self.job_source, jobs_at_most=self.max_concurrent)
+            result = self.host.run(job_source=self.job_source, jobs_at_most=self.max_concurrent,
+                                   busy_for_a_plan=self._busy_for_a_plan if self.cores is not None else None)
             self.sweep()
         except BaseException as e:
             self._abandon(f"this worker stopped: {type(e).__name__}")

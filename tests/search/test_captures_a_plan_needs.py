@@ -143,6 +143,13 @@ def test_the_pool_holds_the_limit_only_with_room_for_as_many_more_like_the_job(p
     assert admission.holds_the_limit_unplanned(newcomer, running, 50 * mib) is None   # bytes outside the jobs
     admission.concurrency = admission.jobs_at_most = None   # no limit: any number may come
     assert admission.holds_the_limit_unplanned(newcomer, running, 0) is None
+    # Note [Plans only for idle cores] (planning.py): the job source's rule says no plan is to fit
+    # another job in beside the running one and the newcomer: no capture either; its control
+    admission.busy_for_a_plan = lambda n: f"{n} jobs keep the cores busy"
+    assert admission.holds_the_limit_unplanned(newcomer, running, 0) == \
+        "not captured: no plan is to fit another job in beside it: 2 jobs keep the cores busy"
+    admission.busy_for_a_plan = lambda n: None
+    assert admission.holds_the_limit_unplanned(newcomer, running, 0) is None
 
 
 def test_a_running_jobs_needs_are_at_least_what_its_steps_under_its_plan_held():

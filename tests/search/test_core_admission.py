@@ -8,7 +8,8 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution
 
-from tensile_tf.runtime.core_meter import MIN_WINDOW_S, SATURATED, CoreMeter, MarginalGain, TrialSteps
+from tensile_tf.runtime.core_meter import (MIN_WINDOW_S, SATURATED, CoreAdmission, CoreMeter, MarginalGain,
+                                           TrialSteps)
 from tensile_tf.search.driver import SearchDriver
 
 DENSE = {"model": {"train_step_factory": "tests.job_factories:dense_regression", "args": {"width": 32}},
@@ -204,3 +205,31 @@ def test_beside_saturated_cores_the_driver_explores_starts_and_stops_where_they_
     assert driver.cores.gain.slowdowns == {2: [pytest.approx(2.0)] * 2}
     clocks.advance(1.0, busy_cores=1.0)           # cores idle again: the share alone lets it start
     assert driver.job_source() is not None
+
+
+def test_a_plan_fits_one_more_trial_in_only_where_one_more_adds_throughput():
+    """Note [Plans only for idle cores] (tensile_tf/runtime/planning.py): what the host asks before it
+    plans a trial in beside running ones. Nothing running: yes. Not measured yet, or busy cores with
+    no start to one more measured to gain: no, though the driver's rule still lets that start be
+    explored. Idle cores, or starts to one more that gained the margin as often as a refusal needs: yes."""
+    clocks = Clocks()
+    cores = CoreAdmission(clocks.meter())
+    assert cores.busy_for_a_plan(0) is None
+    cores.started(0)
+    assert "nothing is measured" in cores.busy_for_a_plan(1)
+    clocks.advance(1.0, busy_cores=1.9)
+    why = cores.busy_for_a_plan(1)
+    assert "keep the cores busy" in why and "to 2 trials" in why
+    assert cores.allows(1) and cores.gain_starts == 1   # the driver explores the start all the same
+    clocks.advance(1.0, busy_cores=1.0)
+    assert cores.busy_for_a_plan(1) is None             # idle cores
+    clocks.advance(1.0, busy_cores=1.9)
+    assert cores.busy_for_a_plan(1, _start_beside_one(1.2)) is not None   # one start measured: not yet
+    assert cores.busy_for_a_plan(1, _start_beside_one(1.2, at=10.0, names="cd")) is None   # two gained 2 / 1.2
+    assert cores.gain.slowdowns == {2: [pytest.approx(1.2)] * 2}
+    assert cores.busy_for_a_plan(2) is not None         # nothing known of starts to 3
+    compute = CoreAdmission(clocks.meter())
+    compute.started(0)
+    clocks.advance(1.0, busy_cores=1.9)
+    compute.busy_for_a_plan(1, _start_beside_one(2.0))
+    assert compute.busy_for_a_plan(1, _start_beside_one(2.0, at=10.0, names="cd")) is not None   # no gain

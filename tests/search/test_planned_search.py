@@ -66,10 +66,13 @@ SEARCHES = """
     from tensile_tf.search.driver import SearchDriver
     from tests.search import test_planned_search as here
 
+    import time
+    from tensile_tf.runtime.core_meter import CoreMeter
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     out = {}
-    for planner, deadline_s in (("tensile", 120), (None, 3)):
-        peers = TMP + f"/peers-{planner}"
+    for planner, deadline_s, busy in (("tensile", 120, False), (None, 3, False), ("tensile", 3, True)):
+        peers = TMP + f"/peers-{planner}-{busy}"
         base = {"name": "t", "model": {"builder": "tensile_tf.jobs.zoo:mlp", "args": {"hidden": [1024, 1024, 1024]}},
                 "input_shape": [784], "batch_size": 2048, "classes": 10, "optimizer": {"name": "sgd"}, "steps": 6,
                 "seed": 1, "data": {"kind": "function", "function": "tests.search.test_planned_search:held_batches",
@@ -80,13 +83,17 @@ SEARCHES = """
         here.HOSTS.append(host)
         study = optuna.create_study(sampler=optuna.samplers.GridSampler({"optimizer.learning_rate": here.RATES}))
         space = {"optimizer.learning_rate": optuna.distributions.CategoricalDistribution(here.RATES)}
-        SearchDriver(study, base, space, n_trials=3, host=host, max_concurrent=2, admit_by_cores=False).run()
-        out[str(planner)] = {
-            "most_running": host.most_running,
+        driver = SearchDriver(study, base, space, n_trials=3, host=host, max_concurrent=2, admit_by_cores=busy)
+        if busy:   # a meter that reads the cores busy whenever a trial runs (the CPU clock at twice the wall's)
+            driver.cores.meter = CoreMeter(2, cpu=lambda: 2 * time.perf_counter())
+        driver.run()
+        out[str(planner) + (" busy" if busy else "")] = {
+            "most_running": host.most_running, "explored": driver.cores.gain_starts if busy else None,
             "replans": [(r.reason, r.error) for r in host.replanner.records] if host.replanner else [],
             "trials": {str(s.job.spec.optimizer.learning_rate): dict(
                 status=s.status.value, error=s.error, P=s.persistent_bytes, T=s.temporary_bytes, waits=s.waits,
                 plans=[(p.reason, p.swap_outs) for p in s.plan_history], taken_from=s.traced_step_from,
+                deferred=s.plan_deferred,
                 digest=s.weights_digest, losses=[r.loss for r in s.records], leaked=s.leaked_bytes)
                 for s in host.states}}
     print(json.dumps(out))
@@ -99,11 +106,11 @@ def searches(tmp_path_factory):
     proc = run_python(SEARCHES.replace("TMP", json.dumps(str(tmp))), timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = last_json_line(proc)
-    return out["tensile"], out["None"]
+    return out["tensile"], out["None"], out["tensile busy"]
 
 
 def test_trials_that_fit_only_planned_run_at_once_and_train_bit_for_bit(searches):
-    planned, unplanned = searches
+    planned, unplanned, _ = searches
     with_plan, without = planned["trials"], unplanned["trials"]
     why = {r: (t["status"], t["error"], t["waits"], t["plans"], t["taken_from"]) for r, t in with_plan.items()}
     assert all(t["status"] == "finished" for t in [*with_plan.values(), *without.values()]), why
@@ -121,3 +128,25 @@ def test_trials_that_fit_only_planned_run_at_once_and_train_bit_for_bit(searches
     for rate, mine in with_plan.items():   # the plans and the reuse change nothing the trials compute
         assert mine["digest"] == without[rate]["digest"] and mine["losses"] == without[rate]["losses"], rate
         assert mine["leaked"] == 0
+
+
+def test_no_plan_fits_a_trial_in_beside_busy_cores(searches):
+    """Note [Plans only for idle cores] (tensile_tf/runtime/planning.py): the same search with the
+    planner, its driver's core meter reading the cores busy whenever a trial runs. The driver still
+    hands a second trial over on the chance that it adds throughput, but no plan fits it in beside
+    the first: the first is not captured (no plan is to fit another trial in beside it), the second
+    waits for it to end, as without a planner, and nothing is re-planned on an arrival. The control
+    is the planned search above: the same trials, no core meter, two at once."""
+    planned, unplanned, busy = searches
+    trials = list(busy["trials"].values())
+    assert all(t["status"] == "finished" for t in trials), trials
+    assert busy["explored"] >= 1, busy   # the driver started trials beside busy cores
+    assert busy["most_running"] == 1 and planned["most_running"] == 2, (busy, planned)
+    assert not [r for r in busy["replans"] if r[0].startswith("arrival of")], busy["replans"]
+    for_cores = [t for t in trials if "no plan is to fit another job in" in (t["deferred"] or "")]
+    assert for_cores and all(not t["plans"] for t in for_cores), trials
+    assert all("keep the cores busy" in t["deferred"] or "nothing is measured yet" in t["deferred"] for t in for_cores)
+    assert not any(t["deferred"] for t in planned["trials"].values())   # the control captures them
+    for rate, mine in busy["trials"].items():   # it computes what the unplanned control computes
+        assert mine["digest"] == unplanned["trials"][rate]["digest"], rate
+        assert mine["losses"] == unplanned["trials"][rate]["losses"] and mine["leaked"] == 0, rate
