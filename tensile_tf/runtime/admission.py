@@ -81,8 +81,8 @@ class AdmissionControl:
         self.jobs_at_most: int | None = None   # the run's job source's own limit (JobHost.run), if any
         self.plan_budget: int | None = None    # run.plan_budget, with the planner on: the cap on the jobs' bytes
         # the job source's rule, if it has one: why no plan should fit one more job in beside so many
-        # running (JobHost.run; Note [Plans only for idle cores] in planning.py)
-        self.busy_for_a_plan: Callable[[int], str | None] | None = None
+        # running and so many starting (JobHost.run; Note [Plans only for idle cores] in planning.py)
+        self.busy_for_a_plan: Callable[[int, int], str | None] | None = None
         self._measured_by_signature: dict[str, tuple[int, int, int]] = {}
         self.held_by_its_steps = StepsHeld()   # Note [Needs at least what the steps held]
         # Frees what the host keeps only while no job needs it (parked steps: Note [Reusing a
@@ -119,13 +119,13 @@ class AdmissionControl:
         job in beside them: Note [Plans only for idle cores]), or None: it may need a plan."""
         group = [s for s in alongside if s is not state] + [state]
         held = self._holds_the_limit(state, group, held_outside_jobs)
-        busy = self.plans_held_for_cores(len(group)) if held is None else None
+        busy = self.plans_held_for_cores(len(group) - 1, newcomers=1) if held is None else None
         return held if busy is None else f"not captured: no plan is to fit another job in beside it: {busy}"
 
-    def plans_held_for_cores(self, running: int) -> str | None:
+    def plans_held_for_cores(self, running: int, newcomers: int = 0) -> str | None:
         """Note [Plans only for idle cores] in planning.py: why no plan should fit one more job in
-        beside ``running`` jobs (the job source's rule), or None."""
-        return self.busy_for_a_plan(running) if self.busy_for_a_plan is not None else None
+        beside ``running`` jobs and ``newcomers`` starting (the job source's rule), or None."""
+        return self.busy_for_a_plan(running, newcomers) if self.busy_for_a_plan is not None else None
 
     def _holds_the_limit(self, state: JobState, group: list[JobState], held_outside_jobs: int) -> str | None:
         limits = [n for n in (self.concurrency, self.jobs_at_most) if n is not None]

@@ -72,6 +72,7 @@ from __future__ import annotations
 import bisect
 import os
 import statistics
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -84,6 +85,16 @@ WINDOW_STEPS = 8     # steps each side of a start whose median step time is comp
 MIN_STEPS = 2        # fewer steps on either side: that trial tells nothing of the start
 SETTLE_STEPS = 2     # steps after the newcomer began training left out (its first steps' transients)
 REFUSE_AFTER = 2     # starts to a level measured before a gain below the margin refuses it
+
+
+def thread_cpu_clock() -> Callable[[], float]:
+    """The CPU time of the calling thread, readable from any thread (0 where the platform has no
+    per-thread clock)."""
+    try:
+        clock = time.pthread_getcpuclockid(threading.get_ident())
+    except (AttributeError, OSError):
+        return lambda: 0.0
+    return lambda: time.clock_gettime(clock)
 
 
 def usable_cores() -> int:
@@ -101,16 +112,19 @@ class CoreMeter:
     loop asks every 0.1 s while jobs run)."""
 
     def __init__(self, cores: int | None = None, *, min_window_s: float = MIN_WINDOW_S,
-                 cpu: Callable[[], float] = time.process_time, wall: Callable[[], float] = time.perf_counter):
+                 cpu: Callable[[], float] = time.process_time, wall: Callable[[], float] = time.perf_counter,
+                 loop_cpu: Callable[[], float] = lambda: 0.0):
         self.cores = cores or usable_cores()
         self.min_window_s = min_window_s
-        self._cpu, self._wall = cpu, wall
-        self._readings: deque[tuple[float, float]] = deque()   # (wall, cpu), oldest first
+        # loop_cpu: the CPU time of the thread that sets jobs up, left out of the training share
+        # (Note [Plans only for idle cores] in planning.py; ``thread_cpu_clock``)
+        self._cpu, self._wall, self._loop_cpu = cpu, wall, loop_cpu
+        self._readings: deque[tuple[float, float, float]] = deque()   # (wall, cpu, loop cpu), oldest first
         self._since = -float("inf")   # wall time of the last admission
         self._per_job: float | None = None   # Note [Starts not held by the window]
 
-    def _read(self) -> tuple[float, float]:
-        now = (self._wall(), self._cpu())
+    def _read(self) -> tuple[float, float, float]:
+        now = (self._wall(), self._cpu(), self._loop_cpu())
         self._readings.append(now)
         return now
 
@@ -125,16 +139,18 @@ class CoreMeter:
         while len(self._readings) > 1:
             self._readings.popleft()
 
-    def busy_share(self) -> float | None:
+    def busy_share(self, training_only: bool = False) -> float | None:
         """The process's CPU time over wall time and cores, over the window
-        (None: no window of ``min_window_s`` since the last admission yet)."""
-        wall, cpu = self._read()
+        (None: no window of ``min_window_s`` since the last admission yet);
+        ``training_only``: less the CPU time of the thread that sets jobs up."""
+        wall, cpu, loop = self._read()
         while len(self._readings) > 1 and wall - self._readings[1][0] >= self.min_window_s:
             self._readings.popleft()   # a newer reading is old enough: the window slides
         start = self._readings[0]
         if wall - start[0] < self.min_window_s or start[0] < self._since:
             return None
-        return (cpu - start[1]) / (wall - start[0]) / self.cores
+        used = cpu - start[1] - (loop - start[2] if training_only else 0.0)
+        return used / (wall - start[0]) / self.cores
 
     def predicted_share(self, running: int) -> float | None:
         """The share ``running`` jobs would keep busy at the last measured
@@ -272,29 +288,33 @@ class CoreAdmission:
         self.predicted_starts += int(predicted and not busy)
         return not busy
 
-    def _share(self, running: int, trials: Sequence[TrialSteps]) -> tuple[float | None, bool]:
+    def _share(self, running: int, trials: Sequence[TrialSteps], training_only: bool = False) -> tuple[float | None, bool]:
         """The share of the cores ``running`` trials keep busy, and whether it is predicted (the
         newest trial joined too recently to tell: Note [Starts not held by the window]); the
         gains measured on ``trials`` brought up to date."""
         self.gain.update(trials)
-        share = self.meter.busy_share()
+        share = self.meter.busy_share(training_only)
         if share is None:
             return self.meter.predicted_share(running), True
         return share, False
 
-    def busy_for_a_plan(self, running: int, trials: Sequence[TrialSteps] = ()) -> str | None:
-        """Note [Plans only for idle cores] in tensile_tf/runtime/planning.py: why no plan should
-        fit one more trial beside ``running`` (the cores are busy, or not measured yet, and no start
-        to ``running + 1`` trials is measured to add throughput), or None: one more adds throughput."""
+    def busy_for_a_plan(self, running: int, newcomers: int = 0, trials: Sequence[TrialSteps] = ()) -> str | None:
+        """Note [Plans only for idle cores] in tensile_tf/runtime/planning.py: why no plan should fit
+        one more trial beside the ``running`` ones and ``newcomers`` starting beside them (the cores
+        busy, as measured over the running trials and predicted for the newcomers at as much a trial,
+        or not measured yet; and no start to that many trials plus one measured to add throughput),
+        or None: one more adds throughput."""
         if not running:
-            return None
-        share, _ = self._share(running, trials)
+            return "nothing is measured yet of how busy trials keep the cores" if newcomers else None
+        share, _ = self._share(running, trials, training_only=True)   # the run loop's setting up left out
         if share is None:
             return "nothing is measured yet of how busy the running trials keep the cores"
-        if share < SATURATED or self.gain.gained(running + 1):
+        share, at_once = share * (running + newcomers) / running, running + newcomers + 1
+        if share < SATURATED or self.gain.gained(at_once):
             return None
-        return (f"the running trials keep the cores busy (at least {SATURATED:.0%} of their time) and no start "
-                f"to {running + 1} trials was measured to add throughput")
+        return (f"the running trials keep the cores busy (at least {SATURATED:.0%} of their time"
+                f"{' with the newcomer' if newcomers else ''}) and no start to {at_once} trials was measured "
+                "to add throughput")
 
     def started(self, running: int = 0) -> None:
         """A trial started beside ``running`` others: the next decision reads a window after it."""
@@ -302,4 +322,4 @@ class CoreAdmission:
 
 
 __all__ = ["GAIN_MARGIN", "MIN_WINDOW_S", "SATURATED", "CoreAdmission", "CoreMeter", "MarginalGain", "TrialSteps",
-           "usable_cores"]
+           "thread_cpu_clock", "usable_cores"]

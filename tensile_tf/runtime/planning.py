@@ -98,35 +98,34 @@ now taken from their training steps where they fit when they start (Note
 Note [Plans only for idle cores]
 A plan buys room: more jobs at once than the pool holds unplanned. That room
 pays only where another job adds throughput. Beside jobs that keep the cores
-busy, one more shares the same cores and adds its build, its trace, the
-joint plan and the running jobs' plan switches. A search driver starts a
-trial beside busy cores on the chance of a gain (Note [Admitting by marginal
-throughput] in core_meter.py: one start at a time, each measured), and on the
-compute-bound CNN search of issue 58 (640 MiB pool, at most 4 trials) such
-starts were planned in: 4 trials at once where the pool holds 3 unplanned, at
-0.91x the trials per hour of the search unplanned (909 and 875 against 999
-and 957, alternated). So before a job is planned in beside running ones
-(``Arrivals.plan_arrival``), the host asks the job source's rule
+busy, one more shares the same cores and adds its build, its trace, its
+capture, the joint plan and the running jobs' plan switches. A search driver
+starts a trial beside busy cores on the chance of a gain (Note [Admitting by
+marginal throughput] in core_meter.py: one start at a time, each measured),
+and on the compute-bound CNN search of issue 58 (640 MiB pool, at most 4
+trials) such starts were planned in: 4 trials at once where the pool holds 3
+unplanned, at 0.91x the trials per hour of the search unplanned (909 and 875
+against 999 and 957, alternated). So the host asks the job source's rule
 (``JobHost.run(busy_for_a_plan=)``; a search driver's
-``CoreAdmission.busy_for_a_plan``): a plan fits it in only where the share of
-the cores the running jobs keep busy is measured (or predicted) below
-SATURATED, or starts to as many jobs gained the margin as often as a refusal
-needs. Otherwise it waits for memory, as without a planner
-(``held_for_cores``; its wait says why), and is asked about again at every
-idle tick of the run loop (0.1 s) while it waits: the question is answered
-when it is asked, not when the job started (an earlier try kept the share
-each trial started on: the memory-bound io-mem search reads busy while its
-trials build and capture, and its trials were held back for good). The
-same rule decides captures: a job is not captured where no plan is to fit
-another job in beside it and the running ones
-(``AdmissionControl.holds_the_limit_unplanned``, its ``plan_deferred`` says
-so), so its step is traced for every batch size and later trials take it
-over. Measured on the searches of issue 58, alternated, with the plan-in
-rule alone: CNN 1,024, 933, 933, 1,017 against 1,027, 994, 1,008, 1,035;
-with captures decided by it too (probed by a patch of the capture rule):
-1,059, 1,064 against 1,045, 1,060, and the io-mem search 1,329, 1,201
-against 877 (its trials leave the cores idle: 1 of 5 not captured, the
-first, started with nothing measured).
+``CoreAdmission.busy_for_a_plan``) before it
+- plans a job in beside running ones (``Arrivals.plan_arrival``): only where
+  the share of the cores the running jobs keep busy is below SATURATED, or
+  starts to one more job gained the margin as often as a refusal needs.
+  Otherwise the job waits for memory, as without a planner
+  (``held_for_cores``; its wait says why), and is asked about again at every
+  idle tick of the run loop (0.1 s) while it waits: the question is answered
+  when it is asked, not when the job started (an earlier try kept the share
+  each trial started on: the memory-bound io-mem search reads busy while its
+  trials are set up, and its trials were held back for good);
+- captures a job for such a plan (``AdmissionControl.holds_the_limit_unplanned``):
+  the same question, the job counted at a running one's share (``newcomers``);
+  the first job (nothing measured) is not captured. One not captured says why
+  (``plan_deferred``); its step is traced for every batch size, to be taken over.
+The share is the training share: the process's CPU time less the run loop
+thread's (``thread_cpu_clock``: builds, traces, captures set jobs up and end);
+counted in, they read the io-mem search's cores as busy while its trials wait
+on their data half the time, and left 3-5 of 12 trials uncaptured (1.28x-1.33x
+against 1.45x-1.53x). Figures: benchmarks/RESULTS.md (issue 58's rows).
 """
 from __future__ import annotations
 

@@ -188,7 +188,7 @@ class JobHost:
     # ----------------------------------------------------------- the run
 
     def run(self, job_source: Callable[[], Job | None] | None = None, *, jobs_at_most: int | None = None,
-            busy_for_a_plan: Callable[[int], str | None] | None = None) -> RunResult:
+            busy_for_a_plan: Callable[[int, int], str | None] | None = None) -> RunResult:
         """Runs every submitted job; returns when all have ended (see ``_run``). An allocation that does
         not fit waits up to ``allocation_wait_ms`` for others' frees (Note [Waiting for frees] in
         tf_plugin/allocator/tf_pool_allocator.cc). ``jobs_at_most``: the most jobs ``job_source`` keeps

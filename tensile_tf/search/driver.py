@@ -49,7 +49,7 @@ from pydantic import ValidationError
 
 from tensile_tf.config.schema import JobSpec
 from tensile_tf.runtime import JobHost, JobRecord, JobState, JobStatus
-from tensile_tf.runtime.core_meter import CoreAdmission
+from tensile_tf.runtime.core_meter import CoreAdmission, CoreMeter, thread_cpu_clock
 from tensile_tf.jobs.job import Job
 from tensile_tf.search import storage as st
 from tensile_tf.search.config import trial_job_spec
@@ -106,8 +106,8 @@ class SearchDriver:
         self.requeued: list[int] = []
         self._exhausted = False
         self._alone: TrialRun | None = None   # a packing-OOM retry, run alone
-        # Note [Admitting by the cores] in tensile_tf/runtime/core_meter.py
-        self.cores = CoreAdmission(log=self._log) if admit_by_cores else None
+        # Note [Admitting by the cores] in core_meter.py; this thread runs the run loop (Note [Plans only for idle cores])
+        self.cores = CoreAdmission(CoreMeter(loop_cpu=thread_cpu_clock()), log=self._log) if admit_by_cores else None
 
     # ---------------------------------------------------------- helpers
 
@@ -203,9 +203,9 @@ class SearchDriver:
             run.issue(self.host.clock.now())
             return run.job
 
-    def _busy_for_a_plan(self, running: int) -> str | None:
+    def _busy_for_a_plan(self, running: int, newcomers: int = 0) -> str | None:
         """Note [Plans only for idle cores] in tensile_tf/runtime/planning.py (the host asks)."""
-        return self.cores.busy_for_a_plan(running, trial_steps(self.runs))
+        return self.cores.busy_for_a_plan(running, newcomers, trial_steps(self.runs))
 
     def _started(self, run: TrialRun) -> None:
         """The host started the trial's job (a progress update saw it running)."""

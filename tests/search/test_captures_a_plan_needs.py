@@ -145,10 +145,10 @@ def test_the_pool_holds_the_limit_only_with_room_for_as_many_more_like_the_job(p
     assert admission.holds_the_limit_unplanned(newcomer, running, 0) is None
     # Note [Plans only for idle cores] (planning.py): the job source's rule says no plan is to fit
     # another job in beside the running one and the newcomer: no capture either; its control
-    admission.busy_for_a_plan = lambda n: f"{n} jobs keep the cores busy"
+    admission.busy_for_a_plan = lambda n, new: f"{n} running and {new} starting keep the cores busy"
     assert admission.holds_the_limit_unplanned(newcomer, running, 0) == \
-        "not captured: no plan is to fit another job in beside it: 2 jobs keep the cores busy"
-    admission.busy_for_a_plan = lambda n: None
+        "not captured: no plan is to fit another job in beside it: 1 running and 1 starting keep the cores busy"
+    admission.busy_for_a_plan = lambda n, new: None
     assert admission.holds_the_limit_unplanned(newcomer, running, 0) is None
 
 

@@ -9,7 +9,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 
 from tensile_tf.runtime.core_meter import (MIN_WINDOW_S, SATURATED, CoreAdmission, CoreMeter, MarginalGain,
-                                           TrialSteps)
+                                           TrialSteps, thread_cpu_clock)
 from tensile_tf.search.driver import SearchDriver
 
 DENSE = {"model": {"train_step_factory": "tests.job_factories:dense_regression", "args": {"width": 32}},
@@ -209,7 +209,7 @@ def test_beside_saturated_cores_the_driver_explores_starts_and_stops_where_they_
 
 def test_a_plan_fits_one_more_trial_in_only_where_one_more_adds_throughput():
     """Note [Plans only for idle cores] (tensile_tf/runtime/planning.py): what the host asks before it
-    plans a trial in beside running ones. Nothing running: yes. Not measured yet, or busy cores with
+    plans a trial in beside running ones, or captures one for such a plan. Nothing running: yes. Not measured yet, or busy cores with
     no start to one more measured to gain: no, though the driver's rule still lets that start be
     explored. Idle cores, or starts to one more that gained the margin as often as a refusal needs: yes."""
     clocks = Clocks()
@@ -223,13 +223,55 @@ def test_a_plan_fits_one_more_trial_in_only_where_one_more_adds_throughput():
     assert cores.allows(1) and cores.gain_starts == 1   # the driver explores the start all the same
     clocks.advance(1.0, busy_cores=1.0)
     assert cores.busy_for_a_plan(1) is None             # idle cores
+    # a trial starting beside the running one (a capture decided for a later plan): at as much a
+    # trial, the two keep the cores busy, and nothing says a third adds throughput
+    assert "with the newcomer" in cores.busy_for_a_plan(1, newcomers=1)
+    assert "nothing is measured" in cores.busy_for_a_plan(0, newcomers=1)   # the first trial
     clocks.advance(1.0, busy_cores=1.9)
-    assert cores.busy_for_a_plan(1, _start_beside_one(1.2)) is not None   # one start measured: not yet
-    assert cores.busy_for_a_plan(1, _start_beside_one(1.2, at=10.0, names="cd")) is None   # two gained 2 / 1.2
+    assert cores.busy_for_a_plan(1, trials=_start_beside_one(1.2)) is not None   # one start measured: not yet
+    assert cores.busy_for_a_plan(1, trials=_start_beside_one(1.2, at=10.0, names="cd")) is None   # two gained 2 / 1.2
     assert cores.gain.slowdowns == {2: [pytest.approx(1.2)] * 2}
     assert cores.busy_for_a_plan(2) is not None         # nothing known of starts to 3
     compute = CoreAdmission(clocks.meter())
     compute.started(0)
     clocks.advance(1.0, busy_cores=1.9)
-    compute.busy_for_a_plan(1, _start_beside_one(2.0))
-    assert compute.busy_for_a_plan(1, _start_beside_one(2.0, at=10.0, names="cd")) is not None   # no gain
+    compute.busy_for_a_plan(1, trials=_start_beside_one(2.0))
+    assert compute.busy_for_a_plan(1, trials=_start_beside_one(2.0, at=10.0, names="cd")) is not None   # no gain
+
+
+def test_the_training_share_leaves_out_the_run_loops_cpu_time():
+    """Note [Plans only for idle cores]: the run loop's builds, traces and captures are setting up,
+    not training; the share a plan is decided on leaves its thread's CPU time out."""
+    clocks = Clocks()
+    loop = {"cpu": 0.0}
+    meter = CoreMeter(2, cpu=lambda: clocks.cpu, wall=lambda: clocks.wall, loop_cpu=lambda: loop["cpu"])
+    meter.busy_share()
+    clocks.advance(1.0, busy_cores=1.9)
+    loop["cpu"] += 0.9                      # of which the run loop set a trial up for 0.9 s
+    assert meter.busy_share() == pytest.approx(0.95)
+    assert meter.busy_share(training_only=True) == pytest.approx(0.5)
+
+
+def test_a_threads_cpu_clock_reads_that_thread_from_any_other():
+    import threading
+    import time
+
+    mine = thread_cpu_clock()
+    box, done = {}, threading.Event()
+
+    def spin():
+        box["clock"] = thread_cpu_clock()
+        while time.thread_time() < 0.3:
+            pass
+        box["spun"] = True
+        done.wait(60)
+
+    before = mine()
+    worker = threading.Thread(target=spin)
+    worker.start()
+    while "spun" not in box:
+        time.sleep(0.01)
+    assert box["clock"]() >= 0.3          # the worker's CPU time, read from this thread
+    done.set()
+    worker.join()
+    assert mine() - before < 0.3          # this thread slept meanwhile
