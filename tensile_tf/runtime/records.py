@@ -156,8 +156,7 @@ class JobState:
     checkpoints: list[str] = field(default_factory=list)   # models saved every checkpoint_every steps (same folder)
 
     def wait(self, at_s: float, why: str) -> bool:
-        """Records why the job is not started, once per change of reason.
-        True if this is a new reason."""
+        """Records why the job is not started, once per change of reason. True if this is a new reason."""
         if self.waits and self.waits[-1]["why"] == why:
             return False
         self.waits.append({"at_s": round(at_s, 6), "why": why})
